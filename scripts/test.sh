@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install jaxagent with its test extra and run the test suite.
+# torch==2.13.0 first: on the project's machines that is a CPU build on local disk, and it
+# satisfies the test extra's torch>=2.4 without downloading a CUDA build.
+# bfcl-eval is installed with --no-deps: its declared dependency list is huge and conflicts,
+# while its app backends need only the standard library and mpmath.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q torch==2.13.0
+python -m pip install -q --no-deps bfcl-eval
+python -m pip install -q -e '.[test]'
+set +e
+python -m pytest -q "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"
