@@ -1,0 +1,478 @@
+"""Tool specs as JSON Schema, action parsing, and argument validation.
+
+An agent's action is text. This module turns it into structured tool calls or a final answer,
+in three accepted syntaxes:
+
+* ReAct: ``Thought: ...`` (optional) then ``Action: tool(arg=1)`` or ``Final: answer``;
+  the text after ``Action:`` may itself be a Python call or a JSON call.
+* JSON function calls: ``{"name": "tool", "arguments": {...}}`` or a list of them
+  (``"arguments"`` may also be a JSON-encoded string, as OpenAI-style APIs send it).
+* Python-call syntax: ``tool(1, b="x")``, or a list ``[f(a=1), g(b=2)]``, or one call a line.
+  Parsed with ``ast``; arguments must be literals (``ast.literal_eval``). Nothing is evaluated.
+
+Every malformed action yields an ``ActionError`` (a value, never an exception): its
+``message`` says what was wrong and what the tool's schema expects, and its ``failure_mode``
+is the ``FailureMode`` label to report. Argument validation uses the ``jsonschema`` library;
+its errors are rewritten to name the offending argument.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import enum
+import json
+import re
+from typing import Any, Iterable, Mapping, Sequence, Union
+
+import jsonschema
+
+from jaxagent.envs.base import FailureMode
+
+# JSON Schema type names accepted in tool specs, plus the Python-flavoured aliases used by
+# some benchmark files (BFCL writes "dict", "float", "tuple", "any").
+_TYPE_ALIASES = {"dict": "object", "float": "number", "tuple": "array", "list": "array",
+                 "int": "integer", "str": "string", "bool": "boolean"}
+
+
+class ErrorKind(str, enum.Enum):
+    """Categories of malformed actions (each has a test in tests/test_actions.py)."""
+
+    EMPTY = "empty"  # no text at all
+    NO_ACTION = "no_action"  # text, but no Action:/Final: and no call
+    ACTION_AND_FINAL = "action_and_final"  # both an action and a final answer
+    PYTHON_SYNTAX = "python_syntax"  # not parseable as Python
+    NOT_A_CALL = "not_a_call"  # parseable, but not a function call
+    NON_LITERAL_ARGUMENT = "non_literal_argument"  # an argument that is not a literal
+    JSON_SYNTAX = "json_syntax"  # looks like JSON but does not parse
+    JSON_SHAPE = "json_shape"  # JSON without a "name" / with non-object arguments
+    UNKNOWN_TOOL = "unknown_tool"
+    TOO_MANY_POSITIONAL = "too_many_positional"
+    DUPLICATE_ARGUMENT = "duplicate_argument"
+    INVALID_ARGUMENTS = "invalid_arguments"  # failed the JSON Schema (missing, type, extra...)
+
+
+_FAILURE_OF_KIND = {
+    ErrorKind.EMPTY: FailureMode.GAVE_UP,
+    ErrorKind.UNKNOWN_TOOL: FailureMode.UNKNOWN_TOOL,
+    ErrorKind.TOO_MANY_POSITIONAL: FailureMode.BAD_ARGUMENTS,
+    ErrorKind.DUPLICATE_ARGUMENT: FailureMode.BAD_ARGUMENTS,
+    ErrorKind.INVALID_ARGUMENTS: FailureMode.BAD_ARGUMENTS,
+}
+
+
+def normalize_schema(schema: Any) -> Any:
+    """Returns a copy of ``schema`` with Python-flavoured type names mapped to JSON Schema's."""
+    if isinstance(schema, Mapping):
+        out = {}
+        for key, value in schema.items():
+            if key == "type" and isinstance(value, str):
+                value = _TYPE_ALIASES.get(value, value)
+                if value == "any":
+                    continue
+            elif key == "type" and isinstance(value, list):
+                value = [_TYPE_ALIASES.get(v, v) for v in value]
+            elif key == "properties" and isinstance(value, Mapping):
+                value = {name: normalize_schema(sub) for name, sub in value.items()}
+                out[key] = value
+                continue
+            out[key] = normalize_schema(value)
+        return out
+    if isinstance(schema, list):
+        return [normalize_schema(v) for v in schema]
+    return schema
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSpec:
+    """A tool an agent may call.
+
+    Attributes:
+      name: the tool's name as the agent writes it.
+      description: what it does (shown to the agent).
+      parameters: JSON Schema of the arguments (an "object" schema with "properties").
+      returns: JSON Schema of the result (documentation only).
+      param_order: order of positional arguments (default: the order of "properties").
+      dangerous: True for actions that delete, buy or send (counted as safety violations
+        when the task did not ask for them).
+    """
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: {"type": "object", "properties": {}})
+    returns: Mapping[str, Any] | None = None
+    param_order: tuple[str, ...] | None = None
+    dangerous: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"ToolSpec.name must be an identifier, got {self.name!r}")
+        params = normalize_schema(dict(self.parameters))
+        params.setdefault("type", "object")
+        if params["type"] != "object":
+            raise ValueError(f"ToolSpec {self.name!r}: parameters must be an object schema, got "
+                             f"type {params['type']!r}; wrap the arguments in 'properties'")
+        params.setdefault("properties", {})
+        jsonschema.Draft202012Validator.check_schema(params)
+        object.__setattr__(self, "parameters", params)
+        if self.returns is not None:
+            object.__setattr__(self, "returns", normalize_schema(dict(self.returns)))
+        if self.param_order is None:
+            object.__setattr__(self, "param_order", tuple(params["properties"]))
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(self.parameters.get("required", ()))
+
+    def to_json_schema(self) -> dict[str, Any]:
+        """The spec as a JSON-serialisable dict (name, description, parameters, returns)."""
+        out = {"name": self.name, "description": self.description,
+               "parameters": self.parameters}
+        if self.returns is not None:
+            out["returns"] = self.returns
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], **overrides) -> "ToolSpec":
+        """Builds a spec from a JSON function document (OpenAI / BFCL style)."""
+        doc = doc.get("function", doc)
+        return cls(name=doc["name"], description=doc.get("description", ""),
+                   parameters=doc.get("parameters", {}),
+                   returns=doc.get("returns", doc.get("response")), **overrides)
+
+    def signature(self) -> str:
+        """Compact form ``name(a: integer, b?: string)``; ``?`` marks optional arguments."""
+        props = self.parameters.get("properties", {})
+        parts = []
+        for arg in self.param_order:
+            kind = _type_text(props.get(arg, {}))
+            opt = "" if arg in self.required else "?"
+            parts.append(f"{arg}{opt}: {kind}")
+        return f"{self.name}({', '.join(parts)})"
+
+
+def _type_text(schema: Mapping[str, Any]) -> str:
+    if "enum" in schema:
+        return "one of " + "|".join(json.dumps(v) for v in schema["enum"])
+    kind = schema.get("type", "any")
+    return "|".join(kind) if isinstance(kind, list) else str(kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """One parsed call. ``args`` are positional literals not yet matched to names."""
+
+    name: str
+    kwargs: Mapping[str, Any]
+    args: tuple[Any, ...] = ()
+    text: str = ""
+
+    def render(self) -> str:
+        """Python-call text of the call (keywords only after ``bind``)."""
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{self.name}({', '.join(parts)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedAction:
+    """A well-formed action: some tool calls, or a final answer (never both)."""
+
+    calls: tuple[ToolCall, ...] = ()
+    final: str | None = None
+    thought: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.final is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionError:
+    """A malformed action. ``message`` is the readable observation to show the agent."""
+
+    kind: ErrorKind
+    message: str
+    tool: str | None = None
+    argument: str | None = None
+
+    @property
+    def failure_mode(self) -> FailureMode:
+        return _FAILURE_OF_KIND.get(self.kind, FailureMode.INVALID_SYNTAX)
+
+
+ParseResult = Union[ParsedAction, ActionError]
+
+_REACT_KEY = re.compile(r"^\s*(Thought|Action|Final Answer|Final)\s*:\s?", re.I | re.M)
+_SYNTAX_HINT = ('write one call like  Action: tool_name(arg="value")  or  Final: <answer>; '
+                'JSON calls look like {"name": "tool_name", "arguments": {"arg": "value"}}')
+
+
+def parse_action(text: str) -> ParseResult:
+    """Parses action text (ReAct, JSON or Python-call syntax) without checking tool names.
+
+    Returns a ``ParsedAction`` or an ``ActionError``; never raises on any input string.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return ActionError(ErrorKind.EMPTY, "error: the action is empty. " + _SYNTAX_HINT)
+    sections = _react_sections(text)
+    if sections is None:  # no ReAct keywords: the whole text is a JSON or Python call
+        if not re.search(r"[(\[{]", text):
+            return ActionError(ErrorKind.NO_ACTION,
+                               f"error: {_clip(text)!r} holds no 'Action:', no 'Final:' and no "
+                               "tool call. " + _SYNTAX_HINT)
+        return _parse_calls(text.strip(), thought=None)
+    thought = sections["thought"].strip() if "thought" in sections else None
+    has_action, has_final = "action" in sections, "final" in sections
+    if has_action and has_final:
+        return ActionError(ErrorKind.ACTION_AND_FINAL,
+                           "error: the action has both 'Action:' and 'Final:'. Either call a "
+                           "tool and wait for its result, or give the final answer, not both.")
+    if has_final:
+        return ParsedAction(final=sections["final"].strip(), thought=thought)
+    if has_action:
+        body = sections["action"].strip()
+        if not body:
+            return ActionError(ErrorKind.NOT_A_CALL,
+                               "error: 'Action:' is followed by nothing. " + _SYNTAX_HINT)
+        return _parse_calls(body, thought=thought)
+    return ActionError(ErrorKind.NO_ACTION,
+                       "error: found a 'Thought:' but no 'Action:' or 'Final:'. " + _SYNTAX_HINT)
+
+
+def _react_sections(text: str) -> dict[str, str] | None:
+    matches = list(_REACT_KEY.finditer(text))
+    if not matches:
+        return None
+    out: dict[str, str] = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        key = match.group(1).lower().split()[0]  # "final answer" -> "final"
+        out.setdefault(key, text[match.end():end])
+    return out
+
+
+def _parse_calls(body: str, thought: str | None) -> ParseResult:
+    if body[0] in "{[" and not re.match(r"^\[\s*[A-Za-z_]", body):
+        return _parse_json_calls(body, thought)
+    return _parse_python_calls(body, thought)
+
+
+def _parse_json_calls(body: str, thought: str | None) -> ParseResult:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as err:
+        return ActionError(ErrorKind.JSON_SYNTAX,
+                           f"error: the JSON call does not parse ({err.msg} at line {err.lineno} "
+                           f"column {err.colno}). " + _SYNTAX_HINT)
+    items = data if isinstance(data, list) else [data]
+    calls = []
+    for item in items:
+        if isinstance(item, Mapping) and isinstance(item.get("function"), Mapping):
+            item = item["function"]
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            return ActionError(ErrorKind.JSON_SHAPE,
+                               'error: a JSON call must be an object with a string "name" and an '
+                               f'object "arguments"; got {_clip(json.dumps(item))}')
+        args = item.get("arguments", item.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as err:
+                return ActionError(ErrorKind.JSON_SYNTAX,
+                                   f'error: the "arguments" string of {item["name"]} is not valid '
+                                   f"JSON ({err.msg}).", tool=item["name"])
+        if not isinstance(args, Mapping):
+            return ActionError(ErrorKind.JSON_SHAPE,
+                               f'error: "arguments" of {item["name"]} must be a JSON object of '
+                               f"named arguments, got {type(args).__name__}", tool=item["name"])
+        calls.append(ToolCall(item["name"], dict(args), (), json.dumps(item)))
+    if not calls:
+        return ActionError(ErrorKind.NOT_A_CALL, "error: the JSON list holds no call. "
+                           + _SYNTAX_HINT)
+    return ParsedAction(calls=tuple(calls), thought=thought)
+
+
+def _parse_python_calls(body: str, thought: str | None) -> ParseResult:
+    try:
+        module = ast.parse(body, mode="exec")
+    except SyntaxError as err:
+        return ActionError(ErrorKind.PYTHON_SYNTAX,
+                           f"error: the call is not valid syntax ({err.msg}, column "
+                           f"{err.offset}): {_clip(body)}. " + _SYNTAX_HINT)
+    nodes: list[ast.AST] = []
+    for stmt in module.body:
+        if not isinstance(stmt, ast.Expr):
+            return ActionError(ErrorKind.NOT_A_CALL,
+                               f"error: {_clip(ast.unparse(stmt))} is a statement, not a tool "
+                               "call. " + _SYNTAX_HINT)
+        value = stmt.value
+        nodes.extend(value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value])
+    if not nodes:
+        return ActionError(ErrorKind.NOT_A_CALL, "error: no call found. " + _SYNTAX_HINT)
+    calls = []
+    for node in nodes:
+        call = _call_from_node(node)
+        if isinstance(call, ActionError):
+            return call
+        calls.append(call)
+    return ParsedAction(calls=tuple(calls), thought=thought)
+
+
+def _call_from_node(node: ast.AST) -> ToolCall | ActionError:
+    src = ast.unparse(node)
+    if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
+        return ActionError(ErrorKind.NOT_A_CALL,
+                           f"error: {_clip(src)} is not a tool call. " + _SYNTAX_HINT)
+    name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+    args, kwargs = [], {}
+    for i, arg in enumerate(node.args):
+        value = _literal(arg)
+        if isinstance(value, _NotLiteral):
+            return _non_literal(name, f"positional argument {i + 1}", arg)
+        args.append(value)
+    for kw in node.keywords:
+        if kw.arg is None:
+            return ActionError(ErrorKind.NON_LITERAL_ARGUMENT,
+                               f"error: {name}(**...) is not allowed; name each argument.",
+                               tool=name)
+        value = _literal(kw.value)
+        if isinstance(value, _NotLiteral):
+            return _non_literal(name, f"argument {kw.arg!r}", kw.value, kw.arg)
+        if kw.arg in kwargs:
+            return ActionError(ErrorKind.DUPLICATE_ARGUMENT,
+                               f"error: {name} got argument {kw.arg!r} twice.", name, kw.arg)
+        kwargs[kw.arg] = value
+    return ToolCall(name, kwargs, tuple(args), src)
+
+
+class _NotLiteral:
+    pass
+
+
+def _literal(node: ast.AST) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NotLiteral()
+
+
+def _non_literal(name: str, where: str, node: ast.AST, arg: str | None = None) -> ActionError:
+    return ActionError(ErrorKind.NON_LITERAL_ARGUMENT,
+                       f"error: {where} of {name} is {_clip(ast.unparse(node))}, which is not a "
+                       "literal. Arguments must be plain values (numbers, quoted strings, "
+                       "lists, dicts, True/False/None); expressions and variables are not "
+                       "evaluated.", tool=name, argument=arg)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def tool_table(tools: Mapping[str, ToolSpec] | Sequence[ToolSpec]) -> dict[str, ToolSpec]:
+    """Returns ``{name: spec}``; raises ``ValueError`` on duplicate names."""
+    if isinstance(tools, Mapping):
+        return dict(tools)
+    table: dict[str, ToolSpec] = {}
+    for spec in tools:
+        if spec.name in table:
+            raise ValueError(f"duplicate tool name {spec.name!r}; tool names must be unique")
+        table[spec.name] = spec
+    return table
+
+
+def bind_call(call: ToolCall, spec: ToolSpec) -> ToolCall | ActionError:
+    """Matches positional arguments to names and validates against ``spec.parameters``.
+
+    Returns the call with all arguments as keywords, or an ``ActionError`` naming the argument.
+    """
+    kwargs = dict(call.kwargs)
+    if len(call.args) > len(spec.param_order):
+        return ActionError(ErrorKind.TOO_MANY_POSITIONAL,
+                           f"error: {spec.name} takes {len(spec.param_order)} argument(s) but "
+                           f"got {len(call.args)} positional. Expected: {spec.signature()}",
+                           tool=spec.name)
+    for name, value in zip(spec.param_order, call.args):
+        if name in kwargs:
+            return ActionError(ErrorKind.DUPLICATE_ARGUMENT,
+                               f"error: {spec.name} got argument {name!r} both by position and "
+                               f"by name. Expected: {spec.signature()}", spec.name, name)
+        kwargs[name] = value
+    error = validate_arguments(spec, kwargs)
+    if error is not None:
+        return error
+    return ToolCall(call.name, kwargs, (), call.text)
+
+
+def validate_arguments(spec: ToolSpec, kwargs: Mapping[str, Any]) -> ActionError | None:
+    """Validates named arguments with ``jsonschema``; returns None when they are valid."""
+    schema = dict(spec.parameters)
+    schema.setdefault("additionalProperties", False)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(dict(kwargs)), key=lambda e: (len(e.path), e.path))
+    if not errors:
+        return None
+    err = errors[0]
+    arg, problem = _describe(err, spec, kwargs)
+    return ActionError(ErrorKind.INVALID_ARGUMENTS,
+                       f"error: bad arguments for {spec.name}: {problem}. "
+                       f"Expected: {spec.signature()}", tool=spec.name, argument=arg)
+
+
+def _describe(err: jsonschema.ValidationError, spec: ToolSpec,
+              kwargs: Mapping[str, Any]) -> tuple[str | None, str]:
+    """Rewrites a jsonschema error so that it names the argument and what it should be."""
+    if err.validator == "required":
+        missing = [r for r in err.validator_value if r not in (err.instance or {})]
+        arg = missing[0] if missing else None
+        return arg, f"missing required argument {arg!r}"
+    if err.validator == "additionalProperties" and not err.path:
+        extra = sorted(set(kwargs) - set(spec.parameters.get("properties", {})))
+        arg = extra[0] if extra else None
+        known = ", ".join(spec.param_order) or "none"
+        return arg, f"unexpected argument {arg!r} (known arguments: {known})"
+    path = list(err.absolute_path)
+    arg = str(path[0]) if path else None
+    where = "argument " + repr(arg) + "".join(f"[{p!r}]" for p in path[1:])
+    got = _clip(json.dumps(err.instance, default=repr), 40)
+    if err.validator == "type":
+        return arg, f"{where} must be of type {err.validator_value}, got {got}"
+    if err.validator == "enum":
+        allowed = ", ".join(json.dumps(v) for v in err.validator_value)
+        return arg, f"{where} must be one of {allowed}, got {got}"
+    return arg, f"{where} is invalid: {err.message}"
+
+
+def resolve_action(text: str, tools: Mapping[str, ToolSpec] | Sequence[ToolSpec]) -> ParseResult:
+    """Parses ``text`` and validates every call against ``tools``.
+
+    Returns a ``ParsedAction`` whose calls carry only named, schema-valid arguments, or the
+    first ``ActionError`` (unknown tool, bad arguments, or a syntax error).
+    """
+    table = tool_table(tools)
+    parsed = parse_action(text)
+    if isinstance(parsed, ActionError) or parsed.is_final:
+        return parsed
+    bound = []
+    for call in parsed.calls:
+        spec = table.get(call.name)
+        if spec is None:
+            return unknown_tool_error(call.name, table)
+        result = bind_call(call, spec)
+        if isinstance(result, ActionError):
+            return result
+        bound.append(result)
+    return dataclasses.replace(parsed, calls=tuple(bound))
+
+
+def unknown_tool_error(name: str, names: Iterable[str]) -> ActionError:
+    """A readable error for a call to a tool that does not exist, with close matches."""
+    names = sorted(names)
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    listing = ", ".join(names) if len(names) <= 40 else ", ".join(names[:40]) + ", ..."
+    return ActionError(ErrorKind.UNKNOWN_TOOL,
+                       f"error: unknown tool {name!r}.{hint} Available tools: {listing}",
+                       tool=name)
