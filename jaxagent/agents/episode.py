@@ -1,0 +1,119 @@
+"""Host records of episodes: token-in/token-out, loss mask, sampler log-probs, turns.
+
+An ``Episode`` keeps the exact token ids the policy saw and produced, in order. Its
+``loss_mask`` is 1 exactly on tokens the policy sampled; its ``logprobs`` are the sampler's
+log-probs of those tokens (0 elsewhere), aligned per ``jaxagent/types.py``. Text exists only for
+the environment and for people reading episodes; training never re-tokenises it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from jaxagent.envs.base import FailureMode, Task, Termination
+
+
+@dataclasses.dataclass
+class Turn:
+    """One policy turn and the environment's answer to it."""
+
+    action: str  # decoded policy text sent to the environment
+    observation: str  # the environment's reply ("" when the episode ended on this turn)
+    reward: float  # the step reward
+    reward_terms: dict[str, float] = dataclasses.field(default_factory=dict)
+    failure_mode: Optional[str] = None  # the step's failure label, if any
+    num_action_tokens: int = 0  # policy tokens of this turn (incl. the stop token)
+    num_observation_tokens: int = 0  # tokens appended after it (user turn + header)
+    hit_token_limit: bool = False  # the turn ended at max_new_tokens without a stop token
+
+
+@dataclasses.dataclass
+class Episode:
+    """One attempt at a task (token-in/token-out).
+
+    Attributes:
+      task: the task.
+      group: the group id shared by the K samples of the same task.
+      tokens: every token id of the episode in order (prompt, actions, observations).
+      loss_mask: 1 where the policy sampled the token, else 0 (same length as ``tokens``).
+      logprobs: sampler log-prob of each sampled token, 0 elsewhere.
+      turn_ids: turn index of each policy token, -1 on prompt/observation tokens.
+      turns: per-turn records.
+      termination: how the episode ended.
+      failure_mode: why it failed (None on success).
+      success: the task's verifiable success.
+      error: a message when the environment failed.
+      info: the last step's info (reward terms, dangerous actions, ...).
+    """
+
+    task: Task
+    group: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    turn_ids: list[int] = dataclasses.field(default_factory=list)
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    first_observation: str = ""
+    termination: Termination = Termination.TRUNCATED
+    failure_mode: Optional[str] = None
+    success: bool = False
+    error: Optional[str] = None
+    done: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def append(self, ids, *, sampled: bool, logprobs=None, turn: int = -1) -> None:
+        """Append token ids; ``sampled`` ones carry loss and their sampler log-probs."""
+        ids = [int(t) for t in ids]
+        self.tokens.extend(ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        if sampled:
+            assert logprobs is not None and len(logprobs) == len(ids)
+            self.logprobs.extend(float(x) for x in logprobs)
+            self.turn_ids.extend([turn] * len(ids))
+        else:
+            self.logprobs.extend([0.0] * len(ids))
+            self.turn_ids.extend([-1] * len(ids))
+
+    def finish(self, termination: Termination, failure_mode=None, *, success=False,
+               error: Optional[str] = None) -> None:
+        self.done = True
+        self.termination = Termination(termination)
+        fm = failure_mode.value if isinstance(failure_mode, FailureMode) else failure_mode
+        self.failure_mode = None if success else fm
+        self.success = bool(success)
+        self.error = error
+
+    @property
+    def reward(self) -> float:
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+    @property
+    def env_failed(self) -> bool:
+        return self.termination == Termination.ENV_ERROR
+
+    def render(self, decode=None) -> str:
+        """A readable transcript: task, turns with actions, observations and rewards."""
+        lines = [f"task {self.task.id} (group {self.group})", f"  obs: {self.first_observation}"]
+        for i, t in enumerate(self.turns):
+            lines.append(f"  [turn {i}] action: {t.action!r}")
+            terms = ", ".join(f"{k}={v:g}" for k, v in t.reward_terms.items())
+            label = f" failure={t.failure_mode}" if t.failure_mode else ""
+            lines.append(f"           reward {t.reward:g} ({terms}){label}")
+            if t.observation:
+                lines.append(f"           obs: {t.observation}")
+        end = f"  -> {self.termination.value}, success={self.success}"
+        if self.failure_mode:
+            end += f", failure_mode={self.failure_mode}"
+        if self.error:
+            end += f", error={self.error}"
+        lines.append(end + f", reward={self.reward:g}, tokens={len(self.tokens)}")
+        return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The multi-turn rollout driver: the one bridge from the host environments to the policy.
+
+``collect_episodes`` runs many episodes at once (K samples per task, sharing a group id). Every
+round, all episodes that wait for the policy are sampled in one batched call, whatever turn
+they are on; the sampler appends each row's new observation chunk to that row's context (its
+KV cache, for the cached sampler) instead of re-encoding history. The driver records
+token-in/token-out episodes (``jaxagent.agents.episode``): the exact ids the policy saw and
+produced, the loss mask (1 on sampled tokens only), the sampler's log-probs, per-turn reward
+terms and a termination reason. Text is decoded only for the environment.
+
+Budgets: ``max_turns`` policy turns, ``max_new_tokens`` per turn (enforced by the sampler) and
+``max_total_tokens`` per episode; an exhausted budget is a truncation labelled
+``step_budget``. An environment failure ends that episode with ``Termination.ENV_ERROR``; the
+episode is kept (never dropped) and excluded from the gradient by the batch builder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+
+from jaxagent.agents.episode import Episode, Turn
+from jaxagent.agents.runner import EnvReply, EnvRunner
+from jaxagent.agents.sampling import TurnSampler
+from jaxagent.envs.base import FailureMode, Task, Termination
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """Episode budgets."""
+
+    max_turns: int = 6  # policy turns
+    max_new_tokens: int = 32  # tokens per policy turn (the sampler's setting)
+    max_total_tokens: int = 512  # prompt + all turns + observations
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) <= 0:
+                raise ValueError(f"Budget.{f.name}={getattr(self, f.name)} must be > 0")
+
+
+@dataclasses.dataclass
+class RolloutStats:
+    """Where the time went and how much was produced."""
+
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    policy_tokens: int = 0
+    rounds: int = 0
+
+
+class ChatLike:
+    """What the driver needs from ``jaxagent.train.tokenizer.ChatFormat`` (duck-typed)."""
+
+    stop_ids: tuple[int, ...]
+
+    def prompt(self, system: str, observation: str) -> list[int]: ...
+
+    def observation(self, observation: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def _end_from_reply(ep: Episode, reply: EnvReply) -> None:
+    info = reply.info
+    fm = info.get("failure_mode")
+    if info.get("truncated", False):
+        ep.finish(Termination.TRUNCATED, fm or FailureMode.STEP_BUDGET,
+                  success=bool(info.get("success", False)))
+    else:
+        ep.finish(Termination.TERMINATED, fm, success=bool(info.get("success", False)))
+    ep.info = info
+
+
+def collect_episodes(
+    sampler: TurnSampler,
+    params: Any,
+    tasks: Sequence[Task],
+    *,
+    samples_per_task: int,
+    runner: EnvRunner,
+    chat: ChatLike,
+    system_prompt: str,
+    budget: Budget,
+    key: jax.Array,
+    group_offset: int = 0,
+    on_round: Optional[Callable[[int, int], None]] = None,
+) -> tuple[list[Episode], RolloutStats]:
+    """Run ``samples_per_task`` episodes of every task to completion.
+
+    Args:
+      sampler: the policy's turn sampler (one row per episode).
+      params: the policy parameters passed to the sampler.
+      tasks: the tasks; episode ``i * samples_per_task + k`` is sample ``k`` of task ``i``.
+      samples_per_task: K, the group size.
+      runner: reaches the environments (one slot per episode).
+      chat: renders prompts and observation chunks to token ids; decodes actions.
+      system_prompt: the system message of every episode.
+      budget: turn and token budgets.
+      key: PRNG key for sampling.
+      group_offset: added to group ids (distinct groups across calls).
+      on_round: optional callback ``(finished, total)`` after each round (progress bars).
+
+    Returns:
+      (episodes in input order, one per (task, sample); none is ever dropped), stats.
+    """
+    stats = RolloutStats()
+    eps = [Episode(task=t, group=group_offset + i) for i, t in enumerate(tasks)
+           for _ in range(samples_per_task)]
+    slots = list(range(len(eps)))
+    t0 = time.perf_counter()
+    replies = runner.reset(slots, [ep.task for ep in eps])
+    stats.env_s += time.perf_counter() - t0
+    prompts: list[list[int]] = []
+    for ep, reply in zip(eps, replies):
+        ids: list[int] = []
+        if reply.error is not None:
+            ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
+        else:
+            ep.first_observation = reply.observation
+            ids = chat.prompt(system_prompt, reply.observation)
+            if len(ids) + budget.max_new_tokens > budget.max_total_tokens:
+                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
+            ep.append(ids, sampled=False)
+        prompts.append(ids if not ep.done else ids[:1] or [0])
+
+    key, sub = jax.random.split(key)
+    t0 = time.perf_counter()
+    out = sampler.start(params, prompts, sub)
+    stats.generate_s += time.perf_counter() - t0
+    stats.rounds += 1
+    while True:
+        active = [i for i, ep in enumerate(eps) if not ep.done]
+        for i in active:
+            eps[i].append(out.tokens[i], sampled=True, logprobs=out.logprobs[i],
+                          turn=len(eps[i].turns))
+            stats.policy_tokens += len(out.tokens[i])
+        actions = [chat.decode(out.tokens[i]) for i in active]
+        t0 = time.perf_counter()
+        replies = runner.step([slots[i] for i in active], actions) if active else []
+        stats.env_s += time.perf_counter() - t0
+        chunks: list[Optional[list[int]]] = [None] * len(eps)
+        for i, action, reply in zip(active, actions, replies):
+            ep = eps[i]
+            turn = Turn(action=action, observation="" if reply.done else reply.observation,
+                        reward=float(reply.reward),
+                        reward_terms=dict(reply.info.get("reward_terms", {}) or {}),
+                        failure_mode=reply.info.get("failure_mode"),
+                        num_action_tokens=len(out.tokens[i]),
+                        hit_token_limit=not out.stopped[i])
+            ep.turns.append(turn)
+            if reply.error is not None:
+                turn.reward = 0.0
+                ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
+                continue
+            if reply.done:
+                _end_from_reply(ep, reply)
+                continue
+            if len(ep.turns) >= budget.max_turns:
+                ep.info = reply.info
+                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
+                continue
+            chunk = chat.observation(reply.observation)
+            if len(ep.tokens) + len(chunk) + budget.max_new_tokens > budget.max_total_tokens:
+                ep.info = reply.info
+                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
+                continue
+            turn.num_observation_tokens = len(chunk)
+            ep.append(chunk, sampled=False)
+            chunks[i] = chunk
+        if on_round is not None:
+            on_round(sum(ep.done for ep in eps), len(eps))
+        if all(ep.done for ep in eps):
+            break
+        key, sub = jax.random.split(key)
+        t0 = time.perf_counter()
+        out = sampler.resume(params, chunks, sub)
+        stats.generate_s += time.perf_counter() - t0
+        stats.rounds += 1
+    return eps, stats

@@ -1,0 +1,179 @@
+"""Turn samplers: what the rollout driver calls to let the policy speak.
+
+A ``TurnSampler`` holds one row per episode. ``start(params, prompts, key)`` begins a batch of
+episodes and samples their first turn; ``resume(params, chunks, key)`` appends one chunk of
+observation tokens per row (ragged lengths; ``None`` for rows that are finished) and samples the
+next turn of every active row. Each call returns the sampled tokens of each row (ending with a
+stop id when one was produced) and their log-probs under ``softmax(logits / temperature)``
+before top-k / top-p filtering (temperature 1 gives exactly the learner's log-probs; greedy
+reports temperature-1 log-probs).
+
+``ReferenceSampler`` re-runs a full forward pass over each row's context for every new token:
+no cache, quadratic cost, but simple enough to trust. Tests use it as the reference for the
+cached sampler (``jaxagent.agents.cached.CachedTurnSampler``, built on ``jaxagent.generate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass
+class TurnOutput:
+    """Per-row results of one policy turn (rows in the order of the call's input)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    stopped: list[bool]  # True when the turn ended with a stop id
+
+
+class TurnSampler(Protocol):
+    def start(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array) -> TurnOutput: ...
+
+    def resume(self, params: Any, chunks: Sequence[Optional[Sequence[int]]],
+               key: jax.Array) -> TurnOutput: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Static sampling settings (they are baked into the compiled decode)."""
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    stop_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+
+
+def sample_logits(logits_bv: jax.Array, key: jax.Array, temperature: float, top_k: int,
+                  top_p: float) -> tuple[jax.Array, jax.Array]:
+    """Sample one token per row.
+
+    Args:
+      logits_bv: [B, V] float32 logits.
+      key: PRNG key.
+      temperature, top_k, top_p: static settings (temperature 0 = greedy).
+
+    Returns:
+      (tokens [B] int32, logprobs [B] float32): the log-prob of each token under
+      ``softmax(logits / temperature)`` before filtering (temperature 1 when greedy).
+    """
+    logits_bv = logits_bv.astype(jnp.float32)
+    scaled = logits_bv / (temperature if temperature > 0 else 1.0)
+    logp_bv = jax.nn.log_softmax(scaled, axis=-1)
+    if temperature <= 0:
+        tokens = jnp.argmax(logits_bv, axis=-1)
+    else:
+        filt = scaled
+        if top_k > 0:
+            kth = jax.lax.top_k(filt, top_k)[0][:, -1:]
+            filt = jnp.where(filt < kth, -jnp.inf, filt)
+        if top_p < 1.0:
+            sorted_desc = jnp.sort(filt, axis=-1)[:, ::-1]
+            probs = jax.nn.softmax(sorted_desc, axis=-1)
+            cum_before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each entry
+            cutoff = jnp.min(jnp.where(cum_before < top_p, sorted_desc, jnp.inf), axis=-1)
+            filt = jnp.where(filt < cutoff[:, None], -jnp.inf, filt)
+        tokens = jax.random.categorical(key, filt, axis=-1)
+    tokens = tokens.astype(jnp.int32)
+    return tokens, jnp.take_along_axis(logp_bv, tokens[:, None], axis=-1)[:, 0]
+
+
+def _bucket(n: int, cap: int) -> int:
+    size = 16
+    while size < n:
+        size *= 2
+    return min(size, cap)
+
+
+class ReferenceSampler:
+    """A cache-free sampler: one full forward pass over the context per new token.
+
+    Args:
+      logits_fn: ``logits_fn(params, tokens [B,T], positions [B,T], segment_ids [B,T]) ->
+        logits [B,T,V]``.
+      sampling: static sampling settings.
+      max_len: the longest row (context + new tokens) the sampler accepts.
+    """
+
+    def __init__(self, logits_fn: Callable, sampling: SamplingParams, max_len: int):
+        self.sampling = sampling
+        self.max_len = max_len
+        self._contexts: list[list[int]] = []
+        self._decode = jax.jit(partial(_reference_decode, logits_fn, sampling))
+
+    def start(self, params, prompts, key) -> TurnOutput:
+        self._contexts = [list(map(int, p)) for p in prompts]
+        return self._run(params, [True] * len(prompts), key)
+
+    def resume(self, params, chunks, key) -> TurnOutput:
+        if len(chunks) != len(self._contexts):
+            raise ValueError(f"resume got {len(chunks)} chunks for {len(self._contexts)} rows")
+        active = []
+        for ctx, chunk in zip(self._contexts, chunks):
+            active.append(chunk is not None)
+            if chunk is not None:
+                ctx.extend(int(t) for t in chunk)
+        return self._run(params, active, key)
+
+    def _run(self, params, active, key) -> TurnOutput:
+        n_new = self.sampling.max_new_tokens
+        longest = max(len(c) for c in self._contexts) + n_new
+        if longest > self.max_len:
+            raise ValueError(f"a row needs {longest} tokens > max_len={self.max_len}; the "
+                             "rollout budget (max_total_tokens) must keep rows within it")
+        width = _bucket(longest, self.max_len)
+        buf = np.full((len(self._contexts), width), self.sampling.pad_id, np.int32)
+        lengths = np.zeros(len(self._contexts), np.int32)
+        for i, ctx in enumerate(self._contexts):
+            buf[i, : len(ctx)] = ctx
+            lengths[i] = len(ctx)
+        new, logp, n = jax.device_get(self._decode(
+            params, jnp.asarray(buf), jnp.asarray(lengths), jnp.asarray(~np.asarray(active)),
+            key))
+        out = TurnOutput([], [], [])
+        for i, ctx in enumerate(self._contexts):
+            k = int(n[i]) if active[i] else 0
+            toks = [int(t) for t in new[i, :k]]
+            ctx.extend(toks)
+            out.tokens.append(toks)
+            out.logprobs.append([float(x) for x in logp[i, :k]])
+            out.stopped.append(bool(k and toks[-1] in self.sampling.stop_ids))
+        return out
+
+
+def _reference_decode(logits_fn, sampling: SamplingParams, params, buf_bt, lengths_b,
+                      done_b, key):
+    """Decode ``max_new_tokens`` with full re-encoding; returns (new [B,N], logp [B,N], n [B])."""
+    b, t = buf_bt.shape
+    n_new = sampling.max_new_tokens
+    stop = jnp.asarray(sampling.stop_ids or (-1,), jnp.int32)
+    pos_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+
+    def body(i, carry):
+        buf, lengths, done, new, logp, n, key = carry
+        key, sub = jax.random.split(key)
+        seg = (pos_bt < lengths[:, None]).astype(jnp.int32)
+        logits = logits_fn(params, buf, pos_bt, seg)
+        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+        tok, lp = sample_logits(last, sub, sampling.temperature, sampling.top_k, sampling.top_p)
+        write = ~done
+        buf = jnp.where(write[:, None] & (pos_bt == lengths[:, None]), tok[:, None], buf)
+        new = new.at[:, i].set(jnp.where(write, tok, sampling.pad_id))
+        logp = logp.at[:, i].set(jnp.where(write, lp, 0.0))
+        lengths = lengths + write
+        n = n + write
+        done = done | (write & jnp.isin(tok, stop))
+        return buf, lengths, done, new, logp, n, key
+
+    init = (buf_bt, lengths_b, done_b, jnp.zeros((b, n_new), jnp.int32),
+            jnp.zeros((b, n_new), jnp.float32), jnp.zeros((b,), jnp.int32), key)
+    _, _, _, new, logp, n, _ = jax.lax.fori_loop(0, n_new, body, init)
+    return new, logp, n

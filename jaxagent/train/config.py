@@ -1,0 +1,325 @@
+"""Typed, frozen run configuration, loaded from YAML with ``key=value`` overrides.
+
+A run config is a tree of frozen keyword-only dataclasses; ``configs/*.yaml`` are thin overlays
+on their defaults. Loading goes through OmegaConf structured configs (a maintained library, not
+a hand-written parser): the YAML and the overrides are merged onto the dataclass schema, so an
+unknown key or a value of the wrong type is rejected, and ``__post_init__`` validates choices and
+ranges. Every error is re-raised as ``ConfigError`` naming the key, the value and what is allowed.
+
+Static vs traced: model sizes, batch sizes, ``max_new_tokens`` and budgets change array shapes
+(they recompile); learning rates, temperatures and clip ranges are traced values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key and the fix."""
+
+
+def _choice(field: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field}={value!r} is not allowed; choose one of {list(allowed)}")
+
+
+def _positive(field: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{field}={value!r} must be {bound}")
+
+
+def _prob(field: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{field}={value!r} must be a probability in [0, 1]")
+
+
+_DC = dict(frozen=True, kw_only=True, slots=True)
+
+
+@dataclasses.dataclass(**_DC)
+class ModelSection:
+    """The policy network. Sizes are static (they set array shapes)."""
+
+    init_from: str = ""  # a local Hugging Face directory to load; "" builds from scratch
+    hidden_size: int = 64  # width of the residual stream
+    num_layers: int = 2  # decoder blocks
+    num_heads: int = 4  # query heads
+    num_kv_heads: int = 2  # key/value heads (grouped-query attention)
+    intermediate_size: int = 192  # SwiGLU hidden width
+    max_seq_len: int = 512  # longest episode (prompt + all turns) in tokens
+    rope_theta: float = 10000.0  # rotary base
+    tie_embeddings: bool = True  # share input embedding and output projection
+    value_head: bool = False  # scalar critic head (PPO)
+    param_dtype: str = "float32"  # parameter storage dtype
+    dtype: str = "float32"  # activation dtype
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "intermediate_size", "max_seq_len"):
+            _positive(f"model.{name}", getattr(self, name))
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size} must be divisible by "
+                f"model.num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.num_heads={self.num_heads} must be a multiple of "
+                f"model.num_kv_heads={self.num_kv_heads}")
+        _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
+        _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
+
+
+@dataclasses.dataclass(**_DC)
+class TokenizerSection:
+    """The tokenizer: loaded with the model (``model.init_from``) or trained from scratch."""
+
+    vocab_size: int = 512  # byte-level BPE vocabulary size when trained from scratch
+    num_corpus_demos: int = 400  # expert demonstrations added to the tokenizer's corpus
+
+    def __post_init__(self):
+        if self.vocab_size < 300:
+            raise ConfigError(
+                f"tokenizer.vocab_size={self.vocab_size} must be >= 300 "
+                "(256 byte symbols + special tokens + merges)")
+        _positive("tokenizer.num_corpus_demos", self.num_corpus_demos, allow_zero=True)
+
+
+@dataclasses.dataclass(**_DC)
+class EnvSection:
+    """The environment suite and its pool."""
+
+    name: str = "quickstart"  # a registered env (see jaxagent.train.envs.ENV_NAMES)
+    train_split: str = "train"  # tasks for RL and SFT
+    eval_split: str = "test"  # held-out tasks for evaluation
+    options: Dict[str, Any] = dataclasses.field(default_factory=dict)  # env-specific kwargs
+    backend: str = "thread"  # EnvPool backend: "inline" (no pool), "thread" or "process"
+    num_workers: int = 16  # concurrent environment instances
+    step_timeout_s: float = 5.0  # per-call timeout; a hang past it is an env_error
+    fault_hang_prob: float = 0.0  # fault injection: probability a call hangs
+    fault_crash_prob: float = 0.0  # fault injection: probability a call crashes the env
+    fault_seed: int = 0  # fault injection seed
+
+    def __post_init__(self):
+        from jaxagent.train.envs import ENV_NAMES  # local: keeps config import light
+
+        _choice("env.name", self.name, ENV_NAMES)
+        _choice("env.backend", self.backend, ("inline", "thread", "process"))
+        _positive("env.num_workers", self.num_workers)
+        _positive("env.step_timeout_s", self.step_timeout_s)
+        _prob("env.fault_hang_prob", self.fault_hang_prob)
+        _prob("env.fault_crash_prob", self.fault_crash_prob)
+        if (self.fault_hang_prob or self.fault_crash_prob) and self.backend == "inline":
+            raise ConfigError(
+                "env.fault_hang_prob / env.fault_crash_prob need env.backend='thread' or "
+                "'process' (the inline backend has no timeouts to contain a hang)")
+
+
+@dataclasses.dataclass(**_DC)
+class RolloutSection:
+    """Sampling and the episode budgets (turns, tokens per turn, total tokens)."""
+
+    tasks_per_iteration: int = 16  # distinct tasks per RL iteration
+    samples_per_task: int = 6  # K samples per task (the group for GRPO / LOOP / RLOO)
+    max_turns: int = 6  # policy turns per episode before truncation
+    max_new_tokens: int = 40  # tokens per policy turn
+    max_total_tokens: int = 0  # whole-episode token budget; 0 = model.max_seq_len
+    temperature: float = 1.0  # sampling temperature (RL needs 1.0 for exact ratios)
+    top_k: int = 0  # 0 disables top-k
+    top_p: float = 1.0  # 1.0 disables nucleus sampling
+
+    def __post_init__(self):
+        for name in ("tasks_per_iteration", "samples_per_task", "max_turns", "max_new_tokens"):
+            _positive(f"rollout.{name}", getattr(self, name))
+        _positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
+        _positive("rollout.temperature", self.temperature, allow_zero=True)
+        _positive("rollout.top_k", self.top_k, allow_zero=True)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"rollout.top_p={self.top_p!r} must be in (0, 1]")
+
+
+@dataclasses.dataclass(**_DC)
+class RLSection:
+    """The RL recipe (``jaxagent.rl.recipes``) and the fields to override in it."""
+
+    recipe: str = "loop"  # loop, grpo, dr_grpo, dapo, ppo, rloo, reinforce, rft
+    learning_rate: float = 1e-4  # AdamW learning rate (constant)
+    overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)  # recipe fields
+
+    def __post_init__(self):
+        _positive("rl.learning_rate", self.learning_rate)
+
+
+@dataclasses.dataclass(**_DC)
+class SFTSection:
+    """Optional warm-start by supervised fine-tuning on scripted-expert demonstrations."""
+
+    enabled: bool = False  # run SFT before RL
+    num_demos: int = 1000  # demonstrations (episodes) from the expert on the train split
+    expert_error_rate: float = 0.3  # probability of an expert mistake per step
+    steps: int = 300  # optimizer steps
+    batch_size: int = 32  # sequences per step
+    learning_rate: float = 3e-3  # AdamW peak learning rate (cosine decay)
+    only_successful: bool = False  # keep only demonstrations that succeed (RFT-style filter)
+
+    def __post_init__(self):
+        _positive("sft.num_demos", self.num_demos)
+        _prob("sft.expert_error_rate", self.expert_error_rate)
+        _positive("sft.steps", self.steps, allow_zero=True)
+        _positive("sft.batch_size", self.batch_size)
+        _positive("sft.learning_rate", self.learning_rate)
+
+
+@dataclasses.dataclass(**_DC)
+class EvalSection:
+    """Periodic evaluation on the held-out split."""
+
+    every: int = 5  # evaluate every N iterations (and always at start and end); 0 = only ends
+    num_tasks: int = 100  # held-out tasks per evaluation
+    temperature: float = 1.0  # evaluation sampling temperature (0 = greedy)
+    samples_per_task: int = 1  # samples per held-out task
+
+    def __post_init__(self):
+        _positive("eval.every", self.every, allow_zero=True)
+        _positive("eval.num_tasks", self.num_tasks)
+        _positive("eval.temperature", self.temperature, allow_zero=True)
+        _positive("eval.samples_per_task", self.samples_per_task)
+
+
+@dataclasses.dataclass(**_DC)
+class TrainSection:
+    """The outer loop, checkpoints and logging."""
+
+    iterations: int = 30  # RL iterations (collect -> advantages -> update)
+    seed: int = 0  # seeds the model init, sampling, task order and the expert
+    out_dir: str = "runs/{name}/seed{seed}"  # run directory ({name}, {seed} filled in)
+    checkpoint_every: int = 5  # save every N iterations (and at the end); 0 = only at the end
+    keep_checkpoints: int = 3  # keep the newest N (plus the best by eval success)
+    resume: bool = True  # continue from the newest checkpoint in out_dir when there is one
+    progress: str = "rich"  # live progress display: rich, tqdm or none
+    tensorboard: bool = True  # write TensorBoard event files next to metrics.jsonl
+    wandb: bool = False  # also log to Weights & Biases (needs `pip install wandb`)
+    plot: bool = True  # write learning_curve.png at the end
+
+    def __post_init__(self):
+        _positive("train.iterations", self.iterations, allow_zero=True)
+        _positive("train.checkpoint_every", self.checkpoint_every, allow_zero=True)
+        _positive("train.keep_checkpoints", self.keep_checkpoints)
+        _choice("train.progress", self.progress, ("rich", "tqdm", "none"))
+
+
+@dataclasses.dataclass(**_DC)
+class Config:
+    """A whole run. ``name`` and ``paper`` say what the run reproduces."""
+
+    name: str = "run"  # run name (used in out_dir)
+    paper: str = ""  # the paper (and arXiv id) the recipe follows
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    tokenizer: TokenizerSection = dataclasses.field(default_factory=TokenizerSection)
+    env: EnvSection = dataclasses.field(default_factory=EnvSection)
+    rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+    rl: RLSection = dataclasses.field(default_factory=RLSection)
+    sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+    eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.train.out_dir.format(name=self.name, seed=self.train.seed))
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.rollout.max_total_tokens or self.model.max_seq_len
+
+
+def _fields_of(node_type: Any) -> List[str]:
+    if dataclasses.is_dataclass(node_type):
+        return [f.name for f in dataclasses.fields(node_type)]
+    return []
+
+
+def _section_type(full_key: str) -> Any:
+    node: Any = Config
+    for part in [p for p in full_key.split(".")[:-1] if p]:
+        types = {f.name: f.type for f in dataclasses.fields(node)} if dataclasses.is_dataclass(
+            node) else {}
+        hint = types.get(part)
+        node = globals().get(hint, None) if isinstance(hint, str) else hint
+        if node is None:
+            return None
+    return node
+
+
+def _explain(err: OmegaConfBaseException, origin: str) -> ConfigError:
+    full_key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
+    if isinstance(err, ConfigKeyError):
+        section = _section_type(str(full_key))
+        allowed = _fields_of(section)
+        leaf = str(full_key).split(".")[-1]
+        close = difflib.get_close_matches(leaf, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return ConfigError(
+            f"{origin}: unknown config key {full_key!r}{hint}; allowed keys here: {allowed}")
+    if isinstance(err, ValidationError):
+        msg = str(err).splitlines()[0]
+        return ConfigError(f"{origin}: bad value for {full_key!r}: {msg}")
+    return ConfigError(f"{origin}: {str(err).splitlines()[0]} (key {full_key!r})")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Load a YAML file onto the ``Config`` schema and apply ``key=value`` overrides.
+
+    Args:
+      path: a YAML file (thin overlay on the defaults); None uses the defaults.
+      overrides: dotted ``key=value`` strings, e.g. ``["rl.learning_rate=3e-4"]``.
+
+    Returns:
+      A validated, frozen ``Config``.
+
+    Raises:
+      ConfigError: unknown key, wrong type or invalid value, naming the key and the fix.
+    """
+    schema = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        layers.append((str(path), OmegaConf.load(path)))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.seed=1)")
+        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+    merged = schema
+    for origin, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as err:
+            raise _explain(err, origin) from None
+    try:
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _explain(err, str(path or "config")) from None
+
+
+def config_to_dict(config: Config) -> dict:
+    """A plain nested dict (for logging and for saving next to checkpoints)."""
+    return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+
+
+def replace(config: Config, overrides: Sequence[str]) -> Config:
+    """A copy of ``config`` with dotted ``key=value`` overrides applied (validated)."""
+    merged = OmegaConf.structured(config)
+    for item in overrides:
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as err:
+            raise _explain(err, f"override {item!r}") from None
+    return OmegaConf.to_object(merged)
