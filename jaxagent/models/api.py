@@ -1,0 +1,110 @@
+"""Pure functions over ``(graphdef, params)``: the model's public interface.
+
+``params`` is a plain nested dict of arrays (``nnx.to_pure_dict``), so optax, orbax and
+``jax.tree`` work on it directly; ``graphdef`` is static (hashable) and carries the config.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from jaxagent.models.cache import KVCache
+from jaxagent.models.config import ModelConfig
+from jaxagent.models.transformer import Transformer
+
+Params = dict[str, Any]
+
+
+@struct.dataclass
+class ModelOutput:
+    """logits [B, T, V] float32; values [B, T] float32 or None; cache (KVCache or None)."""
+
+    logits: jax.Array
+    values: Optional[jax.Array]
+    cache: Optional[KVCache]
+
+
+def init_model(config: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, Params]:
+    """Randomly initialised model: (graphdef, params as a nested dict of arrays)."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"init_model: config must be a ModelConfig, got {type(config).__name__}")
+
+    @jax.jit
+    def make(key):
+        return nnx.to_pure_dict(nnx.state(Transformer(config, nnx.Rngs(params=key))))
+
+    graphdef = abstract_graphdef(config)
+    return graphdef, make(key)
+
+
+def abstract_graphdef(config: ModelConfig) -> nnx.GraphDef:
+    """The graphdef alone, without allocating parameters."""
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(params=0))))
+    return graphdef
+
+
+def model_config(graphdef: nnx.GraphDef) -> ModelConfig:
+    """The ModelConfig a graphdef was built from (the root module's static ``config``)."""
+    for name, attr in graphdef.attributes:
+        if name == "config" and isinstance(getattr(attr, "value", None), ModelConfig):
+            return attr.value
+    raise ValueError("model_config: graphdef was not built by jaxagent.models (no config found)")
+
+
+def apply_model(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, positions: jax.Array,
+                segment_ids: jax.Array, cache: Optional[KVCache] = None) -> ModelOutput:
+    """Forward pass.
+
+    Args:
+      graphdef, params: from ``init_model`` / ``load_hf``.
+      tokens: [B, T] int32 token ids.
+      positions: [B, T] int32 rotary positions (restart at 0 for each packed sequence; for a
+        cached call, the position of each new token in its row).
+      segment_ids: [B, T] int32; 0 marks padding, equal nonzero ids attend to each other.
+        With a cache, only ``!= 0`` matters: real tokens are appended to their row.
+      cache: optional KVCache; the chunk's real tokens are appended at each row's length.
+
+    Returns:
+      ModelOutput(logits [B, T, V] float32, values [B, T] float32 or None, cache).
+    """
+    model = nnx.merge(graphdef, params)
+    h, new_cache = model.hidden(tokens, positions, segment_ids, cache)
+    return ModelOutput(logits=model.logits(h), values=model.values(h), cache=new_cache)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """log p(tokens[t] | tokens[<t]) aligned with tokens.
+
+    Args:
+      logits: [B, T, V] logits where logits[:, t] predicts tokens[:, t + 1].
+      tokens: [B, T] int token ids.
+
+    Returns:
+      [B, T] float32; entry 0 is 0 (no prediction for the first token).
+    """
+    logits = logits[:, :-1].astype(jnp.float32)
+    targets = tokens[:, 1:]
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    lp = picked - jax.nn.logsumexp(logits, axis=-1)
+    return jnp.pad(lp, ((0, 0), (1, 0)))
+
+
+def param_logical_axes(graphdef: nnx.GraphDef, params: Params) -> Params:
+    """A nested dict like ``params`` whose leaves are tuples of logical axis names.
+
+    Names: 'vocab', 'embed', 'heads', 'kv_heads', 'mlp', or None (replicated dimension).
+    Tuples are pytrees, so map over both with ``is_leaf=lambda x: isinstance(x, tuple)``.
+    """
+    model = nnx.merge(graphdef, params)
+    out: Params = {}
+    for path, var in nnx.to_flat_state(nnx.state(model)):
+        axes = tuple(var.get_metadata().get("logical_axes", (None,) * var[...].ndim))
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(str(key), {})
+        node[str(path[-1])] = axes
+    return out

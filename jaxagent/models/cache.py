@@ -1,0 +1,86 @@
+"""KV cache with per-row lengths.
+
+Row ``b`` holds ``lengths[b]`` tokens in slots ``0 .. lengths[b]-1`` of every layer's buffers,
+with no padding inside: a left-padded prompt is compacted when written. New tokens (a prefill
+chunk, one decode token, or an environment observation of any length) are appended at each
+row's own offset, so rows of one batch can sit at different positions and a multi-turn episode
+never re-encodes its history.
+
+Layout per layer is ``[B, K, S, hd]`` (KV head major, slots contiguous): the decode step's
+``q . k`` contracts the contiguous ``hd`` axis and ``p . v`` contracts ``S``, both plain
+batched matmuls with no transposes of the cache.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxagent.models.config import ModelConfig
+
+
+@struct.dataclass
+class KVCache:
+    """Per-layer key/value buffers.
+
+    Attributes:
+      keys: tuple of L arrays [B, K, S, hd] (one array a layer, so the decode loop updates
+        each in place without slicing a stacked buffer).
+      values: tuple of L arrays [B, K, S, hd].
+      lengths: [B] int32 number of tokens stored per row.
+    """
+
+    keys: tuple
+    values: tuple
+    lengths: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+
+def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) -> KVCache:
+    """An empty cache for ``batch_size`` rows of up to ``capacity`` tokens each."""
+    if batch_size <= 0 or capacity <= 0:
+        raise ValueError(f"init_cache: batch_size={batch_size} and capacity={capacity} must be > 0")
+    dtype = dtype or config.jnp_dtype
+    shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+    return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in zeros),
+                   lengths=jnp.zeros((batch_size,), jnp.int32))
+
+
+def grow_cache(cache: KVCache, capacity: int) -> KVCache:
+    """Copy ``cache`` into buffers of a larger ``capacity`` (lengths unchanged)."""
+    extra = capacity - cache.capacity
+    if extra < 0:
+        raise ValueError(f"grow_cache: capacity={capacity} is below the current {cache.capacity}")
+    if extra == 0:
+        return cache
+    pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+    return KVCache(keys=tuple(jnp.pad(k, pad) for k in cache.keys),
+                   values=tuple(jnp.pad(v, pad) for v in cache.values), lengths=cache.lengths)
+
+
+def write_slots(cache: KVCache, segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Where the tokens of a chunk go.
+
+    Args:
+      cache: the cache before the chunk.
+      segment_ids: [B, T] int; 0 marks padding (left, right or interior).
+
+    Returns:
+      slots: [B, T] int32 slot of each token (its own position in the row for real tokens;
+        ``capacity`` for padding, which scatter drops).
+      query_slots: [B, T] int32 slot each query attends up to, inclusive.
+    """
+    valid = segment_ids != 0
+    rank = jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1  # [B, T]
+    query_slots = cache.lengths[:, None] + rank
+    slots = jnp.where(valid, query_slots, cache.capacity)
+    return slots.astype(jnp.int32), query_slots.astype(jnp.int32)

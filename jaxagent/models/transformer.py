@@ -1,0 +1,193 @@
+"""Decoder-only transformer (Llama / Qwen2 family) written with Flax NNX.
+
+RMSNorm, rotary embeddings, grouped-query attention with optional QKV bias, SwiGLU MLP, tied
+or untied embeddings and an optional scalar value head. Parameters carry logical axis names
+(metadata ``logical_axes``) for sharding: 'vocab', 'embed', 'heads', 'kv_heads', 'mlp'.
+
+Callers use the pure functions in ``jaxagent.models.api`` on ``(graphdef, params)``; the
+modules here are merged inside jit, so the NNX graph walk costs trace time only.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxagent.models.cache import KVCache, write_slots
+from jaxagent.models.config import ModelConfig
+from jaxagent.models.rope import apply_rope, rope_cos_sin
+
+# A large finite negative instead of -inf: a fully masked row (padding) then gives a uniform
+# softmax rather than NaN, and its output is ignored by every caller.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+_init = nnx.initializers.normal(0.02)
+
+
+def _param(rngs, shape, dtype, axes, init=_init):
+    return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype, param_dtype):
+        self.eps, self.dtype = eps, dtype
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("embed",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
+
+
+def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention.
+
+    Args:
+      q: [B, T, K, G, hd] queries, already scaled by hd**-0.5.
+      keys, values: [B, K, S, hd].
+      mask: [B, T, S] bool, True where query t may attend slot s.
+
+    Returns:
+      [B, T, K, G, hd] attention output.
+    """
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    return jnp.einsum("bkgts,bksh->btkgh", probs, values)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        d, h, k, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+        pdt = config.jnp_param_dtype
+        self.config = config
+        self.q_proj = _param(rngs, (d, h, hd), pdt, ("embed", "heads", None))
+        self.k_proj = _param(rngs, (d, k, hd), pdt, ("embed", "kv_heads", None))
+        self.v_proj = _param(rngs, (d, k, hd), pdt, ("embed", "kv_heads", None))
+        self.o_proj = _param(rngs, (h, hd, d), pdt, ("heads", None, "embed"))
+        if config.qkv_bias:
+            zeros = nnx.initializers.zeros
+            self.q_bias = _param(rngs, (h, hd), pdt, ("heads", None), zeros)
+            self.k_bias = _param(rngs, (k, hd), pdt, ("kv_heads", None), zeros)
+            self.v_bias = _param(rngs, (k, hd), pdt, ("kv_heads", None), zeros)
+
+    def _project(self, x, name):
+        out = jnp.einsum("btd,dnh->btnh", x, getattr(self, f"{name}_proj")[...].astype(x.dtype))
+        if self.config.qkv_bias:
+            out = out + getattr(self, f"{name}_bias")[...].astype(x.dtype)
+        return out
+
+    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None):
+        """x [B,T,D]; mask [B,T,S]; cache_kv (keys, values) [B,K,S,hd] or None; slots [B,T]."""
+        cfg = self.config
+        b, t, _ = x.shape
+        q = apply_rope(self._project(x, "q"), cos, sin) * (cfg.head_dim ** -0.5)
+        k = apply_rope(self._project(x, "k"), cos, sin)
+        v = self._project(x, "v")
+        if cache_kv is None:
+            keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, hd]
+            new_kv = None
+        else:
+            cache_k, cache_v = cache_kv
+            rows = jnp.arange(b)[:, None]
+            keys = cache_k.at[rows, :, slots].set(k.astype(cache_k.dtype), mode="drop")
+            values = cache_v.at[rows, :, slots].set(v.astype(cache_v.dtype), mode="drop")
+            new_kv = (keys, values)
+        q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
+        out = attend(q, keys.astype(x.dtype), values.astype(x.dtype), mask)
+        out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
+        return jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype)), new_kv
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        d, f, pdt = config.hidden_size, config.intermediate_size, config.jnp_param_dtype
+        self.gate_proj = _param(rngs, (d, f), pdt, ("embed", "mlp"))
+        self.up_proj = _param(rngs, (d, f), pdt, ("embed", "mlp"))
+        self.down_proj = _param(rngs, (f, d), pdt, ("mlp", "embed"))
+
+    def __call__(self, x):
+        gate = x @ self.gate_proj[...].astype(x.dtype)
+        up = x @ self.up_proj[...].astype(x.dtype)
+        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(x.dtype)
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        dt, pdt = config.jnp_dtype, config.jnp_param_dtype
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dt, pdt)
+        self.attn = Attention(config, rngs)
+        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dt, pdt)
+        self.mlp = MLP(config, rngs)
+
+    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None):
+        attn_out, new_kv = self.attn(self.input_norm(x), cos, sin, mask, cache_kv, slots)
+        x = x + attn_out
+        return x + self.mlp(self.post_attn_norm(x)), new_kv
+
+
+class Transformer(nnx.Module):
+    """The policy LM. ``hidden`` runs the blocks; ``logits`` / ``values`` are the heads."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        self.config = config
+        d, v, pdt = config.hidden_size, config.vocab_size, config.jnp_param_dtype
+        self.embed = _param(rngs, (v, d), pdt, ("vocab", "embed"))
+        for i in range(config.num_layers):
+            setattr(self, f"layer_{i}", Block(config, rngs))
+        self.final_norm = RMSNorm(d, config.rms_norm_eps, config.jnp_dtype, pdt)
+        if not config.tie_embeddings:
+            self.lm_head = _param(rngs, (d, v), pdt, ("embed", "vocab"))
+        if config.value_head:
+            self.value_kernel = _param(rngs, (d,), pdt, ("embed",))
+            self.value_bias = _param(rngs, (), pdt, (), nnx.initializers.zeros)
+
+    def layers(self):
+        return [getattr(self, f"layer_{i}") for i in range(self.config.num_layers)]
+
+    def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None):
+        """Final-normed hidden states [B, T, D] and the updated cache (or None).
+
+        Without a cache, query t attends key s when s <= t and both share a nonzero segment
+        id (causal, packed, padding-aware). With a cache, the chunk's real tokens are
+        appended at each row's own length and attend to everything stored before them.
+        """
+        cfg = self.config
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
+        cos, sin = rope_cos_sin(cfg, positions)
+        if cache is None:
+            t = tokens.shape[1]
+            causal = jnp.arange(t)[None, :, None] >= jnp.arange(t)[None, None, :]
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            mask = causal & same & (segment_ids[:, None, :] != 0)
+            slots = None
+        else:
+            slots, query_slots = write_slots(cache, segment_ids)
+            mask = jnp.arange(cache.capacity)[None, None, :] <= query_slots[:, :, None]
+        new_keys, new_values = [], []
+        for i, layer in enumerate(self.layers()):
+            kv = None if cache is None else (cache.keys[i], cache.values[i])
+            x, new_kv = layer(x, cos, sin, mask, kv, slots)
+            if new_kv is not None:
+                new_keys.append(new_kv[0])
+                new_values.append(new_kv[1])
+        x = self.final_norm(x)
+        if cache is None:
+            return x, None
+        lengths = cache.lengths + jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
+        return x, KVCache(keys=tuple(new_keys), values=tuple(new_values), lengths=lengths)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """[..., D] -> [..., V] float32."""
+        if self.config.tie_embeddings:
+            w = self.embed[...].astype(h.dtype)
+            return jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
+        w = self.lm_head[...].astype(h.dtype)
+        return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+
+    def values(self, h: jax.Array) -> jax.Array | None:
+        """[..., D] -> [...] float32 scalar values, or None without a value head."""
+        if not self.config.value_head:
+            return None
+        w = self.value_kernel[...].astype(jnp.float32)
+        return h.astype(jnp.float32) @ w + self.value_bias[...].astype(jnp.float32)
