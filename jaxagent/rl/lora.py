@@ -1,0 +1,100 @@
+"""LoRA adapters on any parameter pytree: only the adapters are trained and held by the optimiser.
+
+An adapter for a kernel ``W`` of shape ``in_shape + out_shape`` is a pair ``a [prod(in), r]``,
+``b [r, prod(out)]`` with ``b = 0`` at start, so the adapted model equals the base model before
+the first update. The effective kernel is ``W + (alpha / r) * (a @ b).reshape(W.shape)``.
+Which leading axes are "input" is looked up by kernel name (``o_proj`` of jaxagent's attention
+is ``[heads, head_dim, embed]``: two input axes); everything else has one input axis.
+
+References: Hu et al. 2021, LoRA (2106.09685). LOOP 2502.01600 uses r = 16, alpha = 32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# Number of leading "input" axes of a kernel, by its name (default 1).
+LORA_INPUT_AXES = {"o_proj": 2}
+
+
+def path_name(path) -> str:
+    """'layer_0/attn/q_proj' from a jax key path (NNX's trailing '.value' is dropped)."""
+    parts = []
+    for key in path:
+        name = getattr(key, "key", None)
+        if name is None:
+            name = getattr(key, "name", None)
+        if name is None:
+            name = getattr(key, "idx", None)
+        if name == "value" and key is path[-1]:
+            continue
+        parts.append(str(name))
+    return "/".join(parts)
+
+
+def _is_target(name: str, leaf: jax.Array, targets: tuple[str, ...]) -> bool:
+    return name.split("/")[-1] in targets and getattr(leaf, "ndim", 0) >= 2
+
+
+def init_lora(params: Any, rank: int, targets: tuple[str, ...], key: jax.Array) -> dict:
+    """Adapters for every kernel whose last path component is in ``targets``.
+
+    Args:
+      params: the base parameter pytree.
+      rank: r > 0.
+      targets: kernel names, e.g. ("q_proj", "v_proj").
+      key: PRNG key for the ``a`` matrices (Kaiming-uniform-like scale 1 / sqrt(in)).
+
+    Returns:
+      {path_name: {"a": [in, r], "b": [r, out]}} float32 (the base's dtype).
+
+    Raises:
+      ValueError if no parameter matches ``targets``.
+    """
+    if rank <= 0:
+        raise ValueError(f"LoRA rank={rank} must be > 0")
+    leaves = [
+        (path_name(p), x)
+        for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+        if _is_target(path_name(p), x, targets)
+    ]
+    if not leaves:
+        raise ValueError(
+            f"LoRA targets {targets} match no kernel of the model; names end with e.g. "
+            f"{sorted({path_name(p).split('/')[-1] for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]})}"
+        )
+    adapters = {}
+    keys = jax.random.split(key, len(leaves))
+    for k, (name, w) in zip(keys, leaves):
+        n_in = LORA_INPUT_AXES.get(name.split("/")[-1], 1)
+        d_in, d_out = math.prod(w.shape[:n_in]), math.prod(w.shape[n_in:])
+        bound = 1.0 / math.sqrt(d_in)
+        adapters[name] = {
+            "a": jax.random.uniform(k, (d_in, rank), w.dtype, -bound, bound),
+            "b": jnp.zeros((rank, d_out), w.dtype),
+        }
+    return adapters
+
+
+def merge_lora(params: Any, adapters: dict, alpha: float, rank: int) -> Any:
+    """Base params with ``(alpha / r) a @ b`` added to every adapted kernel (differentiable
+    in ``adapters``; the base gets no gradient when it is not differentiated)."""
+    scale = alpha / rank
+
+    def add(path, w):
+        name = path_name(path)
+        if name not in adapters:
+            return w
+        ad = adapters[name]
+        delta = (ad["a"] @ ad["b"]).reshape(w.shape) * scale
+        return w + delta.astype(w.dtype)
+
+    return jax.tree_util.tree_map_with_path(add, params)
+
+
+def lora_param_count(adapters: dict) -> int:
+    return sum(int(x.size) for x in jax.tree_util.tree_leaves(adapters))

@@ -1,0 +1,100 @@
+"""The learner's state as a pytree, and the optimiser a recipe asks for."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from jaxagent.rl.lora import init_lora, merge_lora
+from jaxagent.rl.recipes import RLConfig
+
+
+@struct.dataclass
+class TrainState:
+    """Everything that changes during training (donated to the update step).
+
+    Attributes:
+      params: the trained parameters: the full model, or the LoRA adapters
+        ``{path: {"a", "b"}}`` when ``frozen_params`` holds the base.
+      opt_state: optax state of ``params`` only (LoRA: the base has no optimiser state).
+      step: int32 scalar, optimiser steps taken.
+      rng: PRNG key for minibatch shuffling (split at each update).
+      frozen_params: LoRA base parameters (never updated), or None.
+      ref_params: reference-policy parameters for KL terms when the batch does not carry
+        ``ref_logprobs`` (a second model copy; LOOP has none), or None.
+      lora_scale_alpha, lora_rank: static LoRA scaling (alpha / rank); rank 0 means no LoRA.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+    frozen_params: Any = None
+    ref_params: Any = None
+    lora_alpha: float = struct.field(pytree_node=False, default=0.0)
+    lora_rank: int = struct.field(pytree_node=False, default=0)
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.lora_rank > 0
+
+    def model_params(self) -> Any:
+        """The parameters to run the model with (base + adapters under LoRA)."""
+        if self.uses_lora:
+            return merge_lora(self.frozen_params, self.params, self.lora_alpha, self.lora_rank)
+        return self.params
+
+    @classmethod
+    def create(
+        cls,
+        params: Any,
+        config: RLConfig,
+        rng: jax.Array,
+        *,
+        optimizer: Optional[optax.GradientTransformation] = None,
+        ref_params: Any = None,
+    ) -> "TrainState":
+        """A fresh state: LoRA adapters when ``config.lora_rank > 0``, optimiser state of the
+        trained parameters only.
+
+        Args:
+          params: model parameters (e.g. from ``jaxagent.models.init_model``).
+          config: the recipe.
+          rng: PRNG key.
+          optimizer: defaults to ``make_optimizer(config)``; must be the one passed to
+            ``make_update_step``.
+          ref_params: reference parameters (only needed when the recipe uses KL and batches
+            do not bring ``ref_logprobs``).
+        """
+        tx = optimizer or make_optimizer(config)
+        rng, lora_key = jax.random.split(rng)
+        if config.lora_rank > 0:
+            adapters = init_lora(params, config.lora_rank, config.lora_targets, lora_key)
+            return cls(
+                params=adapters, opt_state=tx.init(adapters), step=jnp.zeros((), jnp.int32),
+                rng=rng, frozen_params=params, ref_params=ref_params,
+                lora_alpha=float(config.lora_alpha), lora_rank=int(config.lora_rank),
+            )
+        return cls(
+            params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=rng,
+            ref_params=ref_params,
+        )
+
+
+def make_optimizer(config: RLConfig) -> optax.GradientTransformation:
+    """AdamW with global-norm gradient clipping and a constant LR after linear warm-up."""
+    if config.warmup_steps > 0:
+        lr = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
+        lr = optax.join_schedules([lr, optax.constant_schedule(config.learning_rate)],
+                                  [config.warmup_steps])
+    else:
+        lr = config.learning_rate
+    adamw = optax.adamw(lr, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+                        weight_decay=config.weight_decay)
+    if config.max_grad_norm is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)

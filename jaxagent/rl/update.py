@@ -1,0 +1,265 @@
+"""The jitted RL update step: epochs x minibatches x microbatch gradient accumulation.
+
+``make_update_step(config, apply_fn)`` returns ``update_step(state, batch) -> (state, metrics)``,
+jitted with ``state`` donated. Inside, everything is ``lax.scan``:
+
+    prepare (advantages, reference log-probs)        once per call
+    scan over epochs (a fresh shuffle each)
+      scan over minibatches (one optimiser step each)
+        scan over microbatches (gradient accumulation)
+
+Loss denominators are computed per minibatch and passed to every microbatch, so the summed
+microbatch losses (and gradients) equal the loss of the whole minibatch: microbatching changes
+memory, not maths. With a mesh, the state and batch carry NamedShardings and XLA partitions
+the step (no pmap); the result equals the single-device step up to float reassociation.
+
+``apply_fn(params, tokens [B,T], positions [B,T], segment_ids [B,T]) -> (logits [B,T,V],
+values [B,T] or None)``; ``model_apply_fn(graphdef)`` adapts ``jaxagent.models.apply_model``.
+Values: the model's value output at position t is V(tokens[:t+1]); the update aligns it as
+``values[:, t] = V(tokens[:, :t])``, the value of the state in which token t is chosen, which
+is the convention ``TokenBatch.values`` must follow too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxagent.rl import losses as L
+from jaxagent.rl.kl import kl_estimate
+from jaxagent.rl.lora import merge_lora
+from jaxagent.rl.prepare import compute_advantages as _compute_advantages
+from jaxagent.rl.recipes import RLConfig
+from jaxagent.rl.train_state import TrainState, make_optimizer
+from jaxagent.types import TokenBatch
+
+ApplyFn = Callable[..., tuple[jax.Array, Optional[jax.Array]]]
+
+
+def model_apply_fn(graphdef: Any) -> ApplyFn:
+    """``apply_fn`` for a jaxagent model: ``(params, tokens, positions, segment_ids) ->
+    (logits, values)``."""
+    from jaxagent.models import apply_model
+
+    def apply_fn(params, tokens, positions, segment_ids):
+        out = apply_model(graphdef, params, tokens, positions, segment_ids)
+        return out.logits, out.values
+
+    return apply_fn
+
+
+def _shift_values(values_bt: jax.Array) -> jax.Array:
+    """Model value at t (state tokens[:t+1]) -> aligned value at t+1 (state before token t+1)."""
+    pad = jnp.zeros((values_bt.shape[0], 1), jnp.float32)
+    return jnp.concatenate([pad, values_bt[:, :-1].astype(jnp.float32)], axis=1)
+
+
+def make_loss_fn(config: RLConfig, apply_fn: ApplyFn) -> Callable:
+    """``loss_fn(params, micro, num_tokens, num_seqs) -> (loss, metric_sums)``.
+
+    ``params`` are the model parameters (LoRA already merged). ``metric_sums`` are normalised
+    by the minibatch's denominators, so summing them over microbatches gives minibatch means.
+    """
+
+    def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs):
+        logits, values_out = apply_fn(params, micro.tokens, micro.positions, micro.segment_ids)
+        logp, entropy = L.token_logprobs_and_entropy(logits, micro.tokens)
+        mask = micro.loss_mask.astype(jnp.float32)
+        agg = lambda x: L.aggregate(x, mask, config.aggregation, num_tokens=num_tokens,
+                                    num_seqs=num_seqs, norm_constant=config.norm_constant)
+        tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(num_tokens, 1.0)
+        log_ratio = L.importance_log_ratio(logp, micro.old_logprobs, mask, config.ratio_level,
+                                           micro.turn_ids)
+        zeros = jnp.zeros_like(mask)
+        clip_low = clip_high = zeros
+        if config.policy_loss == "ppo":
+            per_tok, clip_low, clip_high = L.ppo_clip_loss(
+                log_ratio, micro.advantages, config.clip_eps_low, config.clip_eps_high,
+                config.clip_lower)
+        elif config.policy_loss == "reinforce":
+            per_tok = L.reinforce_loss(logp, micro.advantages)
+        else:
+            per_tok = L.sft_loss(logp)
+        policy = agg(per_tok)
+        total = policy
+        m = {"loss/policy": policy}
+        if config.kl_mode == "loss":
+            kl = agg(kl_estimate(logp, micro.ref_logprobs, config.kl_estimator))
+            total = total + config.kl_beta * kl
+            m["kl/ref"] = kl
+        if config.use_critic:
+            if values_out is None:
+                raise ValueError("RLConfig.use_critic=True but the model returns no values; "
+                                 "build it with value_head=True")
+            v_loss = tok_mean(L.value_loss(_shift_values(values_out), micro.values, micro.returns,
+                                           config.value_clip_eps))
+            total = total + config.value_coef * v_loss
+            m["loss/value"] = v_loss
+        ent = agg(entropy)
+        if config.entropy_coef:
+            total = total - config.entropy_coef * ent
+        m.update({
+            "loss/total": total,
+            "entropy/mean": tok_mean(entropy),
+            "clip/low_frac": tok_mean(clip_low),
+            "clip/high_frac": tok_mean(clip_high),
+            "kl/approx_old_new": tok_mean(L.approx_kl_old_new(logp, micro.old_logprobs)),
+            "ratio/mean": tok_mean(jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))),
+        })
+        return total, m
+
+    return loss_fn
+
+
+def _split(tree: Any, n: int) -> Any:
+    """[B, ...] leaves -> [n, B // n, ...]."""
+    return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
+
+
+def _reference_logprobs(config, apply_fn, ref_params, batch: TokenBatch) -> jax.Array:
+    """[B, T] reference log-probs, one microbatch at a time (no gradient)."""
+    n = batch.tokens.shape[0] // min(config.microbatch, batch.tokens.shape[0])
+    chunks = _split((batch.tokens, batch.positions, batch.segment_ids), n)
+
+    def one(xs):
+        logits, _ = apply_fn(ref_params, *xs)
+        return L.token_logprobs_and_entropy(logits, xs[0])[0]
+
+    lp = jax.lax.map(one, chunks)
+    return jax.lax.stop_gradient(lp.reshape(batch.tokens.shape))
+
+
+def _advantage_metrics(batch: TokenBatch) -> dict:
+    mask = batch.loss_mask
+    n = jnp.maximum(mask.sum(), 1.0)
+    adv = batch.advantages
+    mean = jnp.sum(adv * mask) / n
+    std = jnp.sqrt(jnp.sum(((adv - mean) * mask) ** 2) / n)
+    big = jnp.finfo(jnp.float32).max
+    return {
+        "adv/mean": mean,
+        "adv/std": std,
+        "adv/max": jnp.max(jnp.where(mask > 0, adv, -big)),
+        "adv/min": jnp.min(jnp.where(mask > 0, adv, big)),
+        "reward/mean": jnp.mean(batch.rewards.astype(jnp.float32)),
+        "samples/kept_frac": jnp.mean((mask.sum(axis=1) > 0).astype(jnp.float32)),
+        "tokens/policy": mask.sum(),
+    }
+
+
+def make_update_step(
+    config: RLConfig,
+    apply_fn: ApplyFn,
+    optimizer: Optional[optax.GradientTransformation] = None,
+    *,
+    compute_advantages: bool = True,
+    mesh: Optional[Mesh] = None,
+    state_sharding: Any = None,
+    batch_sharding: Any = None,
+    jit: bool = True,
+) -> Callable[[TrainState, TokenBatch], tuple[TrainState, dict]]:
+    """Build ``update_step(state, batch) -> (state, metrics)``.
+
+    Args:
+      config: the recipe (static).
+      apply_fn: the model function (see module docstring).
+      optimizer: defaults to ``make_optimizer(config)``; must match the state's.
+      compute_advantages: run ``jaxagent.rl.prepare.compute_advantages`` first; False to use
+        ``batch.advantages`` (and ``returns``) as given.
+      mesh: device mesh; with it, microbatches are constrained to be split over the batch axes.
+      state_sharding, batch_sharding: NamedSharding pytrees (see ``jaxagent.parallel``) for
+        the state and the batch; metrics come back replicated.
+      jit: False returns the raw function (for tests and ``jax.jit(...).lower`` elsewhere).
+
+    Returns:
+      The update function; jitted with ``state`` donated unless ``jit=False``. The batch must
+      have ``B`` divisible by ``config.minibatch_size`` (B is static).
+    """
+    tx = optimizer or make_optimizer(config)
+    loss_fn = make_loss_fn(config, apply_fn)
+    grad_fn = jax.value_and_grad(
+        lambda trainable, frozen, alpha_rank, *a: loss_fn(
+            merge_lora(frozen, trainable, *alpha_rank) if alpha_rank[1] else trainable, *a),
+        has_aux=True)
+    batch_axes = None
+    if mesh is not None:
+        batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+        batch_size_dev = 1
+        for a in batch_axes:
+            batch_size_dev *= mesh.shape[a]
+
+    def constrain(micro):
+        if mesh is None or config.microbatch % batch_size_dev:
+            return micro
+        sh = lambda x: NamedSharding(mesh, P(None, batch_axes, *([None] * (x.ndim - 2))))
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sh(x)), micro)
+
+    def update_step(state: TrainState, batch: TokenBatch):
+        b = batch.tokens.shape[0]
+        if b % config.minibatch_size:
+            raise ValueError(
+                f"TokenBatch has B={b} rows but RLConfig.minibatch_size={config.minibatch_size} "
+                "does not divide it; sample a multiple of minibatch_size trajectories or change it")
+        n_mini = b // config.minibatch_size
+        n_micro = config.minibatch_size // config.microbatch
+        lora = (state.lora_alpha, state.lora_rank)
+        if config.needs_reference and batch.ref_logprobs is None:
+            if state.ref_params is None:
+                raise ValueError(f"recipe {config.name!r} uses KL (kl_mode={config.kl_mode!r}) but "
+                                 "the batch has no ref_logprobs and TrainState.ref_params is None")
+            batch = batch.replace(ref_logprobs=_reference_logprobs(
+                config, apply_fn, state.ref_params, batch))
+        if compute_advantages:
+            batch = _compute_advantages(config, batch)
+        batch = batch.replace(loss_mask=batch.loss_mask.astype(jnp.float32))
+        adv_metrics = _advantage_metrics(batch)
+
+        def minibatch_step(carry, mb: TokenBatch):
+            params, opt_state = carry
+            num_tokens, num_seqs = L.aggregation_denominators(mb.loss_mask)
+            micro = constrain(_split(mb, n_micro))
+            if n_micro == 1:
+                (_, sums), grads = grad_fn(params, state.frozen_params, lora,
+                                           jax.tree.map(lambda x: x[0], micro), num_tokens, num_seqs)
+            else:
+                def micro_step(acc, x):
+                    (_, s), g = grad_fn(params, state.frozen_params, lora, x, num_tokens, num_seqs)
+                    return jax.tree.map(jnp.add, acc, (g, s)), None
+
+                zero_s = jax.eval_shape(lambda: grad_fn(params, state.frozen_params, lora,
+                                                        jax.tree.map(lambda x: x[0], micro),
+                                                        num_tokens, num_seqs)[0][1])
+                init = (jax.tree.map(jnp.zeros_like, params),
+                        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_s))
+                (grads, sums), _ = jax.lax.scan(micro_step, init, micro)
+            sums = dict(sums, **{"optim/grad_norm": optax.global_norm(grads)})
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, opt_state), sums
+
+        def epoch_step(carry, key):
+            perm = jax.random.permutation(key, b) if config.shuffle else jnp.arange(b)
+            shuffled = jax.tree.map(lambda x: x[perm], batch)
+            return jax.lax.scan(minibatch_step, carry, _split(shuffled, n_mini))
+
+        rng, ep_key = jax.random.split(state.rng)
+        keys = jax.random.split(ep_key, config.num_epochs)
+        (params, opt_state), per_step = jax.lax.scan(epoch_step, (state.params, state.opt_state), keys)
+        metrics = {k: jnp.mean(v) for k, v in per_step.items()}
+        metrics.update(adv_metrics)
+        steps = config.num_epochs * n_mini
+        metrics["optim/steps"] = jnp.asarray(steps, jnp.float32)
+        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + steps, rng=rng)
+        return new_state, metrics
+
+    if not jit:
+        return update_step
+    if state_sharding is None and batch_sharding is None:
+        return jax.jit(update_step, donate_argnums=0)
+    replicated = NamedSharding(mesh, P()) if mesh is not None else None
+    return jax.jit(update_step, donate_argnums=0, in_shardings=(state_sharding, batch_sharding),
+                   out_shardings=(state_sharding, replicated))
