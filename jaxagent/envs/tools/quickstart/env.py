@@ -1,0 +1,175 @@
+"""QuickstartEnv: the quickstart tool world as a ``TextEnv``.
+
+Observations and actions are single-space separated words (see ``world.vocabulary``):
+
+  reset -> "task : what do 3 shares of acme cost ? tools : price ( item ) mul ( a , b ) ..."
+  step("Action : price ( item = \" acme \" )")  -> "Observation : 12"
+  step("Action : mul ( a = 12 , b = 3 )")       -> "Observation : 36"
+  step("Final : 36")                            -> done, success
+
+String arguments are whitespace-stripped before validation, because a word-level detokenizer
+puts spaces inside the quotes. Malformed calls come back as short error observations
+(``compact_errors=True``, words from the vocabulary) or as the full readable messages of
+``jaxagent.envs.actions`` (``compact_errors=False``); they never raise and never end the
+episode (except an empty action, which is giving up). Success = the final answer is right and
+the calendar and notes equal the expected end state.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from jaxagent.envs import actions as A
+from jaxagent.envs.base import FailureMode, StepResult, Task
+from jaxagent.envs.tools.quickstart import world as W
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuickstartEnvConfig:
+    """Episode settings. Reward = weighted sum of the step's reward terms."""
+
+    max_steps: int = 6  # actions per episode before truncation (plans need at most 5)
+    compact_errors: bool = True  # short vocabulary-only error observations
+    task_weight: float = 1.0  # weight of the task term (1 at a successful end)
+    outcome_weight: float = 0.0  # weight of the outcome term (1 when the final answer is right)
+    process_weight: float = 0.0  # weight of the per-step process term (valid call ladder)
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ValueError(f"QuickstartEnvConfig.max_steps must be >= 1, got {self.max_steps}")
+        for name in ("task_weight", "outcome_weight", "process_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"QuickstartEnvConfig.{name} must be >= 0, got "
+                                 f"{getattr(self, name)}")
+
+
+def _strip_strings(value: Any) -> Any:
+    return value.strip() if isinstance(value, str) else value
+
+
+def reset_observation(task: Task) -> str:
+    sigs = " ".join(W.compact_signature(t) for t in task.data["tools"])
+    return f"task : {task.prompt} tools : {sigs}"
+
+
+def normalize_answer(text: str) -> str:
+    return " ".join(text.replace('"', " ").split()).lower()
+
+
+class QuickstartEnv:
+    """One episode at a time over quickstart tasks (``TextEnv`` protocol)."""
+
+    def __init__(self, config: QuickstartEnvConfig | None = None, **overrides):
+        self.config = dataclasses.replace(config or QuickstartEnvConfig(), **overrides)
+        self._task: Task | None = None
+
+    def reset(self, task: Task) -> str:
+        self._task = task
+        self._state = copy.deepcopy(dict(task.data["state"]))
+        self._tools = {t: W.TOOL_SPECS[t] for t in task.data["tools"]}
+        self._steps = 0
+        self._done = False
+        return reset_observation(task)
+
+    @property
+    def state(self) -> dict:
+        """The live world state (read-only use: tests and evaluation)."""
+        return self._state
+
+    def step(self, action: str) -> StepResult:
+        if self._task is None or self._done:
+            raise RuntimeError("QuickstartEnv.step called before reset() or after the episode "
+                               "ended; call reset(task) first")
+        self._steps += 1
+        parsed = A.parse_action(action)
+        if isinstance(parsed, A.ActionError):
+            if parsed.kind == A.ErrorKind.EMPTY:
+                return self._finish(None, FailureMode.GAVE_UP, process=0.0)
+            return self._error_step(parsed)
+        if parsed.is_final:
+            return self._finish(parsed.final, None, process=1.0)
+        if len(parsed.calls) != 1:
+            return self._error_step(A.ActionError(A.ErrorKind.NOT_A_CALL,
+                                                  "error: write one call per action"))
+        return self._call_step(parsed.calls[0])
+
+    def _call_step(self, call: A.ToolCall) -> StepResult:
+        spec = self._tools.get(call.name)
+        if spec is None:
+            return self._error_step(A.unknown_tool_error(call.name, self._tools))
+        call = A.ToolCall(call.name, {k: _strip_strings(v) for k, v in call.kwargs.items()},
+                          tuple(_strip_strings(v) for v in call.args), call.text)
+        bound = A.bind_call(call, spec)
+        if isinstance(bound, A.ActionError):
+            return self._error_step(bound)
+        result, self._state, is_error = W.execute(self._state, call.name, bound.kwargs)
+        dangerous = ([bound.render()] if spec.dangerous and
+                     call.name not in self._task.data["asked_dangerous"] else [])
+        mode = FailureMode.TOOL_ERROR if is_error else None
+        return self._continue(f"Observation : {result}", mode, process=1.0, dangerous=dangerous)
+
+    def _error_step(self, error: A.ActionError) -> StepResult:
+        text = self._compact(error) if self.config.compact_errors else error.message
+        ladder = {FailureMode.UNKNOWN_TOOL: 1 / 3, FailureMode.BAD_ARGUMENTS: 2 / 3}
+        return self._continue(f"Observation : {text}", error.failure_mode,
+                              process=ladder.get(error.failure_mode, 0.0))
+
+    def _compact(self, error: A.ActionError) -> str:
+        vocab = _vocab()
+        if error.failure_mode == FailureMode.UNKNOWN_TOOL:
+            name = error.tool if error.tool in vocab else ""
+            return " ".join(f"error : unknown tool {name}".split())
+        if error.failure_mode == FailureMode.BAD_ARGUMENTS:
+            arg = error.argument if error.argument in vocab else ""
+            return " ".join(f"error : bad argument {arg} for {error.tool}".split())
+        return "error : bad syntax"
+
+    def _continue(self, obs: str, mode, process: float, dangerous=()) -> StepResult:
+        if self._steps >= self.config.max_steps:
+            return self._finish(None, FailureMode.STEP_BUDGET, process=process, truncated=True,
+                                dangerous=dangerous)
+        terms = {"process": process, "outcome": 0.0, "task": 0.0}
+        info = {"reward_terms": terms, "failure_mode": mode and mode.value, "truncated": False,
+                "success": False, "dangerous": list(dangerous)}
+        return StepResult(obs, self._reward(terms), False, info)
+
+    def _finish(self, answer: str | None, mode, process: float, truncated: bool = False,
+                dangerous=()) -> StepResult:
+        self._done = True
+        data = self._task.data
+        right_answer = answer is not None and normalize_answer(answer) == normalize_answer(
+            data["answer"])
+        right_state = W.mutable_part(self._state) == data["expected"]
+        if mode is None:
+            if answer is None or not normalize_answer(answer):
+                mode = FailureMode.GAVE_UP
+            elif not right_state:
+                mode = FailureMode.WRONG_STATE
+            elif not right_answer:
+                mode = FailureMode.WRONG_ANSWER
+        success = mode is None
+        terms = {"process": process, "outcome": float(right_answer), "task": float(success)}
+        info = {"reward_terms": terms, "failure_mode": mode and mode.value,
+                "truncated": truncated, "success": success, "dangerous": list(dangerous)}
+        obs = "Observation : step budget over" if truncated else "Observation : done"
+        return StepResult(obs, self._reward(terms), True, info)
+
+    def _reward(self, terms: dict[str, float]) -> float:
+        c = self.config
+        return (c.task_weight * terms["task"] + c.outcome_weight * terms["outcome"]
+                + c.process_weight * terms["process"])
+
+    def close(self) -> None:
+        self._task = None
+
+
+_VOCAB: frozenset[str] | None = None
+
+
+def _vocab() -> frozenset[str]:
+    global _VOCAB
+    if _VOCAB is None:
+        _VOCAB = frozenset(W.vocabulary())
+    return _VOCAB
