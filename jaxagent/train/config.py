@@ -81,10 +81,12 @@ class ModelSection:
 class TokenizerSection:
     """The tokenizer: loaded with the model (``model.init_from``) or trained from scratch."""
 
+    kind: str = "word"  # "word": the env's closed vocabulary; "bpe": byte-level BPE on a corpus
     vocab_size: int = 512  # byte-level BPE vocabulary size when trained from scratch
-    num_corpus_demos: int = 400  # expert demonstrations added to the tokenizer's corpus
+    num_corpus_demos: int = 400  # expert demonstrations added to the BPE corpus
 
     def __post_init__(self):
+        _choice("tokenizer.kind", self.kind, ("word", "bpe"))
         if self.vocab_size < 300:
             raise ConfigError(
                 f"tokenizer.vocab_size={self.vocab_size} must be >= 300 "
@@ -127,7 +129,7 @@ class RolloutSection:
     """Sampling and the episode budgets (turns, tokens per turn, total tokens)."""
 
     tasks_per_iteration: int = 16  # distinct tasks per RL iteration
-    samples_per_task: int = 6  # K samples per task (the group for GRPO / LOOP / RLOO)
+    samples_per_task: int = 0  # K samples per task (GRPO / LOOP / RLOO group); 0 = recipe's
     max_turns: int = 6  # policy turns per episode before truncation
     max_new_tokens: int = 40  # tokens per policy turn
     max_total_tokens: int = 0  # whole-episode token budget; 0 = model.max_seq_len
@@ -136,8 +138,9 @@ class RolloutSection:
     top_p: float = 1.0  # 1.0 disables nucleus sampling
 
     def __post_init__(self):
-        for name in ("tasks_per_iteration", "samples_per_task", "max_turns", "max_new_tokens"):
+        for name in ("tasks_per_iteration", "max_turns", "max_new_tokens"):
             _positive(f"rollout.{name}", getattr(self, name))
+        _positive("rollout.samples_per_task", self.samples_per_task, allow_zero=True)
         _positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
         _positive("rollout.temperature", self.temperature, allow_zero=True)
         _positive("rollout.top_k", self.top_k, allow_zero=True)
@@ -147,14 +150,39 @@ class RolloutSection:
 
 @dataclasses.dataclass(**_DC)
 class RLSection:
-    """The RL recipe (``jaxagent.rl.recipes``) and the fields to override in it."""
+    """The RL recipe (``jaxagent.rl.recipes``) and the recipe fields to override.
+
+    ``overrides`` takes any ``RLConfig`` field (learning_rate, num_epochs, minibatch_size,
+    clip_eps_low, lora_rank, ...). The group size is ``rollout.samples_per_task`` when that is
+    set, else the recipe's ``group_size``.
+    """
 
     recipe: str = "loop"  # loop, grpo, dr_grpo, dapo, ppo, rloo, reinforce, rft
-    learning_rate: float = 1e-4  # AdamW learning rate (constant)
-    overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)  # recipe fields
+    overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)  # RLConfig fields
 
     def __post_init__(self):
-        _positive("rl.learning_rate", self.learning_rate)
+        self.build()  # validates the recipe name and every override
+
+    def build(self, group_size: int = 0):
+        """The recipe's ``RLConfig`` with the overrides (and the group size) applied."""
+        from jaxagent.rl import recipes
+
+        _choice("rl.recipe", self.recipe, recipes.recipe_names())
+        fields = {f.name: f for f in dataclasses.fields(recipes.RLConfig)}
+        changes = {}
+        for k, v in self.overrides.items():
+            if k not in fields:
+                close = difflib.get_close_matches(k, list(fields), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown config key 'rl.overrides.{k}'{hint}; allowed "
+                                  f"RLConfig fields: {sorted(fields)}")
+            changes[k] = tuple(v) if isinstance(v, list) else v
+        if group_size:
+            changes["group_size"] = group_size
+        try:
+            return recipes.get_recipe(self.recipe, **changes)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"rl.overrides for recipe {self.recipe!r}: {err}") from None
 
 
 @dataclasses.dataclass(**_DC)
@@ -233,6 +261,14 @@ class Config:
     @property
     def run_dir(self) -> Path:
         return Path(self.train.out_dir.format(name=self.name, seed=self.train.seed))
+
+    def rl_config(self):
+        """The typed ``jaxagent.rl.recipes.RLConfig`` of this run."""
+        return self.rl.build(self.rollout.samples_per_task)
+
+    @property
+    def group_size(self) -> int:
+        return self.rl_config().group_size
 
     @property
     def max_total_tokens(self) -> int:

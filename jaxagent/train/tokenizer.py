@@ -20,9 +20,9 @@ from typing import Iterable, Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-PAD, BOS, END = "<|pad|>", "<|bos|>", "<|end|>"
+PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
-SPECIAL_TOKENS = (PAD, BOS, END, SYSTEM, USER, ASSISTANT)
+SPECIAL_TOKENS = (PAD, BOS, END, SYSTEM, USER, ASSISTANT, UNK)
 
 # Each message renders on its own (no cross-message whitespace), so the rendering of a whole
 # conversation is the concatenation of per-message renderings: the incremental chunks the
@@ -32,6 +32,33 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}" + END + "{% endfor %}"
     "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
 )
+
+
+def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=END, unk_token=UNK,
+        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def build_word_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over a closed vocabulary (whitespace-separated words).
+
+    For worlds whose every text is single-space separated words from a known vocabulary
+    (the quickstart world's ``vocabulary()``): one token a word gives the shortest sequences,
+    and ``decode`` joins words with single spaces, so text round-trips exactly. Words outside
+    the vocabulary map to ``<|unk|>``.
+    """
+    vocab: dict[str, int] = {}
+    for w in list(SPECIAL_TOKENS) + sorted(set(words)):
+        if w and not any(c.isspace() for c in w):
+            vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return _wrap(tok)
 
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
@@ -54,12 +81,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedT
         show_progress=False,
     )
     tok.train_from_iterator(list(corpus), trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=END,
-        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
-    )
-    wrapped.chat_template = CHAT_TEMPLATE
-    return wrapped
+    return _wrap(tok)
 
 
 def load_tokenizer_dir(path: str) -> PreTrainedTokenizerBase:

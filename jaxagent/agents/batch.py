@@ -1,0 +1,83 @@
+"""Pack token-in/token-out episodes into a fixed-shape ``TokenBatch`` for the learner.
+
+The sequence length is bucketed (multiples of ``length_multiple``, at most ``max_len``) and
+the row count is padded to a multiple of ``rows_multiple`` with empty rows (segment 0, loss 0),
+so the jitted update sees few distinct shapes. Episodes whose environment failed keep their
+row but carry no loss (``loss_mask`` 0) and are marked invalid in ``row_valid``, so group
+baselines ignore them: a failed environment is never the policy's fault.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxagent.agents.episode import Episode
+from jaxagent.types import TokenBatch
+
+
+def bucket_length(n: int, multiple: int, cap: int) -> int:
+    """Smallest multiple of ``multiple`` >= n, capped at ``cap``."""
+    return min(cap, max(multiple, -(-n // multiple) * multiple))
+
+
+def pack_episodes(
+    episodes: Sequence[Episode],
+    *,
+    pad_id: int,
+    max_len: int,
+    length_multiple: int = 64,
+    rows_multiple: int = 1,
+    rows: int | None = None,
+) -> tuple[TokenBatch, np.ndarray]:
+    """Right-pad episodes into a ``TokenBatch`` of numpy arrays.
+
+    Args:
+      episodes: the episodes (rows in this order).
+      pad_id: token id for padding.
+      max_len: longest allowed row; longer episodes raise (the rollout budget prevents them).
+      length_multiple: the sequence length is rounded up to a multiple of this.
+      rows_multiple: the row count is rounded up to a multiple of this.
+      rows: a fixed row count instead (must be >= len(episodes)).
+
+    Returns:
+      (batch with tokens/positions/segment_ids/loss_mask/old_logprobs/turn_ids [B, T],
+      rewards/group_ids [B] and zero advantages; row_valid [B] float32: 1 for episodes whose
+      environment did not fail, 0 for failed episodes and padding rows).
+    """
+    longest = max((len(ep.tokens) for ep in episodes), default=1)
+    if longest > max_len:
+        raise ValueError(f"an episode has {longest} tokens > max_len={max_len}; lower "
+                         "rollout.max_total_tokens or raise model.max_seq_len")
+    t = bucket_length(longest, length_multiple, max_len)
+    b = len(episodes) if rows is None else rows
+    if b < len(episodes):
+        raise ValueError(f"rows={rows} < {len(episodes)} episodes")
+    b = -(-b // rows_multiple) * rows_multiple
+    tokens = np.full((b, t), pad_id, np.int32)
+    segment = np.zeros((b, t), np.int32)
+    loss = np.zeros((b, t), np.float32)
+    old_lp = np.zeros((b, t), np.float32)
+    turn_ids = np.full((b, t), -1, np.int32)
+    rewards = np.zeros((b,), np.float32)
+    # Padding rows get unique group ids so they never join a real group.
+    group_ids = np.arange(b, dtype=np.int32) + 1 + max((ep.group for ep in episodes), default=0)
+    valid = np.zeros((b,), np.float32)
+    for i, ep in enumerate(episodes):
+        n = len(ep.tokens)
+        tokens[i, :n] = ep.tokens
+        segment[i, :n] = 1
+        ok = not ep.env_failed
+        loss[i, :n] = np.asarray(ep.loss_mask, np.float32) * ok
+        old_lp[i, :n] = ep.logprobs
+        turn_ids[i, :n] = ep.turn_ids
+        rewards[i] = ep.reward
+        group_ids[i] = ep.group
+        valid[i] = float(ok)
+    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
+    batch = TokenBatch(
+        tokens=tokens, positions=positions, segment_ids=segment, loss_mask=loss,
+        old_logprobs=old_lp, advantages=np.zeros((b, t), np.float32), rewards=rewards,
+        group_ids=group_ids, turn_ids=turn_ids)
+    return batch, valid

@@ -1,0 +1,112 @@
+"""Checkpoints with orbax: async saves, keep the newest N plus the best by eval success.
+
+A checkpoint holds the whole train state pytree (params, optimizer state, step, RNG) and a
+JSON "meta" record with everything else a run needs to continue exactly: the iteration, the
+data position, the sampling key, the evaluation history. Orbax writes to a temporary directory
+and renames it when complete, so a run killed mid-save resumes from the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
+
+BEST_METRIC = "eval_success"
+
+
+def _to_savable(tree: Any) -> Any:
+    """Typed PRNG keys become their raw uint32 data (orbax stores plain arrays)."""
+    def conv(x):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.key_data(x)
+        return x
+    return jax.tree.map(conv, tree)
+
+
+def _from_saved(saved: Any, like: Any) -> Any:
+    def conv(s, ref):
+        if isinstance(ref, jax.Array) and jax.dtypes.issubdtype(ref.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(s, impl=jax.random.key_impl(ref))
+        return s
+    return jax.tree.map(conv, saved, like)
+
+
+class Checkpointer:
+    """An orbax ``CheckpointManager`` for one run directory.
+
+    Args:
+      directory: where checkpoints live (``<run_dir>/checkpoints``).
+      keep: how many of the newest checkpoints to keep (the best by ``eval_success`` is kept
+        as well).
+      async_save: save in a background thread (``wait()`` blocks until it is on disk).
+    """
+
+    def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
+        self.directory = Path(directory).absolute()
+        policy = cm.AnyPreservationPolicy([
+            cm.LatestN(n=keep),
+            cm.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1,
+                     keep_checkpoints_without_metrics=False),
+        ])
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=policy, enable_async_checkpointing=async_save, create=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def save(self, step: int, state: Any, meta: dict, eval_success: Optional[float] = None):
+        """Save ``state`` (a pytree of arrays) and ``meta`` (JSON) as checkpoint ``step``."""
+        metrics = None if eval_success is None else {BEST_METRIC: float(eval_success)}
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
+                                    meta=ocp.args.JsonSave(meta)),
+            metrics=metrics, force=True)
+
+    def latest_step(self) -> Optional[int]:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def restore(self, step: int, like: Any) -> tuple[Any, dict]:
+        """Restore checkpoint ``step`` into the structure (and shardings) of ``like``."""
+        target = jax.tree.map(
+            lambda x: ocp.utils.to_shape_dtype_struct(x) if hasattr(x, "shape") else x,
+            _to_savable(like))
+        out = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        return _from_saved(out["state"], like), dict(out["meta"])
+
+    def restore_meta(self, step: int) -> dict:
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def restore_params_only(directory: str | Path, step: Optional[int] = None) -> tuple[Any, dict, int]:
+    """Read params (as saved) and meta from a checkpoint directory, without a template.
+
+    Used by ``jaxagent eval`` / ``export`` / ``rollout``. Returns (state tree as numpy, meta,
+    step); ``step`` defaults to the newest checkpoint.
+    """
+    manager = ocp.CheckpointManager(Path(directory).absolute(),
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint found in {str(directory)!r}; pass the run's "
+                                "checkpoints directory (e.g. runs/quickstart/seed0/checkpoints)")
+    out = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    manager.close()
+    state = jax.tree.map(np.asarray, out["state"])
+    return state, dict(out["meta"]), step

@@ -1,0 +1,82 @@
+"""The policy as the trainer sees it: model config from the run config, samplers, learner math.
+
+``build_model(section, tokenizer, key)`` makes ``(graphdef, params)`` from scratch (vocabulary
+from the tokenizer) or loads a Hugging Face directory. ``make_turn_sampler`` picks the cached
+multi-turn sampler built on ``jaxagent.generate`` and falls back to the cache-free reference
+sampler. ``make_logprob_fn`` is the learner's teacher-forced log-prob (and value) pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxagent.agents.sampling import ReferenceSampler, SamplingParams, TurnSampler
+from jaxagent.models import ModelConfig, apply_model, init_model, load_hf, token_logprobs
+from jaxagent.train.config import ModelSection
+
+
+def model_config(section: ModelSection, tokenizer) -> ModelConfig:
+    """A ``ModelConfig`` for a from-scratch model whose vocabulary is the tokenizer's."""
+    return ModelConfig(
+        vocab_size=len(tokenizer), hidden_size=section.hidden_size,
+        num_layers=section.num_layers, num_heads=section.num_heads,
+        num_kv_heads=section.num_kv_heads, head_dim=section.hidden_size // section.num_heads,
+        intermediate_size=section.intermediate_size, rope_theta=section.rope_theta,
+        tie_embeddings=section.tie_embeddings, value_head=section.value_head,
+        param_dtype=section.param_dtype, dtype=section.dtype, max_seq_len=section.max_seq_len,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+
+
+def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, Any, ModelConfig]:
+    """(graphdef, params, model config): loaded from ``section.init_from`` or built anew."""
+    if section.init_from:
+        config, graphdef, params = load_hf(section.init_from)
+        if config.vocab_size < len(tokenizer):
+            raise ValueError(f"model.init_from={section.init_from!r} has vocab_size "
+                             f"{config.vocab_size} < the tokenizer's {len(tokenizer)} tokens")
+        return graphdef, params, config
+    config = model_config(section, tokenizer)
+    graphdef, params = init_model(config, key)
+    return graphdef, params, config
+
+
+def make_logits_fn(graphdef) -> Callable:
+    """``logits_fn(params, tokens, positions, segment_ids) -> logits [B,T,V]``."""
+    def logits_fn(params, tokens, positions, segment_ids):
+        return apply_model(graphdef, params, tokens, positions, segment_ids).logits
+    return logits_fn
+
+
+def make_logprob_fn(graphdef) -> Callable:
+    """Jitted learner pass: ``(params, tokens, positions, segment_ids) -> (logprobs [B,T],
+    values [B,T] aligned as values[:, t] = V(tokens[:, :t]) or None)``."""
+    @jax.jit
+    def fn(params, tokens, positions, segment_ids):
+        out = apply_model(graphdef, params, tokens, positions, segment_ids)
+        values = None
+        if out.values is not None:
+            v = out.values.astype(jnp.float32)
+            values = jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
+        return token_logprobs(out.logits, tokens), values
+    return fn
+
+
+def make_turn_sampler(graphdef, sampling: SamplingParams, max_len: int,
+                      kind: str = "auto") -> TurnSampler:
+    """The multi-turn sampler: "cached" (KV cache with ragged continuation), "reference"
+    (re-encodes each row for every token) or "auto" (cached when available)."""
+    if kind not in ("auto", "cached", "reference"):
+        raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
+    if kind in ("auto", "cached"):
+        try:
+            from jaxagent.agents.cached import CachedTurnSampler
+        except ImportError:
+            if kind == "cached":
+                raise
+        else:
+            return CachedTurnSampler(graphdef, sampling, max_len)
+    return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len)

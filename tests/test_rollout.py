@@ -1,0 +1,151 @@
+"""The rollout driver's seam: masks, log-probs, budgets and env failures.
+
+The key test scripts a multi-turn episode (observations of different lengths per episode)
+and checks, against the sampler's own outputs, that every token with loss_mask = 1 was
+sampled by the policy, every prompt/observation token has 0, and the recorded log-probs equal
+the learner's teacher-forced log-probs to 1e-4 in float32.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent.agents.batch import pack_episodes
+from jaxagent.agents.rollout import Budget, collect_episodes
+from jaxagent.agents.runner import InlineRunner
+from jaxagent.agents.sampling import ReferenceSampler, SamplingParams
+from jaxagent.envs.base import FailureMode, StepResult, Task, Termination
+from jaxagent.models import ModelConfig, init_model
+from jaxagent.train.policy import make_logits_fn, make_logprob_fn, make_turn_sampler
+from jaxagent.train.tokenizer import ChatFormat, build_word_tokenizer
+
+WORDS = "look at the box red blue green one two three four five ok done Action : ( )".split()
+
+
+class ScriptedEnv:
+    """Replies with observations whose length depends on the task and the turn; ends after
+    ``turns`` steps, or crashes on a given turn."""
+
+    def __init__(self):
+        self.task = None
+        self.t = 0
+
+    def reset(self, task):
+        self.task, self.t = task, 0
+        return "look at the box " + " ".join(WORDS[4:4 + task.data["n"]])
+
+    def step(self, action):
+        self.t += 1
+        if self.t == self.task.data.get("crash_at"):
+            raise RuntimeError("tool server died")
+        done = self.t >= self.task.data["turns"]
+        obs = " ".join(WORDS[: 1 + (self.t * 3 + self.task.data["n"]) % 9])
+        info = {"reward_terms": {"process": 0.1, "outcome": 0.0, "task": float(done)},
+                "success": done, "failure_mode": None}
+        return StepResult(obs, reward=1.0 if done else 0.0, done=done, info=info)
+
+    def close(self):
+        pass
+
+
+class RecordingSampler:
+    """Wraps a sampler and records what it produced per row, to check the driver's masks."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def start(self, params, prompts, key):
+        out = self.inner.start(params, prompts, key)
+        self.calls.append(([list(p) for p in prompts], out))
+        return out
+
+    def resume(self, params, chunks, key):
+        out = self.inner.resume(params, chunks, key)
+        self.calls.append(([None if c is None else list(c) for c in chunks], out))
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = build_word_tokenizer(WORDS)
+    chat = ChatFormat(tok)
+    cfg = ModelConfig.test(vocab_size=len(tok), max_seq_len=256)
+    graphdef, params = init_model(cfg, jax.random.key(0))
+    return tok, chat, graphdef, params
+
+
+def _tasks():
+    return [Task(id="a", split="train", prompt="", data={"n": 2, "turns": 3}),
+            Task(id="b", split="train", prompt="", data={"n": 5, "turns": 2})]
+
+
+@pytest.mark.parametrize("kind", ["reference", "cached"])
+def test_masks_and_logprobs_match_learner(setup, kind):
+    tok, chat, graphdef, params = setup
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, stop_ids=chat.stop_ids,
+                              pad_id=chat.pad_id)
+    if kind == "cached":
+        pytest.importorskip("jaxagent.agents.cached")
+    sampler = RecordingSampler(make_turn_sampler(graphdef, sampling, 256, kind=kind))
+    budget = Budget(max_turns=5, max_new_tokens=6, max_total_tokens=256)
+    eps, stats = collect_episodes(sampler, params, _tasks(), samples_per_task=2,
+                                  runner=InlineRunner(ScriptedEnv), chat=chat,
+                                  system_prompt="one two", budget=budget,
+                                  key=jax.random.key(1))
+    assert [ep.group for ep in eps] == [0, 0, 1, 1]
+    # Rebuild each episode from the sampler's own inputs and outputs.
+    for row, ep in enumerate(eps):
+        expect_tokens, expect_mask, expect_lp = [], [], []
+        for inputs, out in sampler.calls:
+            if inputs[row] is None:
+                continue
+            expect_tokens += inputs[row]
+            expect_mask += [0] * len(inputs[row])
+            expect_lp += [0.0] * len(inputs[row])
+            expect_tokens += out.tokens[row]
+            expect_mask += [1] * len(out.tokens[row])
+            expect_lp += out.logprobs[row]
+        assert ep.tokens == expect_tokens
+        assert ep.loss_mask == expect_mask
+        np.testing.assert_allclose(ep.logprobs, expect_lp, atol=0)
+        assert ep.termination == Termination.TERMINATED and ep.success
+        assert ep.num_turns == ep.task.data["turns"]
+        # Observation chunks are exactly the chat-template rendering of each observation.
+        for t in ep.turns[:-1]:
+            assert t.num_observation_tokens == len(chat.observation(t.observation))
+    batch, valid = pack_episodes(eps, pad_id=chat.pad_id, max_len=256, length_multiple=16)
+    lp, _ = make_logprob_fn(graphdef)(params, batch.tokens, batch.positions, batch.segment_ids)
+    mask = np.asarray(batch.loss_mask)
+    assert mask.sum() == sum(ep.num_policy_tokens for ep in eps) > 0
+    np.testing.assert_allclose(np.asarray(lp) * mask, batch.old_logprobs * mask, atol=1e-4)
+    assert valid.tolist() == [1.0] * 4
+
+
+def test_budgets_and_env_errors_are_labelled_and_kept(setup):
+    tok, chat, graphdef, params = setup
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_ids=(), pad_id=0)
+    sampler = ReferenceSampler(make_logits_fn(graphdef), sampling, 256)
+    tasks = [Task(id="long", split="train", prompt="", data={"n": 1, "turns": 9}),
+             Task(id="crash", split="train", prompt="", data={"n": 1, "turns": 9,
+                                                              "crash_at": 2})]
+    eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=1,
+                              runner=InlineRunner(ScriptedEnv), chat=chat, system_prompt="",
+                              budget=Budget(max_turns=3, max_new_tokens=4,
+                                            max_total_tokens=256), key=jax.random.key(2))
+    long, crash = eps
+    assert long.termination == Termination.TRUNCATED
+    assert long.failure_mode == FailureMode.STEP_BUDGET.value and long.num_turns == 3
+    # No stop ids: every turn hits the per-turn token limit.
+    assert all(t.hit_token_limit and t.num_action_tokens == 4 for t in long.turns)
+    assert crash.termination == Termination.ENV_ERROR and "tool server died" in crash.error
+    assert crash.num_turns == 2
+    batch, valid = pack_episodes(eps, pad_id=0, max_len=256, rows_multiple=4)
+    assert batch.tokens.shape[0] == 4 and valid.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert batch.loss_mask[1].sum() == 0 and batch.loss_mask[0].sum() == 12
+    # A total-token budget smaller than the next turn truncates before sampling it.
+    eps, _ = collect_episodes(sampler, params, tasks[:1], samples_per_task=1,
+                              runner=InlineRunner(ScriptedEnv), chat=chat, system_prompt="",
+                              budget=Budget(max_turns=9, max_new_tokens=4,
+                                            max_total_tokens=40), key=jax.random.key(3))
+    assert eps[0].failure_mode == FailureMode.STEP_BUDGET.value
+    assert len(eps[0].tokens) <= 40
