@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from jaxagent.envs import actions as A
-from jaxagent.envs.base import FailureMode, StepResult, Task
+from jaxagent.envs.base import FailureMode, StepResult, Task, Termination
 from jaxagent.envs.tools.quickstart import world as W
 
 
@@ -104,7 +104,11 @@ class QuickstartEnv:
         bound = A.bind_call(call, spec)
         if isinstance(bound, A.ActionError):
             return self._error_step(bound)
-        result, self._state, is_error = W.execute(self._state, call.name, bound.kwargs)
+        try:
+            result, self._state, is_error = W.execute(self._state, call.name, bound.kwargs)
+        except Exception as exc:  # a bug in the world, not the agent's fault: env_error
+            return self._finish(None, FailureMode.ENV_ERROR, process=1.0,
+                                note=f"{type(exc).__name__}: {exc}")
         dangerous = ([bound.render()] if spec.dangerous and
                      call.name not in self._task.data["asked_dangerous"] else [])
         mode = FailureMode.TOOL_ERROR if is_error else None
@@ -136,7 +140,7 @@ class QuickstartEnv:
         return StepResult(obs, self._reward(terms), False, info)
 
     def _finish(self, answer: str | None, mode, process: float, truncated: bool = False,
-                dangerous=()) -> StepResult:
+                dangerous=(), note: str | None = None) -> StepResult:
         self._done = True
         data = self._task.data
         right_answer = answer is not None and normalize_answer(answer) == normalize_answer(
@@ -153,6 +157,10 @@ class QuickstartEnv:
         terms = {"process": process, "outcome": float(right_answer), "task": float(success)}
         info = {"reward_terms": terms, "failure_mode": mode and mode.value,
                 "truncated": truncated, "success": success, "dangerous": list(dangerous)}
+        info["termination"] = (Termination.ENV_ERROR if mode == FailureMode.ENV_ERROR else
+                               Termination.TRUNCATED if truncated else Termination.TERMINATED).value
+        if note is not None:
+            info["error"] = note
         obs = "Observation : step budget over" if truncated else "Observation : done"
         return StepResult(obs, self._reward(terms), True, info)
 

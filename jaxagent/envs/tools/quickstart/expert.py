@@ -19,6 +19,7 @@ from jaxagent.envs.base import StepResult, Task
 from jaxagent.envs.tools.quickstart import tasks as T
 from jaxagent.envs.tools.quickstart import world as W
 from jaxagent.envs.tools.quickstart.env import QuickstartEnv
+from jaxagent.envs.tools.quickstart.world import system_prompt  # noqa: F401 (re-export)
 
 _WRONG_TOOL = {"price": "quote", "quote": "price", "add": "mul", "mul": "add"}
 
@@ -33,14 +34,6 @@ def format_final(answer: Any) -> str:
     return f"Final : {answer}"
 
 
-def system_prompt() -> str:
-    """Format instructions and tool documentation, in vocabulary words."""
-    docs = " ".join(f"{W.compact_signature(n)} : {W.TOOL_SPECS[n].description} ."
-                    for n in W.TOOL_NAMES)
-    return ("answer the task with tools . write Action : tool ( arg = value ) and read the "
-            f"Observation . end with Final : answer . tools : {docs}")
-
-
 def _true_bindings(task: Task) -> dict[str, Any]:
     env: dict[str, Any] = {}
     state = task.data["state"]
@@ -52,13 +45,14 @@ def _true_bindings(task: Task) -> dict[str, Any]:
     return env
 
 
-def _other(value: Any, rng: np.random.Generator, choices=None) -> Any:
-    """A plausible value different from ``value`` (same kind)."""
+def _other(value: Any, rng: np.random.Generator, choices=None, avoid: Any = None) -> Any:
+    """A plausible value of the same kind, different from ``value`` and from ``avoid`` (the
+    true value, so that a mistake never cancels an earlier one)."""
     if isinstance(value, int):
         lo, hi = max(0, value - 5), min(W.MAX_INT, value + 5)
-        pool = [v for v in range(lo, hi + 1) if v != value]
+        pool = [v for v in range(lo, hi + 1) if v not in (value, avoid)]
         return int(rng.choice(pool))
-    pool = [c for c in (choices or W.EVENTS) if c != value]
+    pool = [c for c in (choices or W.EVENTS) if c not in (value, avoid)]
     return str(rng.choice(pool))
 
 
@@ -112,13 +106,15 @@ class ExpertPolicy:
                 else:
                     arg = str(self.rng.choice(list(kwargs)))
                     enum = W.TOOL_SPECS[tool].parameters["properties"][arg].get("enum")
-                    kwargs[arg] = _other(kwargs[arg], self.rng, enum)
+                    true = T.resolve(step["args"][arg], self.truth)
+                    kwargs[arg] = _other(kwargs[arg], self.rng, enum, avoid=true)
             self._pending = step["bind"]
             return format_call(tool, kwargs)
         answer = self._value(self.final)
         if err:
             self.errors.append((len(self.plan), "wrong_final"))
-            answer = _other(answer if answer != "done" else 0, self.rng)
+            true = T.resolve(self.final, self.truth)
+            answer = _other(answer if answer != "done" else 0, self.rng, avoid=true)
         return format_final(answer)
 
 

@@ -156,6 +156,14 @@ def execute(state: Mapping[str, Any], tool: str,
     raise KeyError(f"tool {tool!r} is not a quickstart tool; known: {', '.join(TOOL_NAMES)}")
 
 
+def system_prompt() -> str:
+    """Format instructions and every tool's documentation, in vocabulary words."""
+    docs = " ".join(f"{_DOCS[name]} ." for name in TOOL_NAMES if name != "cancel")
+    return ("answer the task with the tools . write Action : tool ( arg = value ) , read the "
+            "Observation , and end with Final : answer . " + docs + " cancel ( day , code ) "
+            "clears a day ; ask help for the code .")
+
+
 def vocabulary() -> list[str]:
     """Every word or symbol the world's prompts, observations and expert actions can contain.
 
@@ -173,4 +181,5 @@ def vocabulary() -> list[str]:
     words.update(["Action", "Final", "Thought", "Observation", "task", "tools", ":", "(", ")",
                   ",", "=", '"', "-", ".", "?", "ok", "free", "cancelled", "done"])
     words.update(tasks.template_words())
+    words.update(system_prompt().split())
     return sorted(words)
