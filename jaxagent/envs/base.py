@@ -145,3 +145,72 @@ def check_disjoint_splits(
                         f"task {task.id!r} of split {split!r} also appears in split {other!r}; "
                         "splits must be disjoint (regenerate with a different seed or dedupe)"
                     )
+
+
+# --- Additions for the environment pool (issue 4). Additive only: names above are stable. ---
+
+
+@runtime_checkable
+class SeedableEnv(Protocol):
+    """An environment that accepts a per-episode seed before ``reset``.
+
+    ``EnvPool`` calls ``seed(s)`` before every ``reset`` when the env has this method, with
+    ``s`` derived deterministically from (pool seed, env id, episode index, retry attempt).
+    """
+
+    def seed(self, seed: int) -> None: ...
+
+
+TRUNCATION_MARKER = "\n[... {omitted} characters truncated ...]\n"
+
+
+def truncate_observation(text: str, max_chars: int, *, keep_tail: float = 0.25) -> str:
+    """Cut ``text`` to at most ``max_chars`` characters with a visible marker in the middle.
+
+    The head is kept (most tool outputs say what they are first) and ``keep_tail`` of the
+    budget goes to the tail (errors and totals tend to come last). The marker states how many
+    characters were removed, so the policy can tell a truncated observation from a short one.
+
+    Args:
+      text: the observation.
+      max_chars: the budget, marker included; must leave room for the marker.
+      keep_tail: fraction of the remaining budget kept from the end of ``text`` (0 to 1).
+
+    Returns:
+      ``text`` unchanged when it fits, else ``head + marker + tail`` with ``len <= max_chars``.
+    """
+    if not 0.0 <= keep_tail <= 1.0:
+        raise ValueError(f"keep_tail={keep_tail!r} must lie in [0, 1]")
+    if len(text) <= max_chars:
+        return text
+    omitted = len(text)
+    # The marker's own length depends on the number it prints; iterate to a fixed point.
+    for _ in range(3):
+        marker = TRUNCATION_MARKER.format(omitted=omitted)
+        budget = max_chars - len(marker)
+        if budget < 0:
+            raise ValueError(
+                f"max_chars={max_chars} is too small to hold the truncation marker "
+                f"({len(marker)} characters); use max_chars >= {len(marker) + 16}"
+            )
+        omitted = len(text) - budget
+    tail = int(budget * keep_tail)
+    head = budget - tail
+    return text[:head] + marker + (text[len(text) - tail :] if tail else "")
+
+
+def env_error_info(reason: str, detail: str = "") -> dict[str, Any]:
+    """The ``info`` of a step that ends an episode because the environment failed.
+
+    Such episodes carry ``Termination.ENV_ERROR`` and ``FailureMode.ENV_ERROR`` and are excluded
+    from policy-failure statistics; ``env_error`` says what failed ("timeout", "crash",
+    "corrupt", "exception") and ``env_error_detail`` the message, for logs.
+    """
+    return {
+        "failure_mode": FailureMode.ENV_ERROR.value,
+        "termination": Termination.ENV_ERROR.value,
+        "truncated": False,
+        "env_error": reason,
+        "env_error_detail": detail,
+        "success": False,
+    }

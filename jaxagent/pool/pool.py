@@ -1,0 +1,381 @@
+"""EnvPool: N text environments stepped concurrently, EnvPool-style ``send`` / ``recv``.
+
+    pool = EnvPool(make_env, PoolConfig(num_envs=16, backend="process", step_timeout_s=5))
+    pool.async_reset(range(16), tasks)          # start one episode per env
+    while episodes remain:
+        for r in pool.recv(min_batch=4):        # whichever envs answered first
+            if r.done: record(r) ...            # r.info["termination"] says how it ended
+            else: pool.send([r.env_id], [policy(r.observation)])
+
+Guarantees:
+  * No episode is ever lost: every episode started by ``async_reset`` yields exactly one
+    ``PoolStep`` with ``done=True``. If its env failed (timeout, crash, corrupt data, exception)
+    that step carries ``info["termination"] == "env_error"`` and
+    ``info["failure_mode"] == "env_error"`` plus the reason in ``info["env_error"]``.
+  * A failed ``reset`` is retried up to ``max_retries`` times with exponential back-off (a reset
+    is idempotent); a failed ``step`` is not retried (the env's state is lost with the worker), so
+    the episode ends with env_error.
+  * Timeouts and crashes restart the worker (a fresh env from ``env_fn``); hung threads are
+    abandoned and their late answers dropped.
+  * Seeds are deterministic: episode ``k`` of env ``i`` (attempt ``a``) is seeded with
+    ``episode_seed(config.seed, i, k, a)`` through the env's optional ``seed`` method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from jaxagent.envs.base import StepResult, Task, Termination, env_error_info, truncate_observation
+from jaxagent.pool.config import PoolConfig
+from jaxagent.pool.health import Health
+from jaxagent.pool.workers import Outcome, ProcessWorker, ThreadWorker, make_context
+
+
+def episode_seed(pool_seed: int, env_id: int, episode: int, attempt: int = 0) -> int:
+    """Deterministic 32-bit seed of one episode attempt (independent of timing)."""
+    return int(np.random.SeedSequence([pool_seed, env_id, episode, attempt]).generate_state(1)[0])
+
+
+@dataclasses.dataclass
+class PoolStep:
+    """One answer from the pool. ``kind`` is "reset" (observation only) or "step"."""
+
+    env_id: int
+    episode_id: int  # unique per pool, in order of async_reset
+    kind: str
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any]
+    latency_s: float
+
+    @property
+    def env_error(self) -> bool:
+        return self.info.get("termination") == Termination.ENV_ERROR.value
+
+
+@dataclasses.dataclass
+class _Call:
+    seq: int
+    kind: str
+    payload: Any
+    deadline: float
+    sent_at: float
+    attempt: int = 0
+    timeout: float = 0.0
+
+
+@dataclasses.dataclass
+class _Slot:
+    worker: Any
+    generation: int = 0
+    episode_id: int | None = None
+    episode_index: int = -1
+    task: Task | None = None
+    call: _Call | None = None
+    retry_at: float | None = None  # a reset retry is scheduled
+    retry_attempt: int = 0
+    ready: bool = False  # the worker has built its env (timeouts count from then)
+
+
+class EnvPool:
+    """Concurrent text environments with timeouts, retries, restarts and health counters."""
+
+    def __init__(self, env_fn: Callable[[int], Any], config: PoolConfig):
+        self.config = config
+        self.env_fn = env_fn
+        self.health = Health(latency_window=config.latency_window)
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.RLock()
+        self._ready: list[PoolStep] = []
+        self._seq = 0
+        self._next_episode = 0
+        self._closed = False
+        self._context = make_context(config.start_method) if config.backend == "process" else None
+        self._slots = [_Slot(worker=self._spawn(i, 0)) for i in range(config.num_envs)]
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def num_envs(self) -> int:
+        return self.config.num_envs
+
+    def async_reset(self, env_ids: Iterable[int], tasks: Sequence[Task] | Task) -> list[int]:
+        """Start one episode per env (tasks broadcast if one is given); returns episode ids."""
+        env_ids = [self._check_env_id(i) for i in env_ids]
+        if isinstance(tasks, Task):
+            tasks = [tasks] * len(env_ids)
+        if len(tasks) != len(env_ids):
+            raise ValueError(
+                f"async_reset got {len(env_ids)} env_ids but {len(tasks)} tasks; pass one task "
+                "per env id (or a single Task to broadcast)"
+            )
+        episode_ids = []
+        with self._lock:
+            for env_id in env_ids:
+                slot = self._slots[env_id]
+                if slot.call is not None or slot.retry_at is not None:
+                    raise ValueError(f"env {env_id} is busy; recv() its answer before reset")
+                if slot.episode_id is not None:  # abandon the running episode, counted once
+                    self._finish(slot, env_id, "", 0.0, env_error_info("abandoned"), 0.0)
+                slot.episode_id, self._next_episode = self._next_episode, self._next_episode + 1
+                slot.episode_index += 1
+                slot.task = tasks[len(episode_ids)]
+                self.health.add("episodes_started")
+                self._submit_reset(env_id, attempt=0)
+                episode_ids.append(slot.episode_id)
+        return episode_ids
+
+    def send(self, env_ids: Iterable[int], actions: Sequence[str]) -> None:
+        """Send one action per env; each env must be in an episode and idle."""
+        env_ids = [self._check_env_id(i) for i in env_ids]
+        if len(actions) != len(env_ids):
+            raise ValueError(f"send got {len(env_ids)} env_ids but {len(actions)} actions")
+        with self._lock:
+            for env_id, action in zip(env_ids, actions):
+                slot = self._slots[env_id]
+                if slot.episode_id is None:
+                    raise ValueError(
+                        f"env {env_id} has no running episode (it ended or was never reset); "
+                        "call async_reset([env_id], task) first"
+                    )
+                if slot.call is not None or slot.retry_at is not None:
+                    raise ValueError(f"env {env_id} is busy; recv() its answer before send")
+                self._submit(env_id, "step", action, self.config.step_timeout_s)
+
+    def pending(self) -> int:
+        """Calls in flight or scheduled, plus answers ready to be received."""
+        with self._lock:
+            busy = sum(s.call is not None or s.retry_at is not None for s in self._slots)
+            return busy + len(self._ready)
+
+    def recv(self, min_batch: int = 1, timeout: float | None = None) -> list[PoolStep]:
+        """Block until at least ``min_batch`` answers are ready (fewer if fewer are pending).
+
+        Returns every ready answer (possibly more than ``min_batch``). With ``timeout`` it
+        returns what is ready after that many seconds, possibly nothing.
+        """
+        if min_batch < 1:
+            raise ValueError(f"recv(min_batch={min_batch}) needs min_batch >= 1")
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                self._poll_timers()
+                need = min(min_batch, self.pending())
+                if len(self._ready) >= need or self._closed:
+                    out, self._ready = self._ready, []
+                    return out
+                wait = self._next_timer() - time.monotonic()
+            if give_up is not None:
+                wait = min(wait, give_up - time.monotonic())
+                if wait <= 0:
+                    with self._lock:
+                        out, self._ready = self._ready, []
+                        return out
+            try:
+                outcome = self._results.get(timeout=max(wait, 0.0) + 1e-4)
+            except queue.Empty:
+                continue
+            with self._lock:
+                self._handle(outcome)
+                while True:  # drain without blocking
+                    try:
+                        self._handle(self._results.get_nowait())
+                    except queue.Empty:
+                        break
+
+    def close(self) -> None:
+        """Stop every worker (hung ones are killed); safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            workers = [s.worker for s in self._slots]
+        for w in workers:
+            if self.config.backend == "process":
+                w.stop(timeout=1.0)
+            else:
+                w.stop(timeout=0.0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---------------------------------------------------------------- internals
+
+    def _check_env_id(self, env_id) -> int:
+        if not isinstance(env_id, numbers.Integral) or not 0 <= env_id < self.num_envs:
+            raise ValueError(f"env id {env_id!r} out of range: this pool has envs 0..{self.num_envs - 1}")
+        return int(env_id)
+
+    def _spawn(self, env_id: int, generation: int):
+        if self.config.backend == "thread":
+            return ThreadWorker(self.env_fn, env_id, generation, self._results)
+        return ProcessWorker(self.env_fn, env_id, generation, self._results, self._context)
+
+    def _restart(self, env_id: int) -> None:
+        slot = self._slots[env_id]
+        slot.worker.kill()
+        slot.generation += 1
+        slot.worker = self._spawn(env_id, slot.generation)
+        slot.ready = False
+        self.health.add("restarts")
+
+    def _submit(self, env_id: int, kind: str, payload: Any, timeout: float, attempt: int = 0):
+        slot = self._slots[env_id]
+        self._seq += 1
+        now = time.monotonic()
+        # A worker still starting gets start_timeout_s extra; the clock restarts when it is ready.
+        grace = 0.0 if slot.ready else self.config.start_timeout_s
+        slot.call = _Call(self._seq, kind, payload, now + timeout + grace, now, attempt, timeout)
+        slot.worker.submit(self._seq, kind, payload)
+
+    def _submit_reset(self, env_id: int, attempt: int) -> None:
+        slot = self._slots[env_id]
+        seed = episode_seed(self.config.seed, env_id, slot.episode_index, attempt)
+        self._submit(env_id, "reset", (slot.task, seed), self.config.reset_timeout_s, attempt)
+
+    def _next_timer(self) -> float:
+        times = [s.call.deadline for s in self._slots if s.call is not None]
+        times += [s.retry_at for s in self._slots if s.retry_at is not None]
+        return min(times) if times else time.monotonic() + 0.05
+
+    def _poll_timers(self) -> None:
+        now = time.monotonic()
+        for env_id, slot in enumerate(self._slots):
+            if slot.call is not None and now >= slot.call.deadline:
+                self.health.add("timeouts")
+                limit = slot.call.timeout if slot.ready else self.config.start_timeout_s
+                self._restart(env_id)
+                self._fail(env_id, "timeout", f"{slot.call.kind} exceeded {limit:.3g}s")
+            elif slot.retry_at is not None and now >= slot.retry_at:
+                slot.retry_at = None
+                self._submit_reset(env_id, slot.retry_attempt)
+
+    def _handle(self, outcome: Outcome) -> None:
+        slot = self._slots[outcome.env_id]
+        if outcome.generation != slot.generation:
+            self.health.add("stale_results")
+            return
+        if outcome.status == "ready":
+            slot.ready = True
+            if slot.call is not None:  # time the call from now, not from the worker's start
+                now = time.monotonic()
+                slot.call.sent_at, slot.call.deadline = now, now + slot.call.timeout
+            return
+        if outcome.seq is None:  # the worker died (or sent garbage) between calls
+            if outcome.status == "crash":
+                self.health.add("crashes")
+                self._restart(outcome.env_id)
+            else:
+                self.health.add("corrupt")
+            if slot.call is not None or slot.episode_id is not None:
+                self._fail(outcome.env_id, outcome.status, str(outcome.value))
+            return
+        if slot.call is None or outcome.seq != slot.call.seq:
+            self.health.add("stale_results")
+            return
+        if outcome.status == "crash":
+            self.health.add("crashes")
+            self._restart(outcome.env_id)
+            self._fail(outcome.env_id, "crash", str(outcome.value))
+        elif outcome.status == "error":
+            self.health.add("exceptions")
+            self._fail(outcome.env_id, "exception", str(outcome.value))
+        elif outcome.status == "corrupt":
+            self.health.add("corrupt")
+            self._fail(outcome.env_id, "corrupt", str(outcome.value))
+        else:
+            self._accept(outcome.env_id, outcome.value)
+
+    def _accept(self, env_id: int, value: Any) -> None:
+        slot = self._slots[env_id]
+        call, slot.call = slot.call, None
+        latency = time.monotonic() - call.sent_at
+        problem = _validate(call.kind, value)
+        if problem:
+            slot.call = call  # _fail reads the call's kind
+            self.health.add("corrupt")
+            self._fail(env_id, "corrupt", problem)
+            return
+        self.health.latency(latency)
+        if call.kind == "reset":
+            self.health.add("resets")
+            obs = self._truncate(value)
+            self._ready.append(PoolStep(env_id, slot.episode_id, "reset", obs, 0.0, False, {}, latency))
+            return
+        self.health.add("steps")
+        step = value if isinstance(value, StepResult) else StepResult(*value)
+        info = dict(step.info)
+        obs = self._truncate(step.observation)
+        if step.done:
+            info.setdefault(
+                "termination",
+                Termination.TRUNCATED.value if step.truncated else Termination.TERMINATED.value,
+            )
+            self._finish(slot, env_id, obs, float(step.reward), info, latency)
+        else:
+            self._ready.append(
+                PoolStep(env_id, slot.episode_id, "step", obs, float(step.reward), False, info, latency)
+            )
+
+    def _fail(self, env_id: int, reason: str, detail: str) -> None:
+        """A call failed: retry a reset (bounded, with back-off) or end the episode labelled."""
+        slot = self._slots[env_id]
+        call, slot.call = slot.call, None
+        if call is not None and call.kind == "reset" and call.attempt < self.config.max_retries:
+            self.health.add("retries")
+            slot.retry_attempt = call.attempt + 1
+            slot.retry_at = time.monotonic() + self.config.backoff(slot.retry_attempt)
+            return
+        if slot.episode_id is None:
+            return
+        latency = time.monotonic() - call.sent_at if call is not None else 0.0
+        obs = f"[environment error: {reason}] {detail}".strip()
+        self._finish(slot, env_id, obs, 0.0, env_error_info(reason, detail), latency)
+
+    def _finish(self, slot: _Slot, env_id: int, obs: str, reward: float, info: dict, latency: float):
+        if info.get("termination") == Termination.ENV_ERROR.value:
+            self.health.add("env_error_episodes")
+        self.health.add("episodes_finished")
+        self._ready.append(PoolStep(env_id, slot.episode_id, "step", obs, reward, True, info, latency))
+        slot.episode_id = None
+
+    def _truncate(self, text: str) -> str:
+        limit = self.config.max_observation_chars
+        return text if limit is None else truncate_observation(text, limit)
+
+
+def _validate(kind: str, value: Any) -> str:
+    """Return a description of what is wrong with an env's answer, or '' if it is valid."""
+    if kind == "reset":
+        return "" if isinstance(value, str) else f"reset returned {type(value).__name__}, not str"
+    if isinstance(value, tuple) and len(value) == 4:
+        value = StepResult(*value)
+    if not isinstance(value, StepResult):
+        return f"step returned {type(value).__name__}, not StepResult"
+    if not isinstance(value.observation, str):
+        return f"step observation is {type(value.observation).__name__}, not str"
+    if not isinstance(value.reward, numbers.Real) or not math.isfinite(value.reward):
+        return f"step reward {value.reward!r} is not a finite number"
+    if not isinstance(value.done, (bool, np.bool_)):
+        return f"step done {value.done!r} is not a bool"
+    if not isinstance(value.info, dict):
+        return f"step info is {type(value.info).__name__}, not dict"
+    return ""

@@ -1,0 +1,184 @@
+"""EnvPool: fault containment (no episode lost), counters, retries, seeding, errors."""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from jaxagent.envs.base import StepResult, Task, truncate_observation
+from jaxagent.envs.faults import FaultConfig, FaultLog, FaultyEnvFactory
+from jaxagent.pool import EnvPool, PoolConfig, episode_seed
+from jaxagent.pool.fake_env import FakeToolEnvFactory
+
+ENV_ERROR_REASONS = {"timeout", "crash", "corrupt"}
+
+
+def _run_episodes(pool, n_episodes, num_envs):
+    """Drive ``n_episodes`` through the pool with the right actions; return the final steps."""
+    tasks = [Task(f"t{i}", "train", f"prompt {i}") for i in range(n_episodes)]
+    started = pool.async_reset(range(num_envs), tasks[:num_envs])
+    next_task, finals, turn = num_envs, [], {}
+    while len(finals) < n_episodes:
+        for r in pool.recv(min_batch=1):
+            if r.done:
+                finals.append(r)
+                if next_task < n_episodes:
+                    started += pool.async_reset([r.env_id], [tasks[next_task]])
+                    next_task += 1
+                continue
+            k = turn[r.episode_id] = turn.get(r.episode_id, -1) + 1
+            pool.send([r.env_id], [f"call {k}"])
+    return started, finals
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_faults_no_episode_lost_and_counters_match(backend):
+    # 200 episodes over 16 envs, per call: 10% hangs, 5% crashes, 5% corrupt returns.
+    log = FaultLog.create()
+    faults = FaultConfig(hang=0.10, crash=0.05, corrupt=0.05, seed=7, hang_s=30.0)
+    config = PoolConfig(
+        num_envs=16, backend=backend, step_timeout_s=1.0, reset_timeout_s=1.0,
+        max_retries=2, backoff_s=0.01, seed=3,
+    )
+    with EnvPool(FaultyEnvFactory(FakeToolEnvFactory(episode_len=3), faults, log), config) as pool:
+        started, finals = _run_episodes(pool, 200, 16)
+        health = pool.health.snapshot()
+    injected = log.counts()
+    # Count out == count in, each episode exactly once.
+    assert len(finals) == 200
+    assert sorted(r.episode_id for r in finals) == sorted(started) == list(range(200))
+    failed = [r for r in finals if r.env_error]
+    ok = [r for r in finals if not r.env_error]
+    # Every failed episode is labelled; every other one ran to its real end with reward 1
+    # (the env pays 1 only if each action reached it in order: routing survived restarts).
+    for r in failed:
+        assert r.info["failure_mode"] == "env_error" and r.info["termination"] == "env_error"
+        assert r.info["env_error"] in ENV_ERROR_REASONS and r.reward == 0.0
+    for r in ok:
+        assert r.info["termination"] == "terminated" and r.reward == 1.0
+    assert injected["hang"] > 20 and injected["crash"] > 5 and injected["corrupt"] > 5
+    assert 0 < len(failed) <= injected["hang"] + injected["crash"] + injected["corrupt"]
+    # Health counters match the injected faults exactly.
+    assert health["timeouts"] == injected["hang"]
+    assert health["crashes"] == injected["crash"]
+    assert health["corrupt"] == injected["corrupt"]
+    assert health["restarts"] == health["timeouts"] + health["crashes"]
+    assert health["env_error_episodes"] == len(failed)
+    assert health["episodes_started"] == health["episodes_finished"] == 200
+    assert health["exceptions"] == 0
+    assert 0 < health["latency_p50_ms"] <= health["latency_p90_ms"] <= health["latency_p99_ms"]
+
+
+class _FlakyReset:
+    """Fails its first ``fails`` resets with an exception, then works; records seeds."""
+
+    attempts = {}
+
+    def __init__(self, env_id, fails):
+        self.env_id, self.fails, self.seeds = env_id, fails, []
+
+    def seed(self, seed):
+        self.seeds.append(seed)
+
+    def reset(self, task):
+        n = _FlakyReset.attempts[self.env_id] = _FlakyReset.attempts.get(self.env_id, 0) + 1
+        if n <= self.fails:
+            raise ConnectionError(f"backend not up yet (attempt {n})")
+        return f"seeds {self.seeds}"
+
+    def step(self, action):
+        if action == "boom":
+            raise KeyError("tool table missing")
+        return StepResult("fine", 0.5, True, {"truncated": action == "budget"})
+
+    def close(self):
+        pass
+
+
+def test_reset_retries_with_backoff_then_succeeds():
+    _FlakyReset.attempts = {}
+    cfg = PoolConfig(num_envs=1, max_retries=2, backoff_s=0.05, backoff_max_s=1.0, seed=11)
+    with EnvPool(lambda i: _FlakyReset(i, fails=2), cfg) as pool:
+        t0 = time.monotonic()
+        pool.async_reset([0], Task("a", "train", "p"))
+        (r,) = pool.recv()
+        elapsed = time.monotonic() - t0
+        assert r.kind == "reset" and not r.done
+        assert pool.health["retries"] == 2 and pool.health["exceptions"] == 2
+        assert elapsed >= 0.05 + 0.10  # back-off 0.05 s then 0.10 s
+        # The successful attempt saw the deterministic seed of attempt 2 (after 0 and 1).
+        assert r.observation == f"seeds {[episode_seed(11, 0, 0, a) for a in range(3)]}"
+
+
+def test_reset_gives_up_after_max_retries_with_label():
+    _FlakyReset.attempts = {}
+    with EnvPool(lambda i: _FlakyReset(i, fails=99), PoolConfig(num_envs=2, max_retries=1, backoff_s=0.0)) as pool:
+        pool.async_reset([0, 1], Task("a", "train", "p"))
+        out = []
+        while len(out) < 2:
+            out += pool.recv()
+        assert all(r.done and r.info["env_error"] == "exception" for r in out)
+        assert "backend not up yet" in out[0].info["env_error_detail"]
+        assert pool.health["retries"] == 2 and pool.health["env_error_episodes"] == 2
+
+
+def test_step_exception_ends_episode_labelled_and_truncation_kept_apart():
+    _FlakyReset.attempts = {}
+    with EnvPool(lambda i: _FlakyReset(i, fails=0), PoolConfig(num_envs=3)) as pool:
+        pool.async_reset(range(3), Task("a", "train", "p"))
+        assert len(pool.recv(min_batch=3)) == 3
+        pool.send([0, 1, 2], ["boom", "budget", "ok"])
+        out = {r.env_id: r for r in pool.recv(min_batch=3)}
+        assert out[0].info["termination"] == "env_error" and "KeyError" in out[0].observation
+        assert out[1].info["termination"] == "truncated" and out[1].reward == 0.5
+        assert out[2].info["termination"] == "terminated"
+        with pytest.raises(ValueError, match="env 2 has no running episode.*async_reset"):
+            pool.send([2], ["again"])
+        with pytest.raises(ValueError, match="env id 7 out of range"):
+            pool.send([7], ["x"])
+
+
+def test_seeds_are_deterministic_per_env_and_episode():
+    seeds = {(e, k): episode_seed(5, e, k) for e in range(4) for k in range(3)}
+    assert len(set(seeds.values())) == 12  # distinct streams
+    assert seeds == {(e, k): episode_seed(5, e, k) for e in range(4) for k in range(3)}
+    assert episode_seed(6, 0, 0) != seeds[(0, 0)]
+
+
+def test_process_pool_close_stops_workers():
+    with EnvPool(FakeToolEnvFactory(), PoolConfig(num_envs=2, backend="process")) as pool:
+        pool.async_reset([0, 1], Task("a", "train", "p"))
+        assert len(pool.recv(min_batch=2)) == 2
+        procs = [s.worker.process for s in pool._slots]
+    assert not any(p.is_alive() for p in procs)
+
+
+def test_recv_timeout_and_observation_truncation():
+    cfg = PoolConfig(num_envs=1, max_observation_chars=64)
+    env_fn = FakeToolEnvFactory(latency_s=0.3)
+    with EnvPool(env_fn, cfg) as pool:
+        pool.async_reset([0], Task("a", "train", "x" * 500))
+        assert pool.recv(timeout=0.01) == []  # nothing ready yet
+        (r,) = pool.recv()
+        assert len(r.observation) <= 64 and "characters truncated" in r.observation
+    text = "head " + "y" * 1000 + " tail"
+    cut = truncate_observation(text, 100)
+    assert len(cut) <= 100 and cut.startswith("head ") and cut.endswith(" tail")
+    marker = re.search(r"\n\[\.\.\. (\d+) characters truncated \.\.\.\]\n", cut)
+    assert int(marker.group(1)) == len(text) - (len(cut) - len(marker.group(0)))
+    assert truncate_observation("short", 100) == "short"
+    with pytest.raises(ValueError, match="max_chars=10 is too small"):
+        truncate_observation(text, 10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"num_envs": 0}, "num_envs"), ({"num_envs": 1, "backend": "ray"}, "backend"),
+     ({"num_envs": 1, "step_timeout_s": 0}, "step_timeout_s")],
+)
+def test_config_errors_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        PoolConfig(**kwargs)
+    with pytest.raises(ValueError, match="sum to"):
+        FaultConfig(hang=0.6, crash=0.6)
