@@ -71,7 +71,7 @@ def setup():
     chat = ChatFormat(tok)
     cfg = ModelConfig.test(vocab_size=len(tok), max_seq_len=256)
     graphdef, params = init_model(cfg, jax.random.key(0))
-    return tok, chat, graphdef, params
+    return tok, chat, graphdef, params, cfg
 
 
 def _tasks():
@@ -81,12 +81,11 @@ def _tasks():
 
 @pytest.mark.parametrize("kind", ["reference", "cached"])
 def test_masks_and_logprobs_match_learner(setup, kind):
-    tok, chat, graphdef, params = setup
+    tok, chat, graphdef, params, cfg = setup
     sampling = SamplingParams(max_new_tokens=6, temperature=1.0, stop_ids=chat.stop_ids,
                               pad_id=chat.pad_id)
-    if kind == "cached":
-        pytest.importorskip("jaxagent.agents.cached")
-    sampler = RecordingSampler(make_turn_sampler(graphdef, sampling, 256, kind=kind))
+    sampler = RecordingSampler(make_turn_sampler(graphdef, sampling, 256, kind=kind,
+                                                 model_config=cfg))
     budget = Budget(max_turns=5, max_new_tokens=6, max_total_tokens=256)
     eps, stats = collect_episodes(sampler, params, _tasks(), samples_per_task=2,
                                   runner=InlineRunner(ScriptedEnv), chat=chat,
@@ -122,7 +121,7 @@ def test_masks_and_logprobs_match_learner(setup, kind):
 
 
 def test_budgets_and_env_errors_are_labelled_and_kept(setup):
-    tok, chat, graphdef, params = setup
+    tok, chat, graphdef, params, _ = setup
     sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_ids=(), pad_id=0)
     sampler = ReferenceSampler(make_logits_fn(graphdef), sampling, 256)
     tasks = [Task(id="long", split="train", prompt="", data={"n": 1, "turns": 9}),

@@ -65,18 +65,16 @@ def make_logprob_fn(graphdef) -> Callable:
     return fn
 
 
-def make_turn_sampler(graphdef, sampling: SamplingParams, max_len: int,
-                      kind: str = "auto") -> TurnSampler:
+def make_turn_sampler(graphdef, sampling: SamplingParams, max_len: int, kind: str = "auto",
+                      model_config: ModelConfig | None = None) -> TurnSampler:
     """The multi-turn sampler: "cached" (KV cache with ragged continuation), "reference"
     (re-encodes each row for every token) or "auto" (cached when available)."""
     if kind not in ("auto", "cached", "reference"):
         raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
-    if kind in ("auto", "cached"):
-        try:
-            from jaxagent.agents.cached import CachedTurnSampler
-        except ImportError:
-            if kind == "cached":
-                raise
-        else:
-            return CachedTurnSampler(graphdef, sampling, max_len)
+    if kind in ("auto", "cached") and model_config is not None:
+        from jaxagent.agents.cached import CachedTurnSampler
+
+        return CachedTurnSampler(graphdef, sampling, max_len, model_config)
+    if kind == "cached":
+        raise ValueError("the cached sampler needs model_config=")
     return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len)

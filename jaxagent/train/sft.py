@@ -1,0 +1,135 @@
+"""Supervised warm-start on scripted-expert demonstrations.
+
+``expert_episodes`` runs a suite's scripted expert closed-loop through real environments and
+records each demonstration in exactly the token layout the rollout driver produces (same chat
+chunks, the expert's actions where the policy's samples would be, loss mask on those), so SFT
+and RL train on one format. ``run_sft`` fits the policy with the masked cross-entropy of
+``jaxagent.rl.losses`` (token mean), AdamW and a warm-up + cosine schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxagent.agents.batch import pack_episodes
+from jaxagent.agents.episode import Episode, Turn
+from jaxagent.envs.base import FailureMode, Task, Termination
+from jaxagent.models import apply_model, token_logprobs
+from jaxagent.rl import losses as L
+
+
+def expert_episodes(make_env: Callable, make_expert: Callable, tasks: Sequence[Task], *,
+                    error_rate: float, seed: int, chat, system_prompt: str, max_turns: int,
+                    max_total_tokens: int) -> list[Episode]:
+    """One expert demonstration per task, as token-in/token-out episodes.
+
+    Args:
+      make_env: builds an environment.
+      make_expert: ``make_expert(task, error_rate, rng)`` -> object with ``act(obs) -> str``.
+      tasks: the tasks (from the train split).
+      error_rate: the expert's error rate.
+      seed: seeds the expert's mistakes.
+      chat: the ``ChatFormat``.
+      system_prompt: as in the rollouts.
+      max_turns, max_total_tokens: the rollout budgets (demonstrations obey them too).
+
+    Returns:
+      Episodes with ``loss_mask`` 1 on the expert's action tokens (and their stop token).
+    """
+    rng = np.random.default_rng([seed, 7])
+    env = make_env()
+    out = []
+    for group, task in enumerate(tasks):
+        ep = Episode(task=task, group=group)
+        obs = env.reset(task)
+        ep.first_observation = obs
+        ep.append(chat.prompt(system_prompt, obs), sampled=False)
+        expert = make_expert(task, error_rate, rng)
+        while not ep.done:
+            action = expert.act(obs)
+            ids = chat.action(action)
+            ep.append(ids, sampled=True, logprobs=[0.0] * len(ids), turn=len(ep.turns))
+            res = env.step(action)
+            info = res.info or {}
+            ep.turns.append(Turn(action=action, observation="" if res.done else res.observation,
+                                 reward=float(res.reward),
+                                 reward_terms=dict(info.get("reward_terms", {})),
+                                 failure_mode=info.get("failure_mode"),
+                                 num_action_tokens=len(ids)))
+            if res.done:
+                term = Termination.TRUNCATED if res.truncated else Termination.TERMINATED
+                ep.finish(term, info.get("failure_mode"), success=bool(info.get("success")))
+                break
+            obs = res.observation
+            chunk = chat.observation(obs)
+            if (len(ep.turns) >= max_turns
+                    or len(ep.tokens) + len(chunk) + 1 > max_total_tokens):
+                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
+                break
+            ep.append(chunk, sampled=False)
+        out.append(ep)
+    env.close()
+    return out
+
+
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable:
+    """Jitted ``(params, opt_state, tokens, positions, segment_ids, loss_mask) -> (params,
+    opt_state, loss)``; params and optimizer state are donated."""
+    def loss_fn(params, tokens, positions, segment_ids, loss_mask):
+        logits = apply_model(graphdef, params, tokens, positions, segment_ids).logits
+        logp = token_logprobs(logits, tokens)
+        return L.aggregate(L.sft_loss(logp), loss_mask, "token_mean")
+
+    def step(params, opt_state, tokens, positions, segment_ids, loss_mask):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, positions, segment_ids,
+                                                  loss_mask)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def sft_optimizer(learning_rate: float, steps: int) -> optax.GradientTransformation:
+    """AdamW, warm-up over 5% of the steps then cosine decay to 10%, clipped at norm 1."""
+    warmup = max(1, steps // 20)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, warmup, max(steps, warmup + 1), learning_rate * 0.1)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+
+
+def run_sft(graphdef, params: Any, episodes: Sequence[Episode], *, steps: int, batch_size: int,
+            learning_rate: float, seed: int, pad_id: int, max_len: int,
+            on_step: Optional[Callable[[int, float], None]] = None) -> tuple[Any, list[float]]:
+    """Fit ``params`` to the demonstrations; returns (params, per-step losses)."""
+    batch, _ = pack_episodes(episodes, pad_id=pad_id, max_len=max_len, length_multiple=16)
+    n = batch.tokens.shape[0]
+    if n == 0 or steps == 0:
+        return params, []
+    tx = sft_optimizer(learning_rate, steps)
+    step_fn = make_sft_step(graphdef, tx)
+    params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
+    opt_state = tx.init(params)
+    rng = np.random.default_rng([seed, 11])
+    losses = []
+    order = rng.permutation(n)
+    cursor = 0
+    for i in range(steps):
+        if cursor + batch_size > n:
+            order, cursor = rng.permutation(n), 0
+        idx = order[cursor: cursor + batch_size]
+        cursor += batch_size
+        if len(idx) < batch_size:  # fewer demonstrations than a batch: sample with repeats
+            idx = rng.choice(n, batch_size)
+        params, opt_state, loss = step_fn(
+            params, opt_state, batch.tokens[idx], batch.positions[idx],
+            batch.segment_ids[idx], batch.loss_mask[idx])
+        if on_step is not None or i == steps - 1:
+            losses.append(float(loss))
+            if on_step is not None:
+                on_step(i, losses[-1])
+    return params, losses
