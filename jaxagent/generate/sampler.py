@@ -1,0 +1,169 @@
+"""Batched generation under one jit: a prefill chunk, then a ``lax.while_loop`` decode.
+
+The KV cache is preallocated and donated, so the decode loop updates it in place. Rows keep
+their own lengths: a call may append a ragged chunk of new tokens per row (a prompt, or an
+environment observation on top of an earlier turn) and continue decoding from there, so a
+multi-turn episode never re-encodes its history. After a call the cache holds every token
+the row has seen, including all tokens returned by that call (the last sampled token is fed
+through the model before the loop ends), so the next call passes only the new observation.
+
+Shapes are bucketed (chunk length to a power of two, cache capacity to a multiple of
+``capacity_block``) so that recompiles are rare; ``Sampler.num_compiles`` counts them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from jaxagent.generate.sampling import SamplingConfig, sample_tokens
+from jaxagent.models.cache import KVCache, grow_cache, init_cache
+from jaxagent.models.api import model_config
+
+
+@struct.dataclass
+class SampleOutput:
+    """tokens [B, N] int32 (pad_id after each row's length), logprobs [B, N] float32 (0 after
+    the length), lengths [B] int32 tokens generated (0 for rows given no new tokens), and
+    the cache holding each row's full context (pass it to the next call)."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    cache: KVCache
+
+
+@struct.dataclass
+class _LoopState:
+    step: jax.Array  # scalar int32
+    key: jax.Array
+    last: jax.Array  # [B] last sampled token, not yet in the cache while pending
+    pending: jax.Array  # [B] bool: ``last`` still has to be written to the cache
+    finished: jax.Array  # [B] bool: the row samples no more tokens
+    num_generated: jax.Array  # [B] int32
+    tokens: jax.Array  # [B, N] int32
+    logprobs: jax.Array  # [B, N] float32
+    cache: KVCache
+
+
+def _next_pow2(n: int, minimum: int) -> int:
+    return max(minimum, 1 << max(0, (n - 1).bit_length()))
+
+
+class Sampler:
+    """Jitted sampler for one model architecture.
+
+    Usage::
+
+        sampler = Sampler(graphdef)
+        out = sampler(params, [[1, 5, 9], [1, 7]], SamplingConfig(max_new_tokens=32), key)
+        out2 = sampler(params, [obs_a, obs_b], cfg, key2, cache=out.cache)  # next turn
+
+    The cache passed in is donated: do not use it after the call (use the returned one).
+    """
+
+    def __init__(self, graphdef: nnx.GraphDef, *, pad_id: int = 0, min_chunk: int = 8,
+                 capacity_block: int = 64, cache_dtype=None):
+        self.graphdef = graphdef
+        self.config = model_config(graphdef)
+        self.pad_id, self.min_chunk, self.capacity_block = pad_id, min_chunk, capacity_block
+        self.cache_dtype = cache_dtype or self.config.jnp_dtype
+        self.num_compiles = 0  # incremented each time the jitted function is traced
+        self._jit = jax.jit(self._generate, static_argnames=("sampling", "capacity"),
+                            donate_argnames=("cache",))
+
+    # ---- host side ---------------------------------------------------------------------
+    def __call__(self, params, new_tokens: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 key: jax.Array, cache: Optional[KVCache] = None) -> SampleOutput:
+        """Append ``new_tokens[b]`` to row b and sample ``sampling.max_new_tokens`` tokens.
+
+        Args:
+          params: model parameters.
+          new_tokens: B lists of token ids (ragged). A row with an empty list is left alone
+            this call (it generates nothing; its length in the output is 0).
+          sampling: decoding settings (static).
+          key: PRNG key.
+          cache: cache from an earlier call (donated), or None to start fresh.
+        """
+        if not isinstance(sampling, SamplingConfig):
+            raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+        rows = [np.asarray(r, np.int32).reshape(-1) for r in new_tokens]
+        b = len(rows)
+        if b == 0:
+            raise ValueError("new_tokens is empty: pass one list of token ids per row")
+        counts = np.array([len(r) for r in rows])
+        if counts.max() == 0:
+            raise ValueError("new_tokens: every row is empty, nothing to condition on")
+        for i, r in enumerate(rows):
+            if r.size and (r.min() < 0 or r.max() >= self.config.vocab_size):
+                raise ValueError(f"new_tokens[{i}] has ids outside [0, {self.config.vocab_size})")
+        t = _next_pow2(int(counts.max()), self.min_chunk)
+        tokens = np.full((b, t), self.pad_id, np.int32)
+        segs = np.zeros((b, t), np.int32)
+        for i, r in enumerate(rows):  # right-padded: the cache compacts rows anyway
+            tokens[i, :len(r)] = r
+            segs[i, :len(r)] = 1
+        old = np.zeros(b, np.int64) if cache is None else np.asarray(cache.lengths)
+        if cache is not None and cache.batch_size != b:
+            raise ValueError(f"cache has {cache.batch_size} rows but new_tokens has {b}; "
+                             "keep one row per episode across calls")
+        needed = int((old + counts).max()) + sampling.max_new_tokens
+        if needed > self.config.max_seq_len:
+            raise ValueError(f"context of {needed} tokens exceeds ModelConfig.max_seq_len="
+                             f"{self.config.max_seq_len}; shorten the episode or max_new_tokens")
+        capacity = -(-needed // self.capacity_block) * self.capacity_block
+        if cache is not None and cache.capacity < needed:
+            cache = grow_cache(cache, capacity)
+        return self._jit(params, cache, jnp.asarray(tokens), jnp.asarray(segs), key,
+                         sampling=sampling, capacity=None if cache is not None else capacity)
+
+    # ---- device side -------------------------------------------------------------------
+    def _generate(self, params, cache, tokens, segment_ids, key, *, sampling, capacity):
+        self.num_compiles += 1
+        cfg, n = self.config, sampling.max_new_tokens
+        model = nnx.merge(self.graphdef, params)
+        b, t = tokens.shape
+        if cache is None:
+            cache = init_cache(cfg, b, capacity, self.cache_dtype)
+        valid = segment_ids != 0
+        positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+        h, cache = model.hidden(tokens, positions, segment_ids, cache)
+        last_index = jnp.max(jnp.where(valid, jnp.arange(t)[None], 0), axis=1)
+        logits = model.logits(h[jnp.arange(b), last_index])  # [B, V]: only the last token
+        key, sub = jax.random.split(key)
+        tok, lp = sample_tokens(sub, logits, sampling)
+        active = jnp.any(valid, axis=1)
+        stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
+        state = _LoopState(
+            step=jnp.zeros((), jnp.int32), key=key, last=tok, pending=active,
+            finished=~active | jnp.isin(tok, stop) | (n == 1),
+            num_generated=active.astype(jnp.int32),
+            tokens=jnp.full((b, n), self.pad_id, jnp.int32).at[:, 0].set(
+                jnp.where(active, tok, self.pad_id)),
+            logprobs=jnp.zeros((b, n), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0)),
+            cache=cache)
+
+        def body(s: _LoopState) -> _LoopState:
+            # Feed the last sampled token of pending rows; rows already done write nothing.
+            h, new_cache = model.hidden(s.last[:, None], s.cache.lengths[:, None],
+                                        s.pending[:, None].astype(jnp.int32), s.cache)
+            key, sub = jax.random.split(s.key)
+            tok, lp = sample_tokens(sub, model.logits(h[:, 0]), sampling)
+            gen = s.pending & ~s.finished  # rows that emit a new token this step
+            col = jnp.where(gen, s.num_generated, n)  # column n is out of range: dropped
+            rows = jnp.arange(b)
+            num_generated = s.num_generated + gen
+            return _LoopState(
+                step=s.step + 1, key=key, last=jnp.where(gen, tok, s.last), pending=gen,
+                finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),
+                num_generated=num_generated,
+                tokens=s.tokens.at[rows, col].set(tok, mode="drop"),
+                logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"), cache=new_cache)
+
+        state = jax.lax.while_loop(lambda s: jnp.any(s.pending), body, state)
+        return SampleOutput(tokens=state.tokens, logprobs=state.logprobs,
+                            lengths=state.num_generated, cache=state.cache)

@@ -1,0 +1,77 @@
+"""Pure token sampling: temperature, top-k, top-p, greedy, with the sampled tokens' log-probs.
+
+Log-prob convention: the returned log-prob of a sampled token is taken under
+``softmax(logits / temperature)`` *before* top-k / top-p filtering, so at temperature 1 it
+equals the teacher-forced log-prob of a forward pass over the produced sequence (what RL
+importance ratios need). Greedy decoding reports temperature-1 log-probs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """Decoding settings. Every field is static: changing one recompiles the sampler."""
+
+    max_new_tokens: int = 128  # tokens generated per row (output width N)
+    temperature: float = 1.0  # softmax temperature (> 0); ignored when greedy
+    top_k: int = 0  # keep the k most likely tokens; 0 disables
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 disables
+    greedy: bool = False  # argmax decoding
+    stop_token_ids: tuple[int, ...] = ()  # a row stops after emitting one of these (kept)
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens!r} must be an int >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"SamplingConfig.temperature={self.temperature!r} must be > 0; "
+                             "use greedy=True for argmax decoding")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingConfig.top_k={self.top_k!r} must be an int >= 0 (0 = off)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p={self.top_p!r} must be in (0, 1] (1 = off)")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+def _filter_sorted(values: jax.Array, top_p: float) -> jax.Array:
+    """Mask (to -inf) the tail of descending-sorted logits [B, k] outside the top-p nucleus."""
+    if top_p >= 1.0:
+        return values
+    probs = jax.nn.softmax(values, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    return jnp.where(mass_before < top_p, values, -jnp.inf)  # the first token always stays
+
+
+def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig):
+    """Sample one token per row.
+
+    Args:
+      key: PRNG key.
+      logits: [B, V] float32 next-token logits.
+      cfg: static sampling settings.
+
+    Returns:
+      tokens [B] int32 and their log-probs [B] float32 (see module docstring).
+    """
+    logits = logits.astype(jnp.float32)
+    if cfg.greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        scaled = logits
+    else:
+        scaled = logits / cfg.temperature
+        if cfg.top_k or cfg.top_p < 1.0:
+            k = cfg.top_k or logits.shape[-1]
+            k = min(k, logits.shape[-1])
+            values, indices = jax.lax.top_k(scaled, k)  # sorted descending
+            choice = jax.random.categorical(key, _filter_sorted(values, cfg.top_p), axis=-1)
+            tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
+        else:
+            tokens = jax.random.categorical(key, scaled, axis=-1)
+        tokens = tokens.astype(jnp.int32)
+    picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+    return tokens, picked - jax.nn.logsumexp(scaled, axis=-1)
