@@ -1,0 +1,6 @@
+"""MuJoCo robots on jaxagent's array side (Gymnasium v5 tasks, batched, Gymnasium-exact)."""
+
+from jaxagent.envs.robot.tasks import TASKS, TaskSpec, get_task
+from jaxagent.envs.robot.vector import MujocoVectorEnv
+
+__all__ = ["MujocoVectorEnv", "TASKS", "TaskSpec", "get_task"]
