@@ -1,0 +1,25 @@
+"""BFCL multi-turn adapter: the stateful API worlds shipped in ``bfcl-eval``.
+
+Install the data and backends with ``pip install --no-deps bfcl-eval`` (plus ``mpmath``).
+Importing this package works without it; using it raises ``BFCLMissingError`` with the fix.
+Health check: ``python -m jaxagent.envs.tools.bfcl --list`` and
+``python -m jaxagent.envs.tools.bfcl --check multi_turn_base``.
+"""
+
+from jaxagent.envs.tools.bfcl.data import (
+    DANGEROUS_METHODS,
+    INSTALL_HINT,
+    BFCLMissingError,
+    list_categories,
+    load_entries,
+    require_bfcl,
+)
+from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig, system_prompt, truncate
+from jaxagent.envs.tools.bfcl.replay import check_category, replay, state_changing_calls
+from jaxagent.envs.tools.bfcl.source import BFCLSource, BFCLSourceConfig
+
+__all__ = [
+    "BFCLEnv", "BFCLEnvConfig", "BFCLMissingError", "BFCLSource", "BFCLSourceConfig",
+    "DANGEROUS_METHODS", "INSTALL_HINT", "check_category", "list_categories", "load_entries",
+    "replay", "require_bfcl", "state_changing_calls", "system_prompt", "truncate",
+]
