@@ -1,0 +1,267 @@
+"""Test harness that keeps the grading out of the candidate's reach (stdlib only).
+
+A problem's tests (HumanEval's ``check(candidate)`` or a generated suite in the same format)
+are split on the host into *units*: top-level statements of ``check`` that contain an
+``assert``. Inside the sandbox two processes cooperate:
+
+* the **candidate** process (unprivileged uid ``C``) executes the solution and then serves
+  calls: it receives pickled ``(args, kwargs)`` and answers with the pickled return value;
+* the **harness** process (a different unprivileged uid ``H``) executes the test code with
+  ``candidate`` bound to a stub that forwards each call over the pipes.
+
+The candidate never holds the test source, the expected values or the result channel, so
+exiting early with status 0, patching ``check`` / ``assert`` / builtins, printing fake
+results, or returning an object whose ``__eq__`` is always true cannot make a unit pass:
+return values are decoded by an unpickler that accepts builtin data types only, and the
+comparison runs in the harness. A unit passes only when the harness itself records it.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import pickle
+import select
+import struct
+import time
+
+MAX_FRAME = 64 << 20  # bytes; a larger reply counts as a failure
+_HEADER = struct.Struct("<Q")
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def split_check(test_source: str, check_name: str = "check") -> dict:
+    """Splits HumanEval-style test code into setup and independently scored units.
+
+    Args:
+      test_source: module source defining ``def check(candidate): ...`` (plus any helpers).
+      check_name: name of the checking function.
+
+    Returns:
+      dict with ``module`` (the source minus ``check``), ``units``: list of
+      ``(is_test, source)`` in order, where ``is_test`` is True for statements containing an
+      ``assert`` whose test is not a constant (``assert True`` scores nothing).
+    """
+    tree = ast.parse(test_source)
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == check_name]
+    if len(checks) != 1:
+        raise ValueError(
+            f"test_source must define exactly one `def {check_name}(candidate)`; found "
+            f"{len(checks)}: write the tests as asserts inside `def {check_name}(candidate):`"
+        )
+    check = checks[0]
+    if [a.arg for a in check.args.args] != ["candidate"]:
+        raise ValueError(
+            f"`{check_name}` must take exactly one argument named `candidate`, got "
+            f"{[a.arg for a in check.args.args]}"
+        )
+    module = ast.Module([n for n in tree.body if n is not check], type_ignores=[])
+    units = []
+    for stmt in check.body:
+        asserts = [n for n in ast.walk(stmt) if isinstance(n, ast.Assert)]
+        is_test = any(not isinstance(a.test, ast.Constant) for a in asserts)
+        units.append((is_test, ast.unparse(stmt)))
+    if not any(is_test for is_test, _ in units):
+        raise ValueError(f"`{check_name}` contains no assert on the candidate: nothing to score")
+    return {"module": ast.unparse(module), "units": units}
+
+
+# ----------------------------------------------------------------------------- framing
+
+
+def send_frame(fd: int, payload: bytes) -> None:
+    data = _HEADER.pack(len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError("no reply from the candidate before the deadline")
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(fd: int, deadline: float | None = None) -> bytes | None:
+    """Returns the next frame, None on EOF; raises TimeoutError / ValueError (oversize)."""
+    head = _read_exact(fd, _HEADER.size, deadline)
+    if head is None:
+        return None
+    (size,) = _HEADER.unpack(head)
+    if size > MAX_FRAME:
+        raise ValueError(f"reply of {size} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _read_exact(fd, size, deadline)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Decodes builtin data only: no class can be named except a few builtin containers."""
+
+    _ALLOWED = {("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
+                ("builtins", "bytearray"), ("builtins", "range"), ("builtins", "slice")}
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"return value of type {module}.{name} is not plain data")
+
+
+def loads_plain(data: bytes):
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+# ----------------------------------------------------------------------------- candidate
+
+
+def serve(code: str, path: str, entry_point: str, req_fd: int, rep_fd: int) -> None:
+    """Runs in the candidate process: load the solution, then answer calls until EOF."""
+    import traceback
+
+    ns = {"__name__": "solution", "__file__": path}
+    try:
+        exec(compile(code, path, "exec"), ns)
+        fn = ns[entry_point]
+        if not callable(fn):
+            raise TypeError(f"{entry_point} is not callable")
+        ready = ("ready",)
+    except BaseException as e:  # noqa: BLE001 - anything the solution raises is its failure
+        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        ready = ("load_error", type(e).__name__, "".join(tb[-6:])[-2000:])
+        send_frame(rep_fd, pickle.dumps(ready, 5))
+        return
+    send_frame(rep_fd, pickle.dumps(ready, 5))
+    while True:
+        msg = recv_frame(req_fd)
+        if msg is None:
+            return
+        args, kwargs = pickle.loads(msg)
+        try:
+            out = fn(*args, **kwargs)
+            try:
+                payload = pickle.dumps(("ok", out), 5)
+            except Exception as e:  # noqa: BLE001
+                payload = pickle.dumps(("raise", "TypeError", f"unserialisable return: {e}"), 5)
+        except BaseException as e:  # noqa: BLE001
+            payload = pickle.dumps(("raise", type(e).__name__, str(e)[:500]), 5)
+        send_frame(rep_fd, payload)
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+class CandidateError(Exception):
+    """The candidate raised (or returned non-plain data); carries its exception name."""
+
+
+class CandidateGone(Exception):
+    """The candidate process exited or broke the protocol."""
+
+
+class _Stub:
+    def __init__(self, req_fd, rep_fd, deadline):
+        self.req_fd, self.rep_fd, self.deadline = req_fd, rep_fd, deadline
+        self.last = None
+        self.memory = False
+
+    def __call__(self, *args, **kwargs):
+        call = ", ".join([repr(a)[:80] for a in args] + [f"{k}={v!r}"[:80] for k, v in kwargs.items()])
+        try:
+            send_frame(self.req_fd, pickle.dumps((args, kwargs), 5))
+        except BrokenPipeError:
+            raise CandidateGone("the candidate process exited") from None
+        try:
+            data = recv_frame(self.rep_fd, self.deadline)
+        except ValueError as e:
+            raise CandidateGone(str(e)) from None
+        if data is None:
+            raise CandidateGone("the candidate process exited during a call")
+        try:
+            reply = loads_plain(data)
+        except Exception as e:  # noqa: BLE001 - malformed or non-plain reply
+            self.last = f"candidate({call}) -> <rejected: {e}>"
+            raise CandidateError(f"TypeError: {e}") from None
+        if not (isinstance(reply, tuple) and reply and reply[0] in ("ok", "raise")):
+            raise CandidateGone("the candidate broke the reply protocol")
+        if reply[0] == "raise":
+            self.memory |= reply[1] == "MemoryError"
+            self.last = f"candidate({call}) raised {reply[1]}: {reply[2]}"
+            raise CandidateError(f"{reply[1]}: {reply[2]}")
+        self.last = f"candidate({call}) -> {repr(reply[1])[:200]}"
+        return reply[1]
+
+
+def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
+    """Runs in the harness process: score every unit against the remote candidate.
+
+    Returns a dict: ``units`` (list of {src, ok, error}), ``load_error``, ``timed_out``,
+    ``memory``, ``crashed`` (candidate process gone), ``harness_error``.
+    """
+    report = {"units": [], "load_error": None, "timed_out": False, "memory": False,
+              "crashed": False, "harness_error": None}
+    tests = [src for is_test, src in spec["units"] if is_test]
+    stop = None
+    try:
+        first = recv_frame(rep_fd, deadline)
+        ready = loads_plain(first) if first is not None else None
+    except TimeoutError:
+        ready, report["timed_out"] = None, True
+    except Exception as e:  # noqa: BLE001
+        ready = ("load_error", "ProtocolError", str(e))
+    if ready is None or ready[0] != "ready":
+        if ready is None and not report["timed_out"]:
+            report["crashed"] = True
+        reason = "timeout while loading" if report["timed_out"] else (
+            f"{ready[1]}: {ready[2]}" if ready else "the candidate process exited while loading")
+        report["load_error"] = reason
+        report["memory"] = bool(ready) and ready[1] == "MemoryError"
+        report["units"] = [{"src": s, "ok": False, "error": reason} for s in tests]
+        return report
+    stub = _Stub(req_fd, rep_fd, deadline)
+    ns = {"__name__": "__harness__"}
+    try:
+        exec(compile(spec.get("prelude", ""), "<prompt>", "exec"), ns)
+        exec(compile(spec["module"], "<tests>", "exec"), ns)
+    except Exception as e:  # noqa: BLE001 - broken task data, not the candidate's fault
+        report["harness_error"] = f"test setup failed: {type(e).__name__}: {e}"
+        stop = report["harness_error"]
+    # HumanEval tests sometimes call the solution by its own name, not via `candidate`.
+    ns["candidate"] = ns[spec["entry_point"]] = stub
+    for is_test, src in spec["units"]:
+        if stop is not None:
+            if is_test:
+                report["units"].append({"src": src, "ok": False, "error": stop})
+            continue
+        stub.last = None
+        try:
+            exec(compile(src, "<test>", "exec"), ns)
+            error = None
+        except TimeoutError:
+            report["timed_out"], error = True, "timeout: the candidate did not answer in time"
+            stop = "not run: an earlier call timed out"
+        except CandidateGone as e:
+            report["crashed"], error = True, f"candidate process died: {e}"
+            stop = "not run: the candidate process died"
+        except AssertionError as e:
+            error = "AssertionError" + (f": {e}" if str(e) else "")
+        except Exception as e:  # noqa: BLE001 - candidate errors surface as any exception
+            error = f"{type(e).__name__}: {e}"
+        if error is not None and stub.last:
+            error += f" (last call: {stub.last})"
+        if is_test:
+            report["units"].append({"src": src, "ok": error is None, "error": error})
+        elif error is not None and stop is None:
+            stop = f"not run: setup statement failed: {error}"
+    report["memory"] = stub.memory
+    return report

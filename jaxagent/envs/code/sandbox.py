@@ -1,0 +1,405 @@
+"""Run untrusted Python in an isolated sandbox; structured results.
+
+``Sandbox`` keeps ``num_workers`` warm worker processes (``_worker.py``: a pre-forked
+"zygote" with the standard library imported) and gives every job a fresh process tree in new
+pid / network / mount / ipc / uts namespaces, a minimal read-only root, a private tmpfs
+``/tmp`` as working directory, an emptied environment, an unprivileged uid, and rlimits on CPU
+time, address space, file size, open files and processes; the wall clock is enforced from
+outside and killing the namespace's pid 1 kills everything the code started. Where namespaces
+are not available (not root, or unshare refused) the fallback is a process group with the
+same rlimits, an emptied environment, a fresh temporary directory and in-process socket
+blocking; ``Sandbox.isolation`` reports which level is active.
+
+Command line, for debugging a task file exactly as training runs it::
+
+    python -m jaxagent.envs.code.sandbox PATH [--timeout S] [--memory-mb M]
+
+prints one JSON line: status, exit code, duration, isolation level, truncated output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import pickle
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from jaxagent.envs.code import _harness
+
+STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
+ISOLATION_CHOICES = ("auto", "namespaces", "rlimits")
+_MEMORY_EXIT = 251  # must match _worker.MEMORY_EXIT
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxConfig:
+    timeout_s: float = 5.0  # wall clock per job, enforced from outside the sandbox
+    cpu_time_s: int | None = None  # RLIMIT_CPU; None = ceil(timeout_s) + 1
+    memory_mb: int = 1024  # RLIMIT_AS of the candidate (and of the harness)
+    max_file_mb: int = 16  # RLIMIT_FSIZE: any file written, and captured stdout / stderr
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_processes: int = 32  # RLIMIT_NPROC for the sandbox's own uid
+    max_output_bytes: int = 8192  # stdout / stderr returned per stream (head and tail kept)
+    tmpfs_mb: int = 64  # size of the private root tmpfs (holds /tmp, the working directory)
+    isolation: str = "auto"  # "auto" (strongest available), "namespaces" (required), "rlimits"
+    harness_margin_s: float = 0.25  # the harness reports this long before the wall deadline
+
+    def __post_init__(self):
+        def need(ok, field, value, fix):
+            if not ok:
+                raise ValueError(f"SandboxConfig.{field}={value!r} is invalid: {fix}")
+
+        need(self.timeout_s > 0, "timeout_s", self.timeout_s, "use a positive number of seconds")
+        need(self.cpu_time_s is None or self.cpu_time_s >= 1, "cpu_time_s", self.cpu_time_s,
+             "use None or an integer >= 1")
+        need(self.memory_mb >= 64, "memory_mb", self.memory_mb,
+             "use >= 64 (the Python interpreter alone needs ~30 MB of address space)")
+        need(self.max_file_mb >= 1, "max_file_mb", self.max_file_mb, "use >= 1")
+        need(self.max_open_files >= 16, "max_open_files", self.max_open_files, "use >= 16")
+        need(self.max_processes >= 1, "max_processes", self.max_processes, "use >= 1")
+        need(self.max_output_bytes >= 64, "max_output_bytes", self.max_output_bytes, "use >= 64")
+        need(self.tmpfs_mb >= 1, "tmpfs_mb", self.tmpfs_mb, "use >= 1")
+        need(self.isolation in ISOLATION_CHOICES, "isolation", self.isolation,
+             f"choose one of {ISOLATION_CHOICES}")
+        need(0 <= self.harness_margin_s < self.timeout_s, "harness_margin_s",
+             self.harness_margin_s, "use a value in [0, timeout_s)")
+
+    @property
+    def cpu_limit_s(self) -> int:
+        return self.cpu_time_s if self.cpu_time_s is not None else int(self.timeout_s) + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one sandboxed job.
+
+    ``status``: "passed" (exit 0 / all tests passed), "failed" (non-zero exit / a test failed),
+    "timeout" (wall clock or CPU time), "memory" (address-space limit), "crashed" (killed by a
+    signal, e.g. output over ``max_file_mb``, or the candidate process died mid-test), or
+    "error" (the sandbox itself failed: not the candidate's fault).
+    """
+
+    status: str
+    exit_code: int | None
+    signal: int | None
+    duration_s: float
+    isolation: str
+    stdout: str
+    stderr: str
+    tests_passed: int = 0
+    tests_total: int = 0
+    test_results: tuple = ()  # one dict per unit: {"src", "ok", "error"}
+    detail: str = ""  # human-readable reason (first failing test, limit hit, ...)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def fraction_passed(self) -> float:
+        return self.tests_passed / self.tests_total if self.tests_total else float(self.passed)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("test_results")
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class TestSpec:
+    """Hidden tests in HumanEval's format: ``def check(candidate): assert ...``.
+
+    ``prelude`` is trusted problem code the tests may use (HumanEval prompts define helpers
+    such as ``poly``); it runs in the harness, never alongside the candidate.
+    """
+
+    entry_point: str
+    test_source: str
+    prelude: str = ""
+
+    def compiled(self) -> dict:
+        spec = _harness.split_check(self.test_source)
+        spec["prelude"] = self.prelude
+        return spec
+
+
+def _truncate(data: bytes, limit: int) -> str:
+    if len(data) <= limit:
+        return data.decode("utf-8", "replace")
+    half = limit // 2
+    return (data[:half].decode("utf-8", "replace") + f"\n...[{len(data) - 2 * half} bytes cut]...\n"
+            + data[-half:].decode("utf-8", "replace"))
+
+
+def _read_capped(path: str, limit: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= limit:
+                return f.read().decode("utf-8", "replace")
+            head = f.read(limit // 2)
+            f.seek(size - limit // 2)
+            return _truncate(head + b"\0" * (size - limit) + f.read(), limit)
+    except FileNotFoundError:
+        return ""
+
+
+class _Worker:
+    """One warm worker process; serves one job at a time."""
+
+    def __init__(self, isolation: str, config_fn):
+        self.isolation, self.config_fn = isolation, config_fn
+        self.start()
+
+    def start(self):
+        isolation = self.isolation
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, close_fds=True,
+            start_new_session=True, cwd="/")
+        self.hello = json.loads(self.proc.stdout.readline() or b"{}")
+        if not self.hello.get("ready"):
+            raise RuntimeError("sandbox worker failed to start")
+        if isolation == "namespaces" and self.hello["namespaces_error"]:
+            raise RuntimeError(f"isolation='namespaces' requested but unavailable: "
+                               f"{self.hello['namespaces_error']}; use isolation='auto'")
+        self.namespaces = isolation != "rlimits" and not self.hello["namespaces_error"]
+        self.config = self.config_fn(self)
+        self.proc.stdin.write((json.dumps(self.config) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def request(self, job: dict, timeout: float) -> dict:
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        self.proc.stdin.flush()
+        timer = threading.Timer(timeout, self.kill)  # backstop if the worker itself hangs
+        timer.start()
+        try:
+            line = self.proc.stdout.readline()
+        finally:
+            timer.cancel()
+        if not line:
+            raise RuntimeError("sandbox worker died")
+        return json.loads(line)
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            self.kill()
+            self.proc.wait()
+
+
+class Sandbox:
+    """A pool of warm sandbox workers. Thread-safe; ``map`` runs jobs concurrently."""
+
+    def __init__(self, config: SandboxConfig | None = None, num_workers: int = 1):
+        if num_workers < 1:
+            raise ValueError(f"num_workers={num_workers!r} is invalid: use >= 1")
+        self.config = config or SandboxConfig()
+        self.num_workers = num_workers
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        # Distinct unprivileged uids per sandbox and worker, candidate != harness, so
+        # RLIMIT_NPROC counts are private and the candidate cannot signal or ptrace the harness.
+        self._uid_base = random.SystemRandom().randrange(1 << 20, 1 << 30, 1 << 8)
+        self._jobs_dir = tempfile.mkdtemp(prefix="jaxagent-sbx-", dir="/dev/shm" if os.access(
+            "/dev/shm", os.W_OK) else None)
+        os.mkdir(os.path.join(self._jobs_dir, "mnt"))
+        self._counter = itertools.count()
+        self._workers = []
+        for i in range(num_workers):
+            self._workers.append(_Worker(self.config.isolation, self._worker_config))
+            self._idle.put(self._workers[-1])
+        w = self._workers[0]
+        self.namespaces = w.namespaces
+        if self.namespaces:
+            self.isolation = "namespaces(pid,net,mount,ipc,uts)+ro-root+uid+rlimits"
+        else:
+            self.isolation = "rlimits+pgroup+socket-block" + (
+                "" if self.config.isolation == "rlimits" else f" ({w.hello['namespaces_error']})")
+        self._pool = ThreadPoolExecutor(num_workers) if num_workers > 1 else None
+
+    # -- public API
+    def run(self, code: str, tests: TestSpec | dict | None = None) -> SandboxResult:
+        """Runs ``code`` (as ``__main__``), or scores it against ``tests`` if given."""
+        worker = self._idle.get()
+        try:
+            return self._run(worker, code, tests)
+        finally:
+            self._idle.put(worker)
+
+    def run_file(self, path: str) -> SandboxResult:
+        with open(path, encoding="utf-8") as f:
+            return self.run(f.read())
+
+    def map(self, jobs: Sequence[tuple[str, TestSpec | dict | None]]) -> list[SandboxResult]:
+        if self._pool is None:
+            return [self.run(code, tests) for code, tests in jobs]
+        return list(self._pool.map(lambda j: self.run(*j), jobs))
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown()
+        for w in self._workers:
+            w.close()
+        shutil.rmtree(self._jobs_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- internals
+    def _worker_config(self, worker: _Worker) -> dict:
+        cfg = self.config
+        uid = self._uid_base + 2 * len(self._workers)
+        ns = worker.namespaces
+        return {
+            "jobs_dir": self._jobs_dir, "timeout_s": cfg.timeout_s,
+            "cpu_s": cfg.cpu_limit_s, "memory_bytes": cfg.memory_mb << 20,
+            "fsize_bytes": cfg.max_file_mb << 20, "nofile": cfg.max_open_files,
+            "nproc": cfg.max_processes, "uid": uid, "harness_uid": uid + 1,
+            "namespaces": ns, "ro_binds": worker.hello["ro_binds"], "tmpfs_mb": cfg.tmpfs_mb,
+            "env": {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if ns else ".",
+                    "TMPDIR": "/tmp" if ns else ".", "LANG": "C.UTF-8"},
+            "margin_s": cfg.harness_margin_s,
+        }
+
+    def _run(self, worker: _Worker, code: str, tests) -> SandboxResult:
+        spec = None
+        if tests is not None:
+            spec = tests.compiled() if isinstance(tests, TestSpec) else dict(tests)
+            spec["entry_point"] = tests.entry_point if isinstance(tests, TestSpec) else tests[
+                "entry_point"]
+        name = f"j{next(self._counter)}"
+        workroot = os.path.join(self._jobs_dir, name)
+        os.mkdir(workroot, 0o700)
+        try:
+            data = code.encode("utf-8")
+            with open(os.path.join(workroot, "solution.py"), "wb") as f:
+                f.write(data)
+            tests_bytes = 0
+            if spec is not None:
+                blob = pickle.dumps(spec, 5)
+                tests_bytes = len(blob)
+                with open(os.path.join(workroot, "tests.pkl"), "wb") as f:
+                    f.write(blob)
+            job = {"name": name, "mode": "tests" if spec else "run", "code_bytes": len(data),
+                   "tests_bytes": tests_bytes, "entry_point": spec and spec["entry_point"]}
+            try:
+                rep = worker.request(job, self.config.timeout_s + 30.0)
+            except (RuntimeError, OSError, ValueError) as e:
+                worker.kill()
+                worker.proc.wait()
+                worker.start()
+                return self._error(f"sandbox worker failed: {e}")
+            stdout = _read_capped(os.path.join(workroot, "stdout"), self.config.max_output_bytes)
+            stderr = _read_capped(os.path.join(workroot, "stderr"), self.config.max_output_bytes)
+        finally:
+            shutil.rmtree(workroot, ignore_errors=True)
+        return self._classify(rep, spec, stdout, stderr)
+
+    def _error(self, detail: str) -> SandboxResult:
+        return SandboxResult("error", None, None, 0.0, self.isolation, "", "", detail=detail)
+
+    def _classify(self, rep: dict, spec, stdout: str, stderr: str) -> SandboxResult:
+        base = dict(duration_s=float(rep.get("duration_s", 0.0)), isolation=self.isolation,
+                    stdout=stdout, stderr=stderr)
+        if "error" in rep:
+            return SandboxResult("error", None, None, detail=rep["error"][-1000:], **base)
+        if rep.get("timed_out"):
+            return SandboxResult("timeout", None, signal.SIGKILL, detail=(
+                f"wall-clock limit of {self.config.timeout_s}s exceeded"), **base)
+        code, sig = _decode_wait(rep.get("wait_status"))
+        if spec is None:
+            status, detail = _run_status(code, sig, self.config)
+            return SandboxResult(status, code, sig, detail=detail, **base)
+        report = rep.get("report") or {}
+        units = tuple(report.get("units", ()))
+        passed = sum(bool(u["ok"]) for u in units)
+        total = sum(1 for is_test, _ in spec["units"] if is_test)
+        first = next((u for u in units if not u["ok"]), None)
+        detail = ""
+        if report.get("harness_error"):
+            status, detail = "error", report["harness_error"]
+        elif report.get("timed_out") or sig == signal.SIGXCPU:
+            status = "timeout"
+        elif report.get("memory") or code == _MEMORY_EXIT:
+            status = "memory"
+        elif report.get("crashed"):
+            status = "crashed"
+        elif passed == total and len(units) == total:
+            status = "passed"
+        else:
+            status = "failed"
+        if first is not None and not detail:
+            detail = f"failed test: {first['src']}\n{first['error']}"
+        return SandboxResult(status, code, sig, tests_passed=passed, tests_total=total,
+                             test_results=units, detail=detail[:4000], **base)
+
+
+def _decode_wait(status: int | None) -> tuple[int | None, int | None]:
+    if status is None:
+        return None, None
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), None
+
+
+def _run_status(code: int | None, sig: int | None, cfg: SandboxConfig) -> tuple[str, str]:
+    if sig == signal.SIGXCPU:
+        return "timeout", f"CPU-time limit of {cfg.cpu_limit_s}s exceeded"
+    if sig == signal.SIGXFSZ:
+        return "crashed", f"output or file size over the {cfg.max_file_mb} MiB limit"
+    if sig is not None:
+        return "crashed", f"killed by signal {signal.Signals(sig).name}"
+    if code == _MEMORY_EXIT:
+        return "memory", f"MemoryError under the {cfg.memory_mb} MiB address-space limit"
+    if code == 0:
+        return "passed", ""
+    return "failed", f"exit status {code}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxagent.envs.code.sandbox",
+        description="Run one Python file in the jaxagent sandbox exactly as training does.")
+    parser.add_argument("path", help="Python file to run as __main__")
+    parser.add_argument("--timeout", type=float, default=SandboxConfig.timeout_s,
+                        help="wall-clock limit in seconds")
+    parser.add_argument("--memory-mb", type=int, default=SandboxConfig.memory_mb,
+                        help="address-space limit in MiB")
+    parser.add_argument("--isolation", default="auto", choices=ISOLATION_CHOICES)
+    args = parser.parse_args(argv)
+    if not os.path.isfile(args.path):
+        parser.error(f"PATH={args.path!r} is not a file: give the path of a Python source file")
+    config = SandboxConfig(timeout_s=args.timeout, memory_mb=args.memory_mb,
+                           isolation=args.isolation)
+    with Sandbox(config) as sandbox:
+        result = sandbox.run_file(args.path)
+    print(json.dumps(result.to_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
