@@ -68,7 +68,7 @@ def truncate(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     marker = f" ...[truncated {len(text) - limit} chars]"
-    return text[: max(0, limit - len(marker))] + marker + text[-0:]
+    return text[: max(0, limit - len(marker))] + marker
 
 
 def system_prompt() -> str:

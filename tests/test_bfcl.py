@@ -1,0 +1,189 @@
+"""BFCL multi-turn adapter: ground-truth replays succeed, dropped state-changing calls fail,
+every failure-mode label, readable errors, dangerous actions, the health-check CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval")
+
+from jaxagent.envs.tools import bfcl as B  # noqa: E402
+from jaxagent.envs.tools.bfcl import data as D  # noqa: E402
+
+MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+              "multi_turn_long_context")
+
+
+def _entry(category="multi_turn_base", index=0):
+    return D.load_entries(category)[index]
+
+
+def _env(entry, **config):
+    env = B.BFCLEnv(**config)
+    obs = env.reset(D.entry_to_task(entry))
+    return env, obs
+
+
+def test_list_categories_counts():
+    cats = B.list_categories()
+    for name in MULTI_TURN:
+        assert cats[name] == {"tasks": 200, "multi_turn": True}
+    assert cats["simple_python"]["multi_turn"] is False
+    with pytest.raises(ValueError, match="multi_turn_base"):
+        D.load_entries("multi_turn_nonexistent")
+    with pytest.raises(ValueError, match="not a multi-turn"):
+        D.load_entries("simple_python")
+
+
+def test_ground_truth_replay_all_base_tasks():
+    report = B.check_category("multi_turn_base")
+    assert report["tasks"] == 200
+    assert report["ground_truth_success"] == 1.0, report["errors"][:3]
+
+
+@pytest.mark.parametrize("category", MULTI_TURN[1:])
+def test_ground_truth_replay_other_categories_sample(category):
+    # miss_func (held-out functions added mid-episode), miss_param (turns with no calls),
+    # long_context (long scenarios): the adapter follows the data format, not one category.
+    for entry in D.load_entries(category)[::25]:
+        verdict = B.replay(entry)
+        assert verdict["success"], verdict
+
+
+def test_dropping_a_state_changing_call_fails_sample():
+    tested = 0
+    for entry in D.load_entries("multi_turn_base")[::10]:
+        changing = B.state_changing_calls(entry)
+        if not changing:
+            continue
+        tested += 1
+        for drop in (changing[0], changing[-1]):
+            verdict = B.replay(entry, drop=drop)
+            assert not verdict["success"], (entry["id"], drop)
+            assert verdict["failure_mode"] in ("wrong_state", "wrong_answer", "gave_up")
+    assert tested >= 15
+
+
+@pytest.mark.slow
+def test_every_multi_turn_category_replays_and_drop_check():
+    for category in MULTI_TURN:
+        report = B.check_category(category, drop_check=category == "multi_turn_base")
+        assert report["ground_truth_success"] == 1.0 and not report["errors"], report
+    assert report["drop_tested"] >= 150  # set by the base category only
+    base = B.check_category("multi_turn_base", drop_check=True)
+    assert base["drop_failed"] == base["drop_tested"]
+
+
+def test_turn_failure_labels_and_scores():
+    entry = _entry()  # turn 0: cd document, mkdir temp, mv final_report.pdf temp
+    env, obs = _env(entry)
+    assert obs.startswith("Available tools:") and "User: Move 'final_report.pdf'" in obs
+    assert '"name": "mkdir"' in obs
+    step = env.step("[cd(folder='document'), mkdir(dir_name='temp')]")  # mv forgotten
+    assert not step.done and step.info["failure_mode"] is None
+    assert "mkdir(dir_name='temp') -> None" in step.observation
+    end = env.step("Final: done")
+    assert end.done and not end.info["success"]
+    assert end.info["failure_mode"] == "wrong_state" and "does not match" in end.observation
+    assert end.info["termination"] == "terminated"
+
+    env, _ = _env(entry)
+    env.step("[cd(folder='document'), mkdir(dir_name='temp'), mv(source='final_report.pdf', "
+             "destination='temp')]")
+    nxt = env.step("Final: moved it")  # turn 0 passes -> turn 1's user message
+    assert not nxt.done and nxt.info["reward_terms"]["outcome"] == 1.0
+    assert nxt.observation.startswith("User: Perform a detailed search using grep")
+    env.step("cd(folder='temp')")  # state right, but the grep result is missing
+    end = env.step("Final: done")
+    assert end.info["failure_mode"] == "wrong_answer"
+
+    env, _ = _env(entry)
+    end = env.step("")  # no call at all in a turn that needs calls
+    assert end.done and end.info["failure_mode"] == "gave_up"
+
+
+def test_step_level_labels_and_readable_errors():
+    env, _ = _env(_entry(), max_steps_per_turn=8)
+    cases = [("cd(folder='document'", "invalid_syntax", "not valid syntax"),
+             ("frobnicate(x=1)", "unknown_tool", "unknown tool 'frobnicate'"),
+             ("mkdri(dir_name='a')", "unknown_tool", "Did you mean mkdir"),
+             ("cd(folder=3)", "bad_arguments", "argument 'folder' must be of type string"),
+             ("cd(folder='no_such_dir')", "tool_error", "no_such_dir"),
+             ('{"name": "pwd", "arguments": {}}', None, "pwd() -> ")]
+    for action, label, phrase in cases:
+        step = env.step(action)
+        assert not step.done
+        assert step.info["failure_mode"] == label, (action, step.info)
+        assert phrase in step.observation, (action, step.observation)
+    assert env.step("cd(folder='document')").info["reward_terms"]["process"] == 1.0
+
+    strict, _ = _env(_entry(), strict_schema=True)
+    step = strict.step("cd(folder=3)")
+    assert step.info["failure_mode"] == "bad_arguments" and "->" not in step.observation
+    assert step.info["reward_terms"]["process"] == pytest.approx(2 / 3)
+
+    budget, _ = _env(_entry(), max_steps_per_turn=2)
+    assert not budget.step("pwd()").done
+    end = budget.step("pwd()")
+    assert end.done and end.truncated and end.info["failure_mode"] == "step_budget"
+    assert end.info["termination"] == "truncated"
+
+
+def test_env_error_label():
+    broken = dict(_entry(), involved_classes=["NoSuchAPI"], id="broken")
+    env = B.BFCLEnv()
+    obs = env.reset(D.entry_to_task(broken))
+    assert obs.startswith("environment error")
+    step = env.step("pwd()")
+    assert step.done and step.info["failure_mode"] == "env_error"
+    assert step.info["termination"] == "env_error" and "NoSuchAPI" in step.info["error"]
+
+
+def test_dangerous_actions_marked_unless_asked():
+    env, _ = _env(_entry())  # turn 0 asks to move a file, not to delete one
+    step = env.step("[cd(folder='document'), rm(file_name='previous_report.pdf')]")
+    assert step.info["dangerous"] == ["rm(file_name='previous_report.pdf')"]
+    asked = next(e for e in D.load_entries("multi_turn_base")
+                 if any("post_tweet(" in c for c in e["ground_truth"][0]))
+    env, _ = _env(asked)
+    step = env.step("[" + ", ".join(asked["ground_truth"][0]) + "]")
+    assert step.info["dangerous"] == []
+
+
+def test_truncation_marker_and_source_splits():
+    text = B.truncate("x" * 5000, 100)
+    assert len(text) <= 100 and "[truncated" in text and text.startswith("xxx")
+    assert B.truncate("short", 100) == "short"
+    source = B.BFCLSource(test_fraction=0.25)
+    train, test = source.tasks("train"), source.tasks("test")
+    assert len(train) + len(test) == 200 and 30 <= len(test) <= 70
+    source.check_disjoint()
+    assert {t.split for t in test} == {"test"}
+    with pytest.raises(ValueError, match="test_fraction"):
+        B.BFCLSourceConfig(test_fraction=2.0)
+
+
+def _cli(*args, block_bfcl=False):
+    prelude = "import sys; sys.modules['bfcl_eval'] = None; " if block_bfcl else "import sys; "
+    code = (prelude + f"sys.argv = ['bfcl'] + {list(args)!r}; import runpy; "
+            "runpy.run_module('jaxagent.envs.tools.bfcl', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_health_check_cli():
+    listing = _cli("--list")
+    assert listing.returncode == 0
+    assert any(line.split()[:2] == ["multi_turn_base", "200"]
+               for line in listing.stdout.splitlines())
+    check = _cli("--check", "multi_turn_miss_func", "--limit", "5")
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout.strip().splitlines()[-1])
+    assert report == {"category": "multi_turn_miss_func", "tasks": 5,
+                      "ground_truth_success": 1.0, "errors": []}
+    for args in (("--list",), ("--check", "multi_turn_base")):
+        missing = _cli(*args, block_bfcl=True)
+        assert missing.returncode == 2
+        assert "pip install --no-deps bfcl-eval" in missing.stderr
