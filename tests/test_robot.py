@@ -48,3 +48,42 @@ def test_bad_actions_shape_names_the_fix():
         env.step(np.zeros((2, 6)))
     with pytest.raises(ValueError, match="unknown MuJoCo task 'Walker'"):
         MujocoVectorEnv("Walker", num_envs=1)
+
+
+def test_array_pool_steps_subsets_like_independent_gymnasium_envs():
+    # send/recv with ragged subsets: each env's own trajectory must equal a Gymnasium env
+    # stepped with the same actions (including its next-step autoreset).
+    from jaxagent.pool.array_pool import ArrayEnvPool
+
+    n = 3
+    pool = ArrayEnvPool(MujocoVectorEnv("Hopper-v5", num_envs=n), seed=7)
+    refs = [gym.make("Hopper-v5") for _ in range(n)]
+    pool.async_reset()
+    first = pool.recv()
+    last_done = [False] * n
+    for i, env in enumerate(refs):
+        o, _ = env.reset(seed=7 + i)
+        np.testing.assert_array_equal(first.obs[i], o)
+    rng = np.random.default_rng(1)
+    autoresets = 0
+    for t in range(90):
+        ids = [0, 2] if t % 2 == 0 else [1]
+        a = rng.uniform(-1, 1, (len(ids), 3)).astype(np.float32)
+        pool.send(ids, a)
+        batch = pool.recv()
+        np.testing.assert_array_equal(batch.env_ids, ids)
+        for k, i in enumerate(ids):
+            if last_done[i]:  # Gymnasium's next-step autoreset: reset obs, reward 0, no flags
+                (o_ref, _), r_ref, te, tr = refs[i].reset(), 0.0, False, False
+                autoresets += 1
+            else:
+                o_ref, r_ref, te, tr, _ = refs[i].step(a[k])
+            np.testing.assert_allclose(batch.obs[k], o_ref, rtol=0, atol=1e-12)
+            assert batch.reward[k] == pytest.approx(r_ref, abs=1e-12)
+            assert (batch.terminated[k], batch.truncated[k]) == (te, tr)
+            last_done[i] = bool(te or tr)
+    assert autoresets > 0
+    assert pool.health["steps"] == 45 * 2 + 45
+    with pytest.raises(ValueError, match=r"envs \[0\] already have an action pending"):
+        pool.send([0], np.zeros((1, 3)))
+        pool.send([0], np.zeros((1, 3)))

@@ -5,8 +5,33 @@
 bucketed shapes, and ``DevicePrefetcher`` (imports JAX lazily) for double-buffered transfer.
 """
 
+from jaxagent.pool.aio import AsyncEnvPool
+from jaxagent.pool.array_pool import ArrayBatch, ArrayEnvPool
+from jaxagent.pool.collate import Collated, collate, pick_bucket
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.health import Health
 from jaxagent.pool.pool import EnvPool, PoolStep, episode_seed
 
-__all__ = ["EnvPool", "Health", "PoolConfig", "PoolStep", "episode_seed"]
+__all__ = [
+    "ArrayBatch",
+    "ArrayEnvPool",
+    "AsyncEnvPool",
+    "Collated",
+    "DevicePrefetcher",
+    "EnvPool",
+    "Health",
+    "PoolConfig",
+    "PoolStep",
+    "collate",
+    "episode_seed",
+    "pick_bucket",
+]
+
+
+def __getattr__(name):
+    # DevicePrefetcher imports JAX; keep worker processes (which import this package) JAX-free.
+    if name == "DevicePrefetcher":
+        from jaxagent.pool.prefetch import DevicePrefetcher
+
+        return DevicePrefetcher
+    raise AttributeError(f"module 'jaxagent.pool' has no attribute {name!r}")

@@ -170,7 +170,8 @@ class EnvPool:
             with self._lock:
                 self._poll_timers()
                 need = min(min_batch, self.pending())
-                if len(self._ready) >= need or self._closed:
+                # With nothing pending, return at once unless a timeout asks to wait for work.
+                if (need and len(self._ready) >= need) or (not need and timeout is None) or self._closed:
                     out, self._ready = self._ready, []
                     return out
                 wait = self._next_timer() - time.monotonic()

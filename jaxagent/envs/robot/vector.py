@@ -188,10 +188,33 @@ class MujocoVectorEnv:
                 f"actions have shape {actions.shape}; expected (num_envs, act_dim) = "
                 f"({self.num_envs}, {self.act_dim})"
             )
-        resetting = self._needs_reset.copy()
+        return self._step(actions, np.ones(self.num_envs, bool))
+
+    def step_envs(self, env_ids: np.ndarray, actions: np.ndarray):
+        """Step only ``env_ids [K]`` with ``actions [K, act_dim]``; returns arrays over those K."""
+        env_ids = np.asarray(env_ids, np.int64)
+        if env_ids.ndim != 1 or len(np.unique(env_ids)) != len(env_ids):
+            raise ValueError(f"env_ids {env_ids.tolist()} must be a 1-D list without repeats")
+        if env_ids.size and (env_ids.min() < 0 or env_ids.max() >= self.num_envs):
+            raise ValueError(f"env_ids {env_ids.tolist()} out of range 0..{self.num_envs - 1}")
+        actions = np.asarray(actions)
+        if actions.shape != (len(env_ids), self.act_dim):
+            raise ValueError(
+                f"actions have shape {actions.shape}; expected (len(env_ids), act_dim) = "
+                f"({len(env_ids)}, {self.act_dim})"
+            )
+        full = np.zeros((self.num_envs, self.act_dim), actions.dtype)
+        full[env_ids] = actions
+        selected = np.zeros(self.num_envs, bool)
+        selected[env_ids] = True
+        obs, reward, terminated, truncated, info = self._step(full, selected)
+        return obs[env_ids], reward[env_ids], terminated[env_ids], truncated[env_ids], info
+
+    def _step(self, actions: np.ndarray, selected: np.ndarray):
+        resetting = self._needs_reset & selected
         pos_before = self._position()
         self._actions[:] = actions
-        np.logical_not(resetting, out=self._active)
+        np.logical_and(selected, ~resetting, out=self._active)
         self._team.run(self._step_slice)
         for i in np.flatnonzero(resetting):
             self._reset_one(i, None)
@@ -199,11 +222,11 @@ class MujocoVectorEnv:
         obs = self.spec.observe(r)
         reward = self.spec.reward(r).astype(np.float64)
         terminated = self.spec.terminated(r)
-        self._elapsed += 1
+        self._elapsed += selected
         truncated = self._elapsed >= self.max_episode_steps
         reward[resetting], terminated[resetting], truncated[resetting] = 0.0, False, False
         self._elapsed[resetting] = 0
-        self._needs_reset = terminated | truncated
+        self._needs_reset = np.where(selected, terminated | truncated, self._needs_reset)
         return obs, reward, terminated, truncated, {}
 
     def close(self) -> None:
