@@ -158,7 +158,7 @@ def _candidate(job, fds, keep) -> None:
     if not job["namespaces"]:
         _block_sockets()
     sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", closefd=False, buffering=1 << 16)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)  # line-buffered: kept on timeout
     sys.stderr = open(2, "w", closefd=False, buffering=1)
     path = os.path.join(os.getcwd(), "solution.py")
     with open("solution.py", "w") as f:

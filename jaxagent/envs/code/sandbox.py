@@ -126,6 +126,8 @@ class TestSpec:
     such as ``poly``); it runs in the harness, never alongside the candidate.
     """
 
+    __test__ = False  # not a pytest test class
+
     entry_point: str
     test_source: str
     prelude: str = ""

@@ -57,7 +57,7 @@ def _humaneval_asserts() -> frozenset:
     return frozenset().union(*(_asserts(p["test"]) for p in load_humaneval()))
 
 
-def test_spec(task: Task) -> TestSpec:
+def hidden_tests(task: Task) -> TestSpec:
     """The hidden tests of ``task`` as the sandbox's ``TestSpec``."""
     return TestSpec(task.data["entry_point"], task.data["test"], task.data.get("prelude", ""))
 
