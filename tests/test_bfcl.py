@@ -102,6 +102,15 @@ def test_turn_failure_labels_and_scores():
     env, _ = _env(entry)
     end = env.step("")  # no call at all in a turn that needs calls
     assert end.done and end.info["failure_mode"] == "gave_up"
+    assert end.reward == 0.0 and end.info["reward_terms"]["outcome"] == 0.0
+
+    shaped, _ = _env(entry, outcome_weight=0.5)  # pass turn 0 of 4, fail turn 1
+    shaped.step("[cd(folder='document'), mkdir(dir_name='temp'), mv(source='final_report.pdf', "
+                "destination='temp')]")
+    assert shaped.step("Final: ok").reward == 0.0  # paid at the end
+    last = shaped.step("Final: done")
+    assert last.done and last.info["reward_terms"]["outcome"] == pytest.approx(1 / 4)
+    assert last.reward == pytest.approx(0.5 / 4)
 
 
 def test_step_level_labels_and_readable_errors():
@@ -139,6 +148,7 @@ def test_env_error_label():
     step = env.step("pwd()")
     assert step.done and step.info["failure_mode"] == "env_error"
     assert step.info["termination"] == "env_error" and "NoSuchAPI" in step.info["error"]
+    assert step.info["env_error"] == "exception"
 
 
 def test_dangerous_actions_marked_unless_asked():
@@ -153,9 +163,10 @@ def test_dangerous_actions_marked_unless_asked():
 
 
 def test_truncation_marker_and_source_splits():
-    text = B.truncate("x" * 5000, 100)
-    assert len(text) <= 100 and "[truncated" in text and text.startswith("xxx")
-    assert B.truncate("short", 100) == "short"
+    env, _ = _env(_entry(), max_result_chars=64)
+    step = env.step("[cd(folder='document'), cat(file_name='final_report.pdf')]")
+    assert "characters truncated" in step.observation, step.observation
+    assert step.info["failure_mode"] is None
     source = B.BFCLSource(test_fraction=0.25)
     train, test = source.tasks("train"), source.tasks("test")
     assert len(train) + len(test) == 200 and 30 <= len(test) <= 70

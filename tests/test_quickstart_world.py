@@ -103,6 +103,14 @@ def test_failure_mode_labels(world):
     assert steps[1].observation == "Observation : error : unknown tool weather"
     assert steps[2].observation == "Observation : error : bad argument a for mul"
     assert [s.info["reward_terms"]["process"] for s in steps[:4]] == [0.0, 1 / 3, 2 / 3, 1.0]
+    shaped, _ = _play(shares, [s_ for s_ in ["Action : price ( item = ",
+                                             "Action : weather ( city = \" oslo \" )",
+                                             f"Final : {price * n + 1}"]],
+                      process_weight=0.9, outcome_weight=0.2, gate="task", cap=0.5)
+    # failed episode under the task gate: shaping 0.9 * mean(0, 1/3, 1) = 0.4, capped at 0.5
+    assert sum(s_.reward for s_ in shaped) == pytest.approx(0.9 * (0 + 1 / 3 + 1) / 3)
+    with pytest.raises(ValueError, match="gate"):
+        Q.QuickstartEnvConfig(gate="sometimes")
     verbose, _ = _play(shares, ["Action : mul ( a = \" x \" , b = 2 )"], compact_errors=False)
     assert "argument 'a' must be of type integer" in verbose[0].observation
 
@@ -149,7 +157,8 @@ def test_success_rewards_state_and_syntax_variants(world):
     assert steps[-1].info["success"] and steps[-1].terminated
     assert env.state["notes"] == {key: p1 + p2}
     assert steps[-1].info["reward_terms"] == {"process": 1.0, "outcome": 1.0, "task": 1.0}
-    assert steps[-1].reward == pytest.approx(1.1) and steps[0].reward == pytest.approx(0.1)
+    # RewardMix(gate="none"): 0.1 * mean process (1.0) + 1.0 * task, paid on the last step
+    assert steps[-1].reward == pytest.approx(1.1) and [s.reward for s in steps[:-1]] == [0.0] * 4
     with pytest.raises(RuntimeError, match="reset"):
         env.step("Final : done")
     with pytest.raises(ValueError, match="max_steps"):

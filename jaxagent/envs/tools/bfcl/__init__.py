@@ -14,12 +14,12 @@ from jaxagent.envs.tools.bfcl.data import (
     load_entries,
     require_bfcl,
 )
-from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig, system_prompt, truncate
+from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig, system_prompt
 from jaxagent.envs.tools.bfcl.replay import check_category, replay, state_changing_calls
 from jaxagent.envs.tools.bfcl.source import BFCLSource, BFCLSourceConfig
 
 __all__ = [
     "BFCLEnv", "BFCLEnvConfig", "BFCLMissingError", "BFCLSource", "BFCLSourceConfig",
     "DANGEROUS_METHODS", "INSTALL_HINT", "check_category", "list_categories", "load_entries",
-    "replay", "require_bfcl", "state_changing_calls", "system_prompt", "truncate",
+    "replay", "require_bfcl", "state_changing_calls", "system_prompt",
 ]

@@ -25,7 +25,15 @@ import json
 from typing import Any
 
 from jaxagent.envs import actions as A
-from jaxagent.envs.base import FailureMode, StepResult, Task, Termination
+from jaxagent.envs.base import (
+    FailureMode,
+    StepResult,
+    Task,
+    Termination,
+    env_error_info,
+    truncate_observation,
+)
+from jaxagent.envs.rewards import RewardMix, episode_reward, reward_terms
 from jaxagent.envs.tools.bfcl import data as D
 
 _LADDER = {FailureMode.INVALID_SYNTAX: 0.0, FailureMode.UNKNOWN_TOOL: 1 / 3,
@@ -45,30 +53,30 @@ class BFCLEnvConfig:
     max_steps_per_turn: int = 10  # tool-call actions per user turn before truncation
     strict_schema: bool = False  # reject schema-invalid calls instead of running them
     stop_at_first_failed_turn: bool = True  # BFCL fails the entry at its first failed turn
-    max_result_chars: int = 2000  # longer tool results are cut with a visible marker
+    max_result_chars: int = 2000  # longer tool results are cut with a visible marker (>= 64)
     tool_format: str = "json"  # "json": full JSON Schema docs; "signature": one line a tool
-    task_weight: float = 1.0  # reward weights of the reward terms
-    outcome_weight: float = 0.0  # outcome term: 1 at the end of each passed turn
-    process_weight: float = 0.0  # process term: valid-call ladder of each step
+    task_weight: float = 1.0  # RewardMix weights; the episode reward is paid on its last step
+    outcome_weight: float = 0.0  # outcome term: fraction of user turns passed
+    process_weight: float = 0.0  # mean per-step process score (valid-call ladder)
+    gate: str = "none"  # RewardMix gate: "none" | "cap" | "task"
+    cap: float = 0.5  # RewardMix cap on shaping under the "cap" and "task" gates
 
     def __post_init__(self):
         if self.max_steps_per_turn < 1:
             raise ValueError("BFCLEnvConfig.max_steps_per_turn must be >= 1, got "
                              f"{self.max_steps_per_turn}")
-        if self.max_result_chars < 20:
-            raise ValueError("BFCLEnvConfig.max_result_chars must be >= 20, got "
+        if self.max_result_chars < 64:
+            raise ValueError("BFCLEnvConfig.max_result_chars must be >= 64, got "
                              f"{self.max_result_chars}")
         if self.tool_format not in ("json", "signature"):
             raise ValueError(f"BFCLEnvConfig.tool_format must be 'json' or 'signature', got "
                              f"{self.tool_format!r}")
+        self.reward_mix  # validates weights, gate and cap
 
-
-def truncate(text: str, limit: int) -> str:
-    """Cuts ``text`` to ``limit`` characters with a visible marker saying how much was cut."""
-    if len(text) <= limit:
-        return text
-    marker = f" ...[truncated {len(text) - limit} chars]"
-    return text[: max(0, limit - len(marker))] + marker
+    @property
+    def reward_mix(self) -> RewardMix:
+        return RewardMix(process_weight=self.process_weight, outcome_weight=self.outcome_weight,
+                         task_weight=self.task_weight, gate=self.gate, cap=self.cap)
 
 
 def system_prompt() -> str:
@@ -103,6 +111,7 @@ class BFCLEnv:
         self._all_results: list[str] = []  # every executed call's result, all turns
         self._turn_results: list[dict] = []  # BFCL verdict per finished turn
         self._setup_error = None
+        self._terms: list[dict[str, float]] = []
         try:
             self._instances = D.make_instances(self._entry)
             self._gt_instances = D.make_instances(self._entry)
@@ -187,7 +196,7 @@ class BFCLEnv:
                 modes.append(FailureMode.TOOL_ERROR)
             if spec.dangerous and call.name not in asked:
                 dangerous.append(A.ToolCall(call.name, kwargs).render())
-            shown = truncate(result, self.config.max_result_chars)
+            shown = truncate_observation(result, self.config.max_result_chars)
             lines.append(f"{A.ToolCall(call.name, kwargs).render()} -> {shown}{note}")
         mode = min(modes, key=_SEVERITY.index) if modes else None
         process = min((_LADDER.get(m, 1.0) for m in modes), default=1.0)
@@ -204,7 +213,7 @@ class BFCLEnv:
         if not verdict["valid"] and self.config.stop_at_first_failed_turn:
             mode = _CHECK_LABEL.get(verdict.get("error_type"), FailureMode.WRONG_STATE)
             return self._end(mode, f"turn {turn} failed: {verdict['error_message']}",
-                             process=1.0, outcome=0.0)
+                             process=1.0, outcome=self._passed_fraction())
         self._turn, self._turn_steps, self._turn_calls = turn + 1, 0, []
         if self._turn >= len(self._entry["question"]):
             ok = all(v["valid"] for v in self._turn_results)
@@ -212,13 +221,17 @@ class BFCLEnv:
             mode = None if ok else _CHECK_LABEL.get(first_bad.get("error_type"),
                                                      FailureMode.WRONG_STATE)
             return self._end(mode, "all turns done", process=1.0,
-                             outcome=float(verdict["valid"]))
+                             outcome=self._passed_fraction())
         new = {n: s for n, s in self._all_specs.items()
                if n in self._entry.get("missed_function", {}).get(str(self._turn), [])}
         self._tools.update(new)
         text = (self._tools_text(new, "New tools available") + "\n\n" if new else "")
         return self._result(text + self._user_text(self._turn), False, None, 1.0,
                             outcome=float(verdict["valid"]))
+
+    def _passed_fraction(self) -> float:
+        passed = sum(v["valid"] for v in self._turn_results)
+        return passed / len(self._entry["question"])
 
     def _score_turn(self) -> dict:
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
@@ -250,18 +263,18 @@ class BFCLEnv:
     # ---------------------------------------------------------------- results
     def _result(self, obs, done, mode, process, outcome=0.0, task=0.0, truncated=False,
                 dangerous=(), note=None) -> StepResult:
-        terms = {"process": float(process), "outcome": float(outcome), "task": float(task)}
-        c = self.config
-        reward = (c.task_weight * task + c.outcome_weight * outcome
-                  + c.process_weight * process)
+        terms = reward_terms(process, outcome, task)
+        self._terms.append(terms)
+        reward = episode_reward(self._terms, self.config.reward_mix) if done else 0.0
         info = {"reward_terms": terms, "failure_mode": mode and mode.value,
                 "truncated": truncated, "success": done and task == 1.0,
                 "dangerous": list(dangerous), "turn": self._turn}
         if done:
-            info["termination"] = (Termination.ENV_ERROR if mode == FailureMode.ENV_ERROR else
-                                   Termination.TRUNCATED if truncated else
+            info["termination"] = (Termination.TRUNCATED if truncated else
                                    Termination.TERMINATED).value
             info["turn_results"] = list(self._turn_results)
+        if mode == FailureMode.ENV_ERROR:
+            info.update(env_error_info("exception", note or ""))
         if note is not None:
             info["error"] = note
         return StepResult(obs, reward, done, info)

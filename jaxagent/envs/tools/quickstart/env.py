@@ -22,27 +22,34 @@ import dataclasses
 from typing import Any
 
 from jaxagent.envs import actions as A
-from jaxagent.envs.base import FailureMode, StepResult, Task, Termination
+from jaxagent.envs.base import FailureMode, StepResult, Task, Termination, env_error_info
+from jaxagent.envs.rewards import RewardMix, episode_reward, process_score, reward_terms
 from jaxagent.envs.tools.quickstart import world as W
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuickstartEnvConfig:
-    """Episode settings. Reward = weighted sum of the step's reward terms."""
+    """Episode settings. The reward terms combine through ``jaxagent.envs.rewards.RewardMix``;
+    the episode's reward is paid on its last step (earlier steps pay 0), so the sum of step
+    rewards equals ``episode_reward(terms, mix)``. Default: the task term alone (LOOP)."""
 
     max_steps: int = 6  # actions per episode before truncation (plans need at most 5)
     compact_errors: bool = True  # short vocabulary-only error observations
     task_weight: float = 1.0  # weight of the task term (1 at a successful end)
     outcome_weight: float = 0.0  # weight of the outcome term (1 when the final answer is right)
-    process_weight: float = 0.0  # weight of the per-step process term (valid call ladder)
+    process_weight: float = 0.0  # weight of the mean per-step process score (valid-call ladder)
+    gate: str = "none"  # RewardMix gate: "none" | "cap" | "task"
+    cap: float = 0.5  # RewardMix cap on shaping under the "cap" and "task" gates
 
     def __post_init__(self):
         if self.max_steps < 1:
             raise ValueError(f"QuickstartEnvConfig.max_steps must be >= 1, got {self.max_steps}")
-        for name in ("task_weight", "outcome_weight", "process_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"QuickstartEnvConfig.{name} must be >= 0, got "
-                                 f"{getattr(self, name)}")
+        self.reward_mix  # validates weights, gate and cap (errors name the field)
+
+    @property
+    def reward_mix(self) -> RewardMix:
+        return RewardMix(process_weight=self.process_weight, outcome_weight=self.outcome_weight,
+                         task_weight=self.task_weight, gate=self.gate, cap=self.cap)
 
 
 def _strip_strings(value: Any) -> Any:
@@ -70,6 +77,7 @@ class QuickstartEnv:
         self._state = copy.deepcopy(dict(task.data["state"]))
         self._tools = {t: W.TOOL_SPECS[t] for t in task.data["tools"]}
         self._steps = 0
+        self._terms: list[dict[str, float]] = []
         self._done = False
         return reset_observation(task)
 
@@ -116,9 +124,11 @@ class QuickstartEnv:
 
     def _error_step(self, error: A.ActionError) -> StepResult:
         text = self._compact(error) if self.config.compact_errors else error.message
-        ladder = {FailureMode.UNKNOWN_TOOL: 1 / 3, FailureMode.BAD_ARGUMENTS: 2 / 3}
-        return self._continue(f"Observation : {text}", error.failure_mode,
-                              process=ladder.get(error.failure_mode, 0.0))
+        mode = error.failure_mode
+        process = process_score(mode != FailureMode.INVALID_SYNTAX,
+                                mode not in (FailureMode.INVALID_SYNTAX, FailureMode.UNKNOWN_TOOL),
+                                False)
+        return self._continue(f"Observation : {text}", mode, process=process)
 
     def _compact(self, error: A.ActionError) -> str:
         vocab = _vocab()
@@ -134,10 +144,11 @@ class QuickstartEnv:
         if self._steps >= self.config.max_steps:
             return self._finish(None, FailureMode.STEP_BUDGET, process=process, truncated=True,
                                 dangerous=dangerous)
-        terms = {"process": process, "outcome": 0.0, "task": 0.0}
+        terms = reward_terms(process=process)
+        self._terms.append(terms)
         info = {"reward_terms": terms, "failure_mode": mode and mode.value, "truncated": False,
                 "success": False, "dangerous": list(dangerous)}
-        return StepResult(obs, self._reward(terms), False, info)
+        return StepResult(obs, 0.0, False, info)
 
     def _finish(self, answer: str | None, mode, process: float, truncated: bool = False,
                 dangerous=(), note: str | None = None) -> StepResult:
@@ -154,20 +165,16 @@ class QuickstartEnv:
             elif not right_answer:
                 mode = FailureMode.WRONG_ANSWER
         success = mode is None
-        terms = {"process": process, "outcome": float(right_answer), "task": float(success)}
+        terms = reward_terms(process, float(right_answer), float(success))
+        self._terms.append(terms)
         info = {"reward_terms": terms, "failure_mode": mode and mode.value,
                 "truncated": truncated, "success": success, "dangerous": list(dangerous)}
-        info["termination"] = (Termination.ENV_ERROR if mode == FailureMode.ENV_ERROR else
-                               Termination.TRUNCATED if truncated else Termination.TERMINATED).value
-        if note is not None:
+        info["termination"] = (Termination.TRUNCATED if truncated else Termination.TERMINATED).value
+        if mode == FailureMode.ENV_ERROR:
+            info.update(env_error_info("exception", note or ""))
             info["error"] = note
         obs = "Observation : step budget over" if truncated else "Observation : done"
-        return StepResult(obs, self._reward(terms), True, info)
-
-    def _reward(self, terms: dict[str, float]) -> float:
-        c = self.config
-        return (c.task_weight * terms["task"] + c.outcome_weight * terms["outcome"]
-                + c.process_weight * terms["process"])
+        return StepResult(obs, episode_reward(self._terms, self.config.reward_mix), True, info)
 
     def close(self) -> None:
         self._task = None
