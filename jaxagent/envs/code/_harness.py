@@ -192,7 +192,9 @@ class _Stub:
         except Exception as e:  # noqa: BLE001 - malformed or non-plain reply
             self.last = f"candidate({call}) -> <rejected: {e}>"
             raise CandidateError(f"TypeError: {e}") from None
-        if not (isinstance(reply, tuple) and reply and reply[0] in ("ok", "raise")):
+        if not (isinstance(reply, tuple) and (
+                (len(reply) == 2 and reply[0] == "ok") or (len(reply) == 3 and reply[0] == "raise"
+                                                           and all(isinstance(x, str) for x in reply[1:])))):
             raise CandidateGone("the candidate broke the reply protocol")
         if reply[0] == "raise":
             self.memory |= reply[1] == "MemoryError"
@@ -217,9 +219,14 @@ def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
         ready = loads_plain(first) if first is not None else None
     except TimeoutError:
         ready, report["timed_out"] = None, True
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - oversize or non-plain: the candidate's doing
         ready = ("load_error", "ProtocolError", str(e))
-    if ready is None or ready[0] != "ready":
+    if ready is not None and not (ready == ("ready",) or (
+            isinstance(ready, tuple) and len(ready) == 3 and ready[0] == "load_error"
+            and all(isinstance(x, str) for x in ready[1:]))):
+        ready = ("load_error", "ProtocolError", "the candidate broke the harness protocol")
+        report["crashed"] = True
+    if ready != ("ready",):
         if ready is None and not report["timed_out"]:
             report["crashed"] = True
         reason = "timeout while loading" if report["timed_out"] else (
