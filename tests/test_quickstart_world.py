@@ -1,6 +1,8 @@
 """The quickstart tool world: splits, expert success at 0% / 30% error, random and empty
 policies near 0, failure-mode labels, reward terms, dangerous actions, a closed vocabulary."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -177,3 +179,13 @@ def test_dangerous_actions_are_marked(world):
     steps, env = _play(unasked, [f'Action : cancel ( day = " mon " , code = {code} )'])
     assert steps[0].info["dangerous"] == [f"cancel(day='mon', code={code})"]
     assert env.state["calendar"]["mon"] == []
+
+
+def test_health_check_cli(capsys):
+    from jaxagent.envs.tools.quickstart.__main__ import main
+
+    assert main(["--split", "test"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["tasks"] == 200 and report["success"]["expert_0%"] == 1.0
+    assert abs(report["success"]["expert_30%"] - 0.7) < 0.1
+    assert report["success"]["random"] <= 0.02 and report["success"]["empty"] == 0.0
