@@ -119,12 +119,13 @@ def test_failure_mode_labels(world):
     book = _template(world, "book")
     args = book.data["plan"][0]["args"]
     other_day = next(d for d in W.DAYS if d != args["day"])
-    wrong, _ = _play(book, [f'Action : book ( day = " {other_day} " , event = " {args["event"]} " )',
+    event = args["event"]
+    wrong, _ = _play(book, [f'Action : book ( day = " {other_day} " , event = " {event} " )',
                             "Final : done"])
     assert wrong[-1].info["failure_mode"] == "wrong_state" and not wrong[-1].info["success"]
     cancel = _template(world, "cancel")
-    tool_err, _ = _play(cancel, [f'Action : cancel ( day = " {cancel.data["plan"][1]["args"]["day"]} " '
-                                 f', code = {(cancel.data["state"]["code"] + 1) % 100} )'])
+    day, bad_code = cancel.data["plan"][1]["args"]["day"], (cancel.data["state"]["code"] + 1) % 100
+    tool_err, _ = _play(cancel, [f'Action : cancel ( day = " {day} " , code = {bad_code} )'])
     assert tool_err[0].info["failure_mode"] == "tool_error"
     assert tool_err[0].observation == "Observation : error : wrong code"
     for gave_up in ("", "Final :"):

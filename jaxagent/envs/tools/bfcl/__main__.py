@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bfcl-eval data at {bfcl_eval.__path__[0]}")
         print(f"{'category':32s} {'tasks':>6s}  adapter")
         for name, row in categories.items():
-            mark = "yes (multi-turn, stateful)" if row["multi_turn"] else "no (not a multi-turn world)"
+            mark = ("yes (multi-turn, stateful)" if row["multi_turn"]
+                    else "no (not a multi-turn world)")
             print(f"{name:32s} {row['tasks']:6d}  {mark}")
         return 0
     from jaxagent.envs.tools.bfcl.replay import check_category

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 
 from jaxagent.envs import actions as A
 from jaxagent.envs.base import (

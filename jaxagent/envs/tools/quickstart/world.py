@@ -88,8 +88,8 @@ def compact_signature(name: str) -> str:
 
 
 def sample_state(rng: np.random.Generator) -> dict[str, Any]:
-    """A random world: distinct prices (3..20), quotes and temperatures, quotes != prices, a calendar
-    whose busy days hold distinct events, empty notes, and a cancel code in 10..99."""
+    """A random world: distinct prices (3..20), quotes and temperatures, quotes != prices, a
+    calendar whose busy days hold distinct events, empty notes, and a cancel code in 10..99."""
     prices = rng.choice(np.arange(3, 21), size=len(ITEMS), replace=False)
     quotes = rng.choice(np.arange(3, 21), size=len(ITEMS), replace=False)
     while np.any(quotes == prices):  # a quote never equals the same stock's price
