@@ -2,14 +2,19 @@
 
 Each instance keeps its own ``MjData`` (so the solver warm start carries over between steps,
 exactly as in Gymnasium). A step sets the controls, then a small team of threads calls
-``mujoco.mj_step(model, data, nstep=frame_skip)`` over contiguous slices of the batch; the
+``mujoco.mj_step(model, data, nstep=frame_skip)``, claiming envs from a shared counter; the
 MuJoCo bindings release the GIL inside ``mj_step``, so the physics runs in parallel. The
 formulas on top are vectorised numpy (``tasks.py``).
 
-Why not ``mujoco.rollout``: it restarts every rollout from a state vector without the solver
-warm start (``qacc_warmstart``), which changes contact solutions in the last bits and makes
-trajectories drift away from Gymnasium's after ~100 steps (measured: 2e-4 at step 120 on
-HalfCheetah). The parity requirement wins; ``benchmarks/pool.py`` reports both.
+Two engines:
+  ``engine="exact"`` (default): as above; identical to Gymnasium (tested step by step).
+  ``engine="rollout"``: one ``mujoco.rollout`` call steps the whole batch in MuJoCo's C thread
+    pool (no Python per env). Faster, but ``mujoco.rollout`` restarts every call from a state
+    vector WITHOUT the solver warm start (``qacc_warmstart`` is zeroed), so contact solutions
+    differ from Gymnasium's in the last bits and trajectories drift apart chaotically after
+    ~100 steps (measured on HalfCheetah: 4e-14 at step 40, 2e-4 at step 120). Same physics,
+    same formulas, not bitwise the same trajectory. Not available for Ant (its observation
+    needs ``cfrc_ext``, which rollout does not return).
 
 Conventions follow Gymnasium's vector API (1.x): ``reset(seed)`` seeds env ``i`` with
 ``seed + i``; ``step`` returns ``terminated`` and ``truncated`` separately (truncation after
@@ -19,6 +24,7 @@ episode ends resets that env (its action is ignored, reward 0, both flags False)
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from typing import Sequence
@@ -30,44 +36,52 @@ from jaxagent.envs.robot.tasks import TaskSpec, get_task, gymnasium_asset
 
 
 class _ThreadTeam:
-    """Runs ``fn(lo, hi)`` over ``num_threads`` contiguous slices; the caller runs slice 0."""
+    """Runs ``fn(i)`` for i in range(n) on the caller plus helper threads, dynamically.
 
-    def __init__(self, num_items: int, num_threads: int):
-        num_threads = max(1, min(num_threads, num_items))
-        bounds = np.linspace(0, num_items, num_threads + 1).round().astype(int)
-        self.slices = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        self._inboxes = [queue.SimpleQueue() for _ in self.slices[1:]]
-        self._done: queue.SimpleQueue = queue.SimpleQueue()
+    Items are claimed from a shared counter (``next`` on ``itertools.count`` is atomic under
+    the GIL), so an idle machine splits the batch across threads while an oversubscribed one
+    never waits for a helper that has not been scheduled yet: the caller simply claims the
+    remaining items itself. The caller then waits only for items a helper is in the middle of.
+    """
+
+    def __init__(self, num_threads: int):
+        self._inboxes = [queue.SimpleQueue() for _ in range(max(0, num_threads - 1))]
+        self._busy = [threading.Lock() for _ in self._inboxes]
+        self._errors: list[BaseException] = []
         self._threads = [
-            threading.Thread(target=self._loop, args=(box, sl), daemon=True)
-            for box, sl in zip(self._inboxes, self.slices[1:])
+            threading.Thread(target=self._loop, args=(box, busy), daemon=True)
+            for box, busy in zip(self._inboxes, self._busy)
         ]
         for t in self._threads:
             t.start()
 
-    def _loop(self, inbox, sl):
-        while True:
-            fn = inbox.get()
-            if fn is None:
-                return
-            try:
-                fn(*sl)
-                self._done.put(None)
-            except BaseException as exc:  # surfaced in the caller
-                self._done.put(exc)
+    def _drain(self, fn, counter, n):
+        while (i := next(counter)) < n:
+            fn(i)
 
-    def run(self, fn) -> None:
+    def _loop(self, inbox, busy):
+        while True:
+            job = inbox.get()
+            if job is None:
+                return
+            with busy:
+                try:
+                    self._drain(*job)
+                except BaseException as exc:  # surfaced in the caller
+                    self._errors.append(exc)
+
+    def run(self, fn, n: int) -> None:
+        counter = itertools.count()
         for box in self._inboxes:
-            box.put(fn)
-        error = None
+            box.put((fn, counter, n))
         try:
-            fn(*self.slices[0])
-        except BaseException as exc:
-            error = exc
-        for _ in self._inboxes:
-            result = self._done.get()
-            error = error or result
-        if error is not None:
+            self._drain(fn, counter, n)
+        finally:
+            for busy in self._busy:  # wait for items a helper already claimed
+                with busy:
+                    pass
+        if self._errors:
+            error, self._errors = self._errors[0], []
             raise error
 
     def close(self) -> None:
@@ -85,10 +99,25 @@ class MujocoVectorEnv:
       max_episode_steps: truncation limit (Gymnasium's TimeLimit default: 1000).
     """
 
-    def __init__(self, task: str, num_envs: int, num_threads: int = 2, max_episode_steps: int | None = None):
+    def __init__(
+        self,
+        task: str,
+        num_envs: int,
+        num_threads: int = 2,
+        max_episode_steps: int | None = None,
+        engine: str = "exact",
+    ):
         if num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be >= 1")
+        if engine not in ("exact", "rollout"):
+            raise ValueError(f"engine={engine!r}; choose 'exact' (Gymnasium-identical) or 'rollout'")
         self.spec: TaskSpec = get_task(task)
+        if engine == "rollout" and self.spec.needs_cfrc_ext:
+            raise ValueError(
+                f"engine='rollout' cannot run {task}: its observation reads cfrc_ext, which "
+                "mujoco.rollout does not return; use engine='exact'"
+            )
+        self.engine = engine
         self.num_envs = num_envs
         self.max_episode_steps = max_episode_steps or self.spec.max_episode_steps
         self.model = mujoco.MjModel.from_xml_path(gymnasium_asset(self.spec.xml))
@@ -102,7 +131,7 @@ class MujocoVectorEnv:
         self._rngs = [np.random.default_rng() for _ in range(num_envs)]
         self._elapsed = np.zeros(num_envs, np.int64)
         self._needs_reset = np.zeros(num_envs, bool)
-        self._team = _ThreadTeam(num_envs, num_threads)
+        self._team = _ThreadTeam(min(num_threads, num_envs))
         self._spec_qpv = int(mujoco.mjtState.mjSTATE_QPOS | mujoco.mjtState.mjSTATE_QVEL)
         self._qpv = np.zeros((num_envs, m.nq + m.nv))
         self._cfrc = np.zeros((num_envs, m.nbody, 6))
@@ -110,6 +139,41 @@ class MujocoVectorEnv:
         self._actions = np.zeros((num_envs, m.nu))
         self._active = np.ones(num_envs, bool)
         self.obs_dim = self.spec.observe(self._readings(self._actions)).shape[1]
+        if engine == "rollout":
+            self._init_rollout(num_threads)
+
+    def _init_rollout(self, num_threads: int) -> None:
+        from mujoco import rollout
+
+        m, n, fs = self.model, self.num_envs, self.spec.frame_skip
+        self._full = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
+        self._rollout = rollout.Rollout(nthread=num_threads if num_threads > 1 else 0)
+        self._rollout_datas = [mujoco.MjData(m) for _ in range(max(1, num_threads))]
+        self._models = [m] * n
+        self._state = np.zeros((n, mujoco.mj_stateSize(m, self._full)))
+        self._ctrl = np.zeros((n, fs, m.nu))
+        self._out = np.zeros((n, fs, self._state.shape[1]))
+        self._sensor = np.zeros((n, fs, m.nsensordata))
+        # Two chunks per thread: rollout's default (n / (10 * nthread)) is for large batches.
+        self._chunk = max(1, n // max(1, 2 * num_threads))
+
+    def _rollout_step(self, ids: np.ndarray) -> None:
+        m, fs = self.model, self.spec.frame_skip
+        if len(ids) == 0:  # e.g. every env is autoresetting; rollout must not see an empty batch
+            return
+        self._ctrl[ids] = self._actions[ids, None, :]
+        if len(ids) == self.num_envs:
+            state0, ctrl, out, sensor, models = self._state, self._ctrl, self._out, self._sensor, self._models
+        else:
+            k = len(ids)
+            state0, ctrl, models = self._state[ids], self._ctrl[ids], self._models[:k]
+            out, sensor = np.zeros((k, fs, self._state.shape[1])), np.zeros((k, fs, m.nsensordata))
+        self._rollout.rollout(
+            models, self._rollout_datas, state0, ctrl, skip_checks=True, nstep=fs,
+            state=out, sensordata=sensor, chunk_size=self._chunk,
+        )
+        self._state[ids] = out[:, -1]
+        self._qpv[ids] = self._state[ids, 1 : 1 + m.nq + m.nv]  # FULLPHYSICS = [time, qpos, qvel, ...]
 
     # ------------------------------------------------------------------ readings
 
@@ -150,6 +214,8 @@ class MujocoVectorEnv:
         self._elapsed[i] = 0
         self._needs_reset[i] = False
         self._gather(i)
+        if self.engine == "rollout":
+            mujoco.mj_getState(m, d, self._state[i], self._full)
 
     def reset(self, seed: int | Sequence[int] | None = None, options=None) -> tuple[np.ndarray, dict]:
         """Reset all envs. ``seed``: int (env i gets seed + i), a list of N seeds, or None."""
@@ -167,18 +233,15 @@ class MujocoVectorEnv:
 
     # ------------------------------------------------------------------ step
 
-    def _step_slice(self, lo: int, hi: int) -> None:
-        m, fs, rne = self.model, self.spec.frame_skip, self.spec.needs_cfrc_ext
-        step, actions, active = mujoco.mj_step, self._actions, self._active
-        for i in range(lo, hi):
-            if not active[i]:
-                continue
-            d = self.datas[i]
-            d.ctrl[:] = actions[i]
-            step(m, d, fs)
-            if rne:
-                mujoco.mj_rnePostConstraint(m, d)
-            self._gather(i)
+    def _step_one(self, i: int) -> None:
+        if not self._active[i]:
+            return
+        m, d = self.model, self.datas[i]
+        d.ctrl[:] = self._actions[i]
+        mujoco.mj_step(m, d, self.spec.frame_skip)
+        if self.spec.needs_cfrc_ext:
+            mujoco.mj_rnePostConstraint(m, d)
+        self._gather(i)
 
     def step(self, actions: np.ndarray):
         """Step all envs. ``actions [N, act_dim]``; returns obs, reward, terminated, truncated, info."""
@@ -215,7 +278,10 @@ class MujocoVectorEnv:
         pos_before = self._position()
         self._actions[:] = actions
         np.logical_and(selected, ~resetting, out=self._active)
-        self._team.run(self._step_slice)
+        if self.engine == "rollout":
+            self._rollout_step(np.flatnonzero(self._active))
+        else:
+            self._team.run(self._step_one, self.num_envs)
         for i in np.flatnonzero(resetting):
             self._reset_one(i, None)
         r = self._readings(actions, pos_before)
@@ -231,6 +297,9 @@ class MujocoVectorEnv:
 
     def close(self) -> None:
         self._team.close()
+        if getattr(self, "_rollout", None) is not None:
+            self._rollout.close()
+            self._rollout = None
 
     def __del__(self):
         try:

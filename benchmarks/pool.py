@@ -1,0 +1,218 @@
+"""Environment-pool throughput, side by side in one run.
+
+1. MuJoCo HalfCheetah-v5, 8 envs, random actions (the same pre-drawn actions for everyone):
+   Gymnasium SyncVectorEnv(8) and AsyncVectorEnv(8) (anchors), EnvPool (8 envs, 2 threads) if
+   installed, jaxagent ``MujocoVectorEnv`` (2 physics threads) through ``ArrayEnvPool``
+   send/recv with the Gymnasium-exact engine (``jaxagent_steps_s``, the headline) and with
+   the ``mujoco.rollout`` engine (faster, not bitwise Gymnasium: see robot/vector.py), and
+   the raw physics bound (``mujoco.rollout``, 2 threads, one long open-loop
+   rollout: no Python at all per step). Contenders are measured in interleaved rounds and the
+   median round is reported, because the machine may be shared.
+2. Text envs: 256 fake tool envs with 50 ms latency each on the thread backend, driven with
+   ``send``/``recv``; ideal concurrency is 256 / 0.05 s = 5120 calls/s.
+
+Usage: python benchmarks/pool.py [--seconds 2] [--rounds 3]
+Prints the setup, each figure, ratios, and one final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+
+import numpy as np
+
+warnings.filterwarnings("ignore")
+N_ENVS, TASK, ACT_DIM = 8, "HalfCheetah-v5", 6
+
+
+def _actions(steps):
+    return np.random.default_rng(0).uniform(-1, 1, (steps, N_ENVS, ACT_DIM)).astype(np.float32)
+
+
+def _timed(step_fn, actions, seconds):
+    """Call step_fn(actions[k]) until ``seconds`` pass; return env steps per second."""
+    k, start = 0, time.perf_counter()
+    while True:
+        for _ in range(50):
+            step_fn(actions[k % len(actions)])
+            k += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return k * N_ENVS / elapsed
+
+
+def make_contenders():
+    import gymnasium as gym
+
+    from jaxagent.envs.robot import MujocoVectorEnv
+    from jaxagent.pool import ArrayEnvPool
+
+    contenders = {}
+    sync = gym.vector.SyncVectorEnv([lambda: gym.make(TASK) for _ in range(N_ENVS)])
+    sync.reset(seed=0)
+    contenders["gymnasium_sync8"] = (sync.step, sync.close)
+    asyn = gym.vector.AsyncVectorEnv([lambda: gym.make(TASK) for _ in range(N_ENVS)])
+    asyn.reset(seed=0)
+    contenders["gymnasium_async8"] = (asyn.step, asyn.close)
+    if _envpool_rate(0.2) is not None:
+        # EnvPool bundles its own MuJoCo build; loading it next to the mujoco package in one
+        # process crashes, so it is measured in a child process (same actions, same timing).
+        contenders["envpool_8env_2thr"] = (None, None)
+    for name, engine in (("jaxagent_pool_2thr", "exact"), ("jaxagent_rollout_2thr", "rollout")):
+        pool = ArrayEnvPool(MujocoVectorEnv(TASK, N_ENVS, num_threads=2, engine=engine), seed=0)
+        pool.async_reset()
+        pool.recv()
+        contenders[name] = (_pool_stepper(pool), pool.close)
+    return contenders
+
+
+def _pool_stepper(pool):
+    ids = np.arange(pool.num_envs)
+
+    def step(a):
+        pool.send(ids, a)
+        return pool.recv()
+
+    return step
+
+
+_ENVPOOL_CHILD = """
+import json, sys, time, numpy as np, envpool
+seconds = float(sys.argv[1])
+env = envpool.make("{task}", env_type="gymnasium", num_envs={n}, num_threads=2, batch_size={n})
+env.reset()
+actions = np.random.default_rng(0).uniform(-1, 1, (1000, {n}, {a})).astype(np.float32)
+k, start = 0, time.perf_counter()
+while time.perf_counter() - start < seconds:
+    for _ in range(50):
+        env.step(actions[k % 1000]); k += 1
+print(json.dumps(k * {n} / (time.perf_counter() - start)))
+"""
+
+
+def _envpool_rate(seconds):
+    """EnvPool's rate measured in a child process, or None if envpool is not installed."""
+    import subprocess
+    import sys
+
+    code = _ENVPOOL_CHILD.format(task=TASK, n=N_ENVS, a=ACT_DIM)
+    proc = subprocess.run([sys.executable, "-c", code, str(seconds)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"envpool: unavailable ({proc.stderr.strip().splitlines()[-1:]})")
+        return None
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def raw_rollout_bound(seconds):
+    import mujoco
+    from mujoco import rollout
+
+    from jaxagent.envs.robot.tasks import get_task, gymnasium_asset
+
+    spec = get_task(TASK)
+    m = mujoco.MjModel.from_xml_path(gymnasium_asset(spec.xml))
+    d = mujoco.MjData(m)
+    full = mujoco.mjtState.mjSTATE_FULLPHYSICS
+    state = np.zeros((N_ENVS, mujoco.mj_stateSize(m, full)))
+    for i in range(N_ENVS):
+        mujoco.mj_getState(m, d, state[i], full)
+    steps = max(100, int(seconds * 8000))
+    ctrl = np.repeat(_actions(steps).transpose(1, 0, 2), spec.frame_skip, axis=1)
+    with rollout.Rollout(nthread=2) as r:
+        datas = [mujoco.MjData(m) for _ in range(2)]
+        start = time.perf_counter()
+        r.rollout([m] * N_ENVS, datas, state, ctrl, nstep=steps * spec.frame_skip)
+        return N_ENVS * steps / (time.perf_counter() - start)
+
+
+def text_env_throughput(num_envs=256, latency_s=0.05, seconds=3.0):
+    from jaxagent.envs.base import Task
+    from jaxagent.pool import EnvPool, PoolConfig
+    from jaxagent.pool.fake_env import FakeToolEnvFactory
+
+    env_fn = FakeToolEnvFactory(episode_len=10**9, latency_s=latency_s)
+    with EnvPool(env_fn, PoolConfig(num_envs=num_envs, backend="thread")) as pool:
+        pool.async_reset(range(num_envs), Task("bench", "train", "p"))
+        pool.recv(min_batch=num_envs)
+        pool.send(range(num_envs), ["call 0"] * num_envs)
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            done = pool.recv(min_batch=1)
+            calls += len(done)
+            pool.send([r.env_id for r in done], ["call"] * len(done))
+        elapsed = time.perf_counter() - start
+        snap = pool.health.snapshot()
+    ideal = num_envs / latency_s
+    return calls / elapsed, ideal, snap
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=2.0, help="per contender per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    import gymnasium
+    import mujoco
+
+    print(f"setup: {TASK}, {N_ENVS} envs, random actions; {os.cpu_count()} CPUs; "
+          f"load avg {os.getloadavg()[0]:.2f}; python {platform.python_version()}, "
+          f"mujoco {mujoco.__version__}, gymnasium {gymnasium.__version__}; "
+          f"{args.rounds} interleaved rounds x {args.seconds}s, median reported")
+    actions = _actions(1000)
+    contenders = make_contenders()
+    rates = {name: [] for name in contenders}
+    for _ in range(args.rounds):
+        for name, (step, _) in contenders.items():
+            if step is None:
+                rates[name].append(_envpool_rate(args.seconds))
+            else:
+                rates[name].append(_timed(step, actions, args.seconds))
+    for _, close in contenders.values():
+        if close is not None:
+            close()
+    med = {name: statistics.median(v) for name, v in rates.items()}
+    bound = raw_rollout_bound(args.seconds)
+    ours = med["jaxagent_pool_2thr"]
+    for name, v in med.items():
+        print(f"{name:>22}: {v:10.0f} env steps/s   (rounds: {', '.join(f'{x:.0f}' for x in rates[name])})")
+    print(f"{'raw mujoco.rollout 2thr':>22}: {bound:10.0f} env steps/s (physics bound, no Python per step)")
+    ratios = {f"ratio_vs_{k}": ours / v for k, v in med.items() if not k.startswith("jaxagent")}
+    ratios["rollout_engine_ratio_vs_gymnasium_sync8"] = (
+        med["jaxagent_rollout_2thr"] / med["gymnasium_sync8"]
+    )
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}x")
+    best = max(ours, med["jaxagent_rollout_2thr"])
+    print(f"fraction of raw physics bound: exact {ours / bound:.2f}; target >= 40000 steps/s: "
+          f"exact {'met' if ours >= 40000 else 'NOT met'}, best engine "
+          f"{'met' if best >= 40000 else 'NOT met'} on this run")
+    text_rate, ideal, snap = text_env_throughput(seconds=max(2.0, args.seconds))
+    eff = text_rate / ideal
+    print(f"text envs: 256 tool envs x 50 ms latency, thread backend: {text_rate:.0f} calls/s, "
+          f"ideal {ideal:.0f}; efficiency {eff:.2%} (target >= 80%); latency p50/p99 "
+          f"{snap['latency_p50_ms']:.1f}/{snap['latency_p99_ms']:.1f} ms")
+    result = {
+        "jaxagent_steps_s": round(ours),
+        "gymnasium_sync8_steps_s": round(med["gymnasium_sync8"]),
+        "gymnasium_async8_steps_s": round(med["gymnasium_async8"]),
+        "jaxagent_rollout_engine_steps_s": round(med["jaxagent_rollout_2thr"]),
+        "envpool_steps_s": round(med["envpool_8env_2thr"]) if "envpool_8env_2thr" in med else None,
+        "raw_rollout_bound_steps_s": round(bound),
+        **{k: round(v, 3) for k, v in ratios.items()},
+        "fraction_of_physics_bound": round(ours / bound, 3),
+        "text_calls_s": round(text_rate),
+        "text_ideal_calls_s": round(ideal),
+        "text_concurrency_efficiency": round(eff, 3),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
