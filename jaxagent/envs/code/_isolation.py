@@ -1,0 +1,185 @@
+"""Isolation primitives for the sandbox worker (stdlib only; runs as root inside the sandbox).
+
+Mounting the minimal read-only root and the per-job /tmp, rlimits, dropping privileges, and
+the candidate process's set-up and runner. Loaded by path from ``_worker.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import sys
+import traceback
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+MNT_DETACH = 2
+MEMORY_EXIT = 251  # exit status the candidate runner uses for an uncaught MemoryError
+# Imported once in the worker so that candidates (which may not read the Python install)
+# get them for free; kept short because every module enlarges each fork's copy-on-write.
+PRELOAD = ("math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
+           "typing", "hashlib", "random", "copy", "operator", "fractions")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+harness = None  # the _harness module, set by _worker at start-up (loaded by path)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src, target, fstype, flags, data=None) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {target}")
+
+
+def ro_bind_roots() -> list[str]:
+    """Directories bound read-only into the sandbox: system dirs and this Python's prefix."""
+    roots = [d for d in SYSTEM_DIRS if os.path.lexists(d)]
+    extra = [sys.base_prefix, sys.prefix] + [p for p in sys.path if os.path.isdir(p)]
+    for p in extra:
+        p = os.path.realpath(p)
+        if not any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots):
+            roots.append(p)
+    return roots
+
+
+def build_root(job: dict) -> None:
+    """In P (root, fresh mount namespace): minimal read-only root, private /tmp, chroot."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    root = os.path.join(job["jobs_dir"], "mnt")  # same path for all: each P has its own ns
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={job['tmpfs_mb']}m,mode=755")
+    for src in job["ro_binds"]:
+        dst = root + src
+        if os.path.islink(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(src), dst)
+            continue
+        os.makedirs(dst, exist_ok=True)
+        _mount(src, dst, None, MS_BIND | MS_REC)
+        _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+    os.makedirs(root + "/dev")
+    for name in ("null", "zero", "random", "urandom"):
+        open(f"{root}/dev/{name}", "w").close()
+        _mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
+    os.makedirs(root + "/proc")
+    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.makedirs(root + "/tmp")
+    os.chroot(root)
+    os.chdir("/")
+
+
+def fresh_tmp(config: dict) -> None:
+    """A new, empty tmpfs on /tmp (the candidate's working directory) for every job."""
+    if os.path.ismount("/tmp"):
+        _check(_libc.umount2(b"/tmp", MNT_DETACH), "umount /tmp")
+    uid = config["uid"]
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"size={config['tmpfs_mb']}m,mode=700,uid={uid},gid={uid}")
+
+
+def limit(job: dict, *, candidate: bool) -> None:
+    mem = job["memory_bytes"]
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (job["fsize_bytes"],) * 2)
+    if candidate:
+        cpu = job["cpu_s"]
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (job["nofile"],) * 2)
+        resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"],) * 2)
+
+
+def drop_privileges(uid: int) -> None:
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _block_sockets() -> None:
+    """Fallback when no network namespace is available: refuse socket creation in-process."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("network access is disabled in the sandbox")
+
+    socket.socket = socket.create_connection = socket.socketpair = refuse  # type: ignore
+
+
+def candidate(job, fds, keep) -> None:
+    """C: set up the candidate process and run the code; never returns.
+
+    ``fds``: inherited descriptors (devnull, code, stdout, stderr); ``keep``: the RPC pipe
+    ends (tests mode). Everything else is closed before the candidate's code runs.
+    """
+    os.dup2(fds["devnull"], 0)
+    os.dup2(fds["stdout"], 1)
+    os.dup2(fds["stderr"], 2)
+    code = os.read(fds["code"], job["code_bytes"] + 1).decode("utf-8", "replace")
+    for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if not job["namespaces"]:
+        workdir = os.path.join(job["jobs_dir"], job["name"], "work")
+        os.mkdir(workdir, 0o700)
+        if os.geteuid() == 0:
+            os.chown(workdir, job["uid"], job["uid"])
+        os.chdir(workdir)
+    if job["namespaces"]:
+        os.chdir("/tmp")
+        # a private System V / POSIX IPC namespace per job: nothing can be left for the next
+        _check(_libc.unshare(CLONE_NEWIPC), "unshare ipc")
+    else:
+        os.setpgid(0, 0)  # its own process group, killed as a whole after the job
+    limit(job, candidate=True)
+    drop_privileges(job["uid"])
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # output/file over the limit: killed
+    os.environ.clear()
+    os.environ.update(job["env"])
+    if not job["namespaces"]:
+        _block_sockets()
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)  # line-buffered: kept on timeout
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    path = os.path.join(os.getcwd(), "solution.py")
+    with open("solution.py", "w") as f:
+        f.write(code)
+    sys.argv = [path]
+    status = 0
+    try:
+        if job["mode"] == "tests":
+            harness.serve(code, path, job["entry_point"], *keep)
+        else:
+            exec(compile(code, path, "exec"), {"__name__": "__main__", "__file__": path})
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except MemoryError:
+        traceback.print_exc()
+        status = MEMORY_EXIT
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(status & 0xFF)
+
+
