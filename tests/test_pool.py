@@ -182,3 +182,29 @@ def test_config_errors_name_the_field(kwargs, field):
         PoolConfig(**kwargs)
     with pytest.raises(ValueError, match="sum to"):
         FaultConfig(hang=0.6, crash=0.6)
+
+
+def test_idle_worker_death_is_answered_at_the_next_send_and_abandon_is_silent():
+    import os
+    import signal
+
+    with EnvPool(FakeToolEnvFactory(episode_len=5), PoolConfig(num_envs=2, backend="process")) as pool:
+        pool.async_reset([0, 1], Task("a", "train", "p"))
+        assert len(pool.recv(min_batch=2)) == 2
+        os.kill(pool._slots[0].worker.process.pid, signal.SIGKILL)  # dies while idle
+        deadline = time.monotonic() + 10
+        while pool.health["crashes"] == 0 and time.monotonic() < deadline:
+            assert pool.recv(timeout=0.05) == []  # no unsolicited answer
+        assert pool.health["crashes"] == 1 and pool.health["restarts"] == 1
+        pool.send([0, 1], ["call 0", "call 0"])
+        out = {r.env_id: r for r in pool.recv(min_batch=2)}
+        assert out[0].done and out[0].info["env_error"] == "crash"
+        assert not out[1].done
+        # Resetting env 1 mid-episode abandons that episode silently; the reset is answered.
+        pool.async_reset([0, 1], Task("b", "train", "p"))
+        out = pool.recv(min_batch=2)
+        assert sorted(r.kind for r in out) == ["reset", "reset"]
+        assert pool.health["episodes_abandoned"] == 1
+        pool.send([0], ["call 0"])
+        (r,) = pool.recv()
+        assert r.env_id == 0 and not r.done  # the restarted worker serves the new episode

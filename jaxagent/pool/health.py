@@ -20,6 +20,7 @@ COUNTERS = (
     "episodes_started",  # episodes started with async_reset
     "episodes_finished",  # episodes that ended (any reason, env_error included)
     "env_error_episodes",  # episodes that ended with Termination.ENV_ERROR
+    "episodes_abandoned",  # episodes the caller replaced with a new reset before they ended
     "stale_results",  # results of abandoned calls, dropped
 )
 

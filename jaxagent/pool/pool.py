@@ -8,8 +8,10 @@
             else: pool.send([r.env_id], [policy(r.observation)])
 
 Guarantees:
+  * Every call (reset or step) gets exactly one answer; answers only follow calls.
   * No episode is ever lost: every episode started by ``async_reset`` yields exactly one
-    ``PoolStep`` with ``done=True``. If its env failed (timeout, crash, corrupt data, exception)
+    ``PoolStep`` with ``done=True``, unless the caller itself abandons it by resetting the env
+    mid-episode (counted in ``episodes_abandoned``, no answer emitted). If its env failed (timeout, crash, corrupt data, exception)
     that step carries ``info["termination"] == "env_error"`` and
     ``info["failure_mode"] == "env_error"`` plus the reason in ``info["env_error"]``.
   * A failed ``reset`` is retried up to ``max_retries`` times with exponential back-off (a reset
@@ -84,6 +86,7 @@ class _Slot:
     retry_at: float | None = None  # a reset retry is scheduled
     retry_attempt: int = 0
     ready: bool = False  # the worker has built its env (timeouts count from then)
+    lost: tuple[str, str] | None = None  # the worker died between calls mid-episode
 
 
 class EnvPool:
@@ -124,8 +127,9 @@ class EnvPool:
                 slot = self._slots[env_id]
                 if slot.call is not None or slot.retry_at is not None:
                     raise ValueError(f"env {env_id} is busy; recv() its answer before reset")
-                if slot.episode_id is not None:  # abandon the running episode, counted once
-                    self._finish(slot, env_id, "", 0.0, env_error_info("abandoned"), 0.0)
+                if slot.episode_id is not None:  # the caller ended it (e.g. its turn budget)
+                    self.health.add("episodes_abandoned")
+                    slot.lost = None
                 slot.episode_id, self._next_episode = self._next_episode, self._next_episode + 1
                 slot.episode_index += 1
                 slot.task = tasks[len(episode_ids)]
@@ -149,6 +153,12 @@ class EnvPool:
                     )
                 if slot.call is not None or slot.retry_at is not None:
                     raise ValueError(f"env {env_id} is busy; recv() its answer before send")
+                if slot.lost is not None:  # its worker died between calls: answer with the loss
+                    reason, detail = slot.lost
+                    slot.lost = None
+                    self._finish(slot, env_id, f"[environment error: {reason}] {detail}", 0.0,
+                                 env_error_info(reason, detail), 0.0)
+                    continue
                 self._submit(env_id, "step", action, self.config.step_timeout_s)
 
     def pending(self) -> int:
@@ -286,8 +296,10 @@ class EnvPool:
                 self._restart(outcome.env_id)
             else:
                 self.health.add("corrupt")
-            if slot.call is not None or slot.episode_id is not None:
+            if slot.call is not None:
                 self._fail(outcome.env_id, outcome.status, str(outcome.value))
+            elif slot.episode_id is not None:  # reported at the next send, so every answer
+                slot.lost = (outcome.status, str(outcome.value))  # still follows a call
             return
         if slot.call is None or outcome.seq != slot.call.seq:
             self.health.add("stale_results")
