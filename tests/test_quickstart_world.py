@@ -166,6 +166,10 @@ def test_success_rewards_state_and_syntax_variants(world):
         env.step("Final : done")
     with pytest.raises(ValueError, match="max_steps"):
         Q.QuickstartEnvConfig(max_steps=0)
+    with pytest.raises(ValueError, match="tool_list"):
+        Q.QuickstartEnvConfig(tool_list="all")
+    short = Q.QuickstartEnv(tool_list="names").reset(task)
+    assert short == f"task : {task.prompt} tools : {' '.join(task.data['tools'])}"
 
 
 def test_dangerous_actions_are_marked(world):

@@ -35,6 +35,7 @@ class QuickstartEnvConfig:
 
     max_steps: int = 6  # actions per episode before truncation (plans need at most 5)
     compact_errors: bool = True  # short vocabulary-only error observations
+    tool_list: str = "signatures"  # reset shows "price ( item )" ("signatures") or "price"
     task_weight: float = 1.0  # weight of the task term (1 at a successful end)
     outcome_weight: float = 0.0  # weight of the outcome term (1 when the final answer is right)
     process_weight: float = 0.0  # weight of the mean per-step process score (valid-call ladder)
@@ -44,6 +45,9 @@ class QuickstartEnvConfig:
     def __post_init__(self):
         if self.max_steps < 1:
             raise ValueError(f"QuickstartEnvConfig.max_steps must be >= 1, got {self.max_steps}")
+        if self.tool_list not in ("signatures", "names"):
+            raise ValueError(f"QuickstartEnvConfig.tool_list must be 'signatures' or 'names', "
+                             f"got {self.tool_list!r}")
         self.reward_mix  # validates weights, gate and cap (errors name the field)
 
     @property
@@ -56,9 +60,10 @@ def _strip_strings(value: Any) -> Any:
     return value.strip() if isinstance(value, str) else value
 
 
-def reset_observation(task: Task) -> str:
-    sigs = " ".join(W.compact_signature(t) for t in task.data["tools"])
-    return f"task : {task.prompt} tools : {sigs}"
+def reset_observation(task: Task, tool_list: str = "signatures") -> str:
+    """``task : <sentence> tools : <the task's tools>`` (signatures or bare names)."""
+    show = W.compact_signature if tool_list == "signatures" else str
+    return f"task : {task.prompt} tools : {' '.join(show(t) for t in task.data['tools'])}"
 
 
 def normalize_answer(text: str) -> str:
@@ -79,7 +84,7 @@ class QuickstartEnv:
         self._steps = 0
         self._terms: list[dict[str, float]] = []
         self._done = False
-        return reset_observation(task)
+        return reset_observation(task, self.config.tool_list)
 
     @property
     def state(self) -> dict:
