@@ -68,9 +68,16 @@ class TrainState:
           optimizer: defaults to ``make_optimizer(config)``; must be the one passed to
             ``make_update_step``.
           ref_params: reference parameters (only needed when the recipe uses KL and batches
-            do not bring ``ref_logprobs``).
+            do not bring ``ref_logprobs``); copied.
+
+        The update step donates the state: arrays of ``params`` are owned by the state from
+        here on (copy them first if you need them after the first update).
         """
         tx = optimizer or make_optimizer(config)
+        if ref_params is not None:
+            # The state is donated to the update step: the reference must own its buffers even
+            # when the caller passes the policy's own parameters as the reference.
+            ref_params = jax.tree.map(jnp.copy, ref_params)
         rng, lora_key = jax.random.split(rng)
         if config.lora_rank > 0:
             adapters = init_lora(params, config.lora_rank, config.lora_targets, lora_key)

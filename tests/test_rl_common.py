@@ -1,0 +1,62 @@
+"""Shared helpers for the RL tests (no tests here): a tiny model and on-policy batches."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxagent.models import ModelConfig, init_model
+from jaxagent.rl.losses import token_logprobs_and_entropy
+from jaxagent.rl.update import model_apply_fn
+from jaxagent.types import TokenBatch
+
+
+def tiny_model(seed=0, **overrides):
+    """(apply_fn, params) of a very small jaxagent LM (vocab 128, D 64, 2 layers); the params
+    are a fresh copy (update steps donate them), the model is built once per process."""
+    apply_fn, params = _tiny_model(seed, tuple(sorted(overrides.items())))
+    return apply_fn, copy_tree(params)
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_model(seed, overrides):
+    graphdef, params = init_model(ModelConfig.test(**dict(overrides)), jax.random.key(seed))
+    return model_apply_fn(graphdef), params
+
+
+def on_policy_batch(apply_fn, params, batch_size=16, seq_len=12, prompt_len=4, group=4, seed=1,
+                    vocab=128, with_values=False):
+    """Random token rows with ragged right padding, loss on the completion, old log-probs from
+    the current params (so the first update is on-policy), 0/1 rewards, groups of ``group``."""
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    tokens = jax.random.randint(k1, (batch_size, seq_len), 0, vocab)
+    lengths = jax.random.randint(k2, (batch_size,), prompt_len + 2, seq_len + 1)
+    t = jnp.arange(seq_len)[None, :]
+    seg = (t < lengths[:, None]).astype(jnp.int32)
+    pos = jnp.broadcast_to(t, (batch_size, seq_len)).astype(jnp.int32)
+    mask = ((t >= prompt_len) & (seg > 0)).astype(jnp.float32)
+    lp, values = _logprobs_values(apply_fn, params, tokens, pos, seg)
+    rewards = jax.random.bernoulli(k3, 0.5, (batch_size,)).astype(jnp.float32)
+    extra = {}
+    if with_values:
+        v = jnp.concatenate([jnp.zeros((batch_size, 1)), values[:, :-1]], axis=1)
+        extra = dict(values=v * mask)
+    return TokenBatch(tokens=tokens, positions=pos, segment_ids=seg, loss_mask=mask,
+                      old_logprobs=lp * mask, advantages=jnp.zeros_like(mask), rewards=rewards,
+                      group_ids=jnp.arange(batch_size) // group,
+                      turn_ids=jnp.where(mask > 0, 0, -1).astype(jnp.int32), **extra)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logprobs_values(apply_fn, params, tokens, pos, seg):
+    logits, values = apply_fn(params, tokens, pos, seg)
+    return token_logprobs_and_entropy(logits, tokens)[0], values
+
+
+def copy_tree(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
+def max_abs_diff(a, b):
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
