@@ -33,7 +33,40 @@ _HEADER = struct.Struct("<Q")
 # ----------------------------------------------------------------------------- host side
 
 
-def split_check(test_source: str, check_name: str = "check") -> dict:
+class _Calls(ast.NodeVisitor):
+    """Collects ``candidate(...)`` calls in evaluation order; ``ok`` stays True only if every
+    call has literal arguments and is evaluated exactly once, in order (no loop, comprehension,
+    lambda, nested function or conditional expression around it)."""
+
+    def __init__(self, names):
+        self.names, self.calls, self.ok = names, [], True
+
+    def visit_Call(self, node):
+        if isinstance(node.func, ast.Name) and node.func.id in self.names:
+            try:
+                args = tuple(ast.literal_eval(a) for a in node.args)
+                kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+                if len(kwargs) != len(node.keywords):
+                    raise ValueError("**kwargs")
+                self.calls.append((args, kwargs))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                self.ok = False
+            return
+        self.generic_visit(node)
+
+    def _dynamic(self, node):
+        before = len(self.calls)
+        ok = self.ok
+        self.generic_visit(node)
+        if len(self.calls) != before or self.ok != ok:
+            self.ok = False
+
+    visit_For = visit_While = visit_ListComp = visit_SetComp = visit_DictComp = _dynamic
+    visit_GeneratorExp = visit_Lambda = visit_FunctionDef = visit_IfExp = visit_If = _dynamic
+    visit_Try = visit_With = _dynamic
+
+
+def split_check(test_source: str, check_name: str = "check", entry_point: str | None = None) -> dict:
     """Splits HumanEval-style test code into setup and independently scored units.
 
     Args:
@@ -43,7 +76,10 @@ def split_check(test_source: str, check_name: str = "check") -> dict:
     Returns:
       dict with ``module`` (the source minus ``check``), ``units``: list of
       ``(is_test, source)`` in order, where ``is_test`` is True for statements containing an
-      ``assert`` whose test is not a constant (``assert True`` scores nothing).
+      ``assert`` whose test is not a constant (``assert True`` scores nothing), and ``calls``:
+      the ``(args, kwargs)`` of every call to the candidate in evaluation order when all of
+      them have literal arguments and run unconditionally (sent to the candidate ahead of
+      time, saving a round trip per call), else None.
     """
     tree = ast.parse(test_source)
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == check_name]
@@ -66,7 +102,21 @@ def split_check(test_source: str, check_name: str = "check") -> dict:
         units.append((is_test, ast.unparse(stmt)))
     if not any(is_test for is_test, _ in units):
         raise ValueError(f"`{check_name}` contains no assert on the candidate: nothing to score")
-    return {"module": ast.unparse(module), "units": units}
+    visitor = _Calls({"candidate", entry_point} - {None})
+    for stmt in check.body:
+        visitor.visit(stmt)
+    calls = visitor.calls if visitor.ok and visitor.calls else None
+    return {"module": ast.unparse(module), "units": units, "calls": calls}
+
+
+def compile_spec(spec: dict, prelude: str) -> dict:
+    """Adds ``code``: the marshalled code objects of prelude, module and units (compiled on
+    the host once per problem, so the harness only executes them)."""
+    import marshal
+
+    codes = [compile(prelude, "<prompt>", "exec"), compile(spec["module"], "<tests>", "exec"),
+             [compile(src, "<test>", "exec") for _, src in spec["units"]]]
+    return {**spec, "code": marshal.dumps(codes)}
 
 
 # ----------------------------------------------------------------------------- framing
@@ -146,16 +196,18 @@ def serve(code: str, path: str, entry_point: str, req_fd: int, rep_fd: int) -> N
         msg = recv_frame(req_fd)
         if msg is None:
             return
-        args, kwargs = pickle.loads(msg)
-        try:
-            out = fn(*args, **kwargs)
+        calls = pickle.loads(msg)  # a list: several calls sent ahead, answered one by one
+        for args, kwargs in calls:
             try:
-                payload = pickle.dumps(("ok", out), 5)
-            except Exception as e:  # noqa: BLE001
-                payload = pickle.dumps(("raise", "TypeError", f"unserialisable return: {e}"), 5)
-        except BaseException as e:  # noqa: BLE001
-            payload = pickle.dumps(("raise", type(e).__name__, str(e)[:500]), 5)
-        send_frame(rep_fd, payload)
+                out = fn(*args, **kwargs)
+                try:
+                    payload = pickle.dumps(("ok", out), 5)
+                except Exception as e:  # noqa: BLE001
+                    payload = pickle.dumps(("raise", "TypeError", f"unserialisable return: {e}"),
+                                           5)
+            except BaseException as e:  # noqa: BLE001
+                payload = pickle.dumps(("raise", type(e).__name__, str(e)[:500]), 5)
+            send_frame(rep_fd, payload)
 
 
 # ----------------------------------------------------------------------------- harness
@@ -174,19 +226,41 @@ class _Stub:
         self.req_fd, self.rep_fd, self.deadline = req_fd, rep_fd, deadline
         self.last = None
         self.memory = False
+        self.ahead = []  # pickled (args, kwargs) of calls sent ahead, not yet consumed
 
-    def __call__(self, *args, **kwargs):
-        call = ", ".join([repr(a)[:80] for a in args] + [f"{k}={v!r}"[:80] for k, v in kwargs.items()])
+    def send_ahead(self, calls):
+        if calls:
+            self._send(calls)
+            self.ahead = [pickle.dumps(c, 5) for c in calls]
+
+    def _send(self, calls):
         try:
-            send_frame(self.req_fd, pickle.dumps((args, kwargs), 5))
+            send_frame(self.req_fd, pickle.dumps(calls, 5))
         except BrokenPipeError:
             raise CandidateGone("the candidate process exited") from None
+
+    def _recv(self):
         try:
             data = recv_frame(self.rep_fd, self.deadline)
         except ValueError as e:
             raise CandidateGone(str(e)) from None
         if data is None:
             raise CandidateGone("the candidate process exited during a call")
+        return data
+
+    def __call__(self, *args, **kwargs):
+        call = ", ".join([repr(a)[:80] for a in args] + [f"{k}={v!r}"[:80] for k, v in kwargs.items()])
+        key = pickle.dumps((args, kwargs), 5)
+        # A call sent ahead answers in order; calls the test skipped (short-circuit) are
+        # read and dropped. Anything else is asked live once the ahead answers are drained.
+        hit = self.ahead.index(key) if key in self.ahead else None
+        skip = hit if hit is not None else len(self.ahead)
+        for _ in range(skip):
+            self._recv()
+        self.ahead = self.ahead[skip + 1:] if hit is not None else []
+        if hit is None:
+            self._send([(args, kwargs)])
+        data = self._recv()
         try:
             reply = loads_plain(data)
         except Exception as e:  # noqa: BLE001 - malformed or non-plain reply
@@ -235,24 +309,32 @@ def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
         report["memory"] = bool(ready) and ready[1] == "MemoryError"
         report["units"] = [{"src": s, "ok": False, "error": reason} for s in tests]
         return report
-    stub = _Stub(req_fd, rep_fd, deadline)
+    import marshal
+
     ns = {"__name__": "__harness__"}
+    prelude_code, module_code, unit_codes = marshal.loads(spec["code"])
+    stub = _Stub(req_fd, rep_fd, deadline)
     try:
-        exec(compile(spec.get("prelude", ""), "<prompt>", "exec"), ns)
-        exec(compile(spec["module"], "<tests>", "exec"), ns)
+        stub.send_ahead(spec.get("calls"))
+    except CandidateGone as e:
+        report["crashed"] = True
+        stop = f"not run: {e}"
+    try:
+        exec(prelude_code, ns)
+        exec(module_code, ns)
     except Exception as e:  # noqa: BLE001 - broken task data, not the candidate's fault
         report["harness_error"] = f"test setup failed: {type(e).__name__}: {e}"
         stop = report["harness_error"]
     # HumanEval tests sometimes call the solution by its own name, not via `candidate`.
     ns["candidate"] = ns[spec["entry_point"]] = stub
-    for is_test, src in spec["units"]:
+    for (is_test, src), code in zip(spec["units"], unit_codes):
         if stop is not None:
             if is_test:
                 report["units"].append({"src": src, "ok": False, "error": stop})
             continue
         stub.last = None
         try:
-            exec(compile(src, "<test>", "exec"), ns)
+            exec(code, ns)
             error = None
         except TimeoutError:
             report["timed_out"], error = True, "timeout: the candidate did not answer in time"

@@ -78,6 +78,17 @@ def build_root(job: dict) -> None:
     os.chdir("/")
 
 
+def fresh_workdir(job: dict) -> None:
+    """Without namespaces: an empty working directory under the host's job directory."""
+    import shutil
+
+    workdir = os.path.join(job["jobs_dir"], job["name"], "work")
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.mkdir(workdir, 0o700)
+    if os.geteuid() == 0:
+        os.chown(workdir, job["uid"], job["uid"])
+
+
 def fresh_tmp(config: dict) -> None:
     """A new, empty tmpfs on /tmp (the candidate's working directory) for every job."""
     if os.path.ismount("/tmp"):
@@ -134,11 +145,7 @@ def candidate(job, fds, keep) -> None:
             except OSError:
                 pass
     if not job["namespaces"]:
-        workdir = os.path.join(job["jobs_dir"], job["name"], "work")
-        os.mkdir(workdir, 0o700)
-        if os.geteuid() == 0:
-            os.chown(workdir, job["uid"], job["uid"])
-        os.chdir(workdir)
+        os.chdir(os.path.join(job["jobs_dir"], job["name"], "work"))
     if job["namespaces"]:
         os.chdir("/tmp")
         # a private System V / POSIX IPC namespace per job: nothing can be left for the next

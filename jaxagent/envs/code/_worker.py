@@ -164,6 +164,8 @@ class Server:
                "job": self.counter}
         if self.ns:
             iso.fresh_tmp(self.config)
+        else:
+            iso.fresh_workdir(job)
         if job["mode"] == "tests" and self.h_pid is None:
             self.start_harness()
         fds = self.open_files(job)

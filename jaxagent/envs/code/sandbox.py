@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
+import functools
 import json
 import os
 import pickle
@@ -132,10 +132,23 @@ class TestSpec:
     test_source: str
     prelude: str = ""
 
-    def compiled(self) -> dict:
-        spec = _harness.split_check(self.test_source)
-        spec["prelude"] = self.prelude
-        return spec
+    def compiled(self) -> bytes:
+        """The pickled harness spec (units, calls sent ahead, code objects); cached."""
+        return _compile_spec(self)[0]
+
+    @property
+    def num_tests(self) -> int:
+        """Number of scored units (statements of ``check`` with a non-constant assert)."""
+        return _compile_spec(self)[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile_spec(tests: TestSpec) -> tuple[bytes, int]:
+    # Cached per problem: RL samples each problem many times, and the spec never changes.
+    spec = _harness.split_check(tests.test_source, entry_point=tests.entry_point)
+    spec = _harness.compile_spec(spec, tests.prelude)
+    spec["entry_point"] = tests.entry_point
+    return pickle.dumps(spec, 5), sum(is_test for is_test, _ in spec["units"])
 
 
 def _truncate(data: bytes, limit: int) -> str:
@@ -162,8 +175,8 @@ def _read_capped(path: str, limit: int) -> str:
 class _Worker:
     """One warm worker process; serves one job at a time."""
 
-    def __init__(self, isolation: str, config_fn):
-        self.isolation, self.config_fn = isolation, config_fn
+    def __init__(self, isolation: str, config_fn, index: int):
+        self.isolation, self.config_fn, self.index = isolation, config_fn, index
         self.start()
 
     def start(self):
@@ -226,10 +239,10 @@ class Sandbox:
         self._jobs_dir = tempfile.mkdtemp(prefix="jaxagent-sbx-", dir="/dev/shm" if os.access(
             "/dev/shm", os.W_OK) else None)
         os.mkdir(os.path.join(self._jobs_dir, "mnt"))
-        self._counter = itertools.count()
         self._workers = []
         for i in range(num_workers):
-            self._workers.append(_Worker(self.config.isolation, self._worker_config))
+            self._workers.append(_Worker(self.config.isolation, self._worker_config, i))
+            os.mkdir(os.path.join(self._jobs_dir, f"w{i}"), 0o700)
             self._idle.put(self._workers[-1])
         w = self._workers[0]
         self.namespaces = w.namespaces
@@ -274,7 +287,7 @@ class Sandbox:
     # -- internals
     def _worker_config(self, worker: _Worker) -> dict:
         cfg = self.config
-        uid = self._uid_base + 2 * len(self._workers)
+        uid = self._uid_base + 2 * worker.index
         ns = worker.namespaces
         return {
             "jobs_dir": self._jobs_dir, "timeout_s": cfg.timeout_s,
@@ -288,43 +301,36 @@ class Sandbox:
         }
 
     def _run(self, worker: _Worker, code: str, tests) -> SandboxResult:
-        spec = None
-        if tests is not None:
-            spec = tests.compiled() if isinstance(tests, TestSpec) else dict(tests)
-            spec["entry_point"] = tests.entry_point if isinstance(tests, TestSpec) else tests[
-                "entry_point"]
-        name = f"j{next(self._counter)}"
+        if isinstance(tests, dict):
+            tests = TestSpec(**tests)
+        if tests is not None and not isinstance(tests, TestSpec):
+            raise TypeError(f"tests={tests!r} is invalid: pass a TestSpec (or None to run code)")
+        name = f"w{worker.index}"  # each worker reuses its own job directory
         workroot = os.path.join(self._jobs_dir, name)
-        os.mkdir(workroot, 0o700)
+        data = code.encode("utf-8")
+        with open(os.path.join(workroot, "solution.py"), "wb") as f:
+            f.write(data)
+        if tests is not None:
+            with open(os.path.join(workroot, "tests.pkl"), "wb") as f:
+                f.write(tests.compiled())
+        job = {"name": name, "mode": "tests" if tests else "run", "code_bytes": len(data),
+               "entry_point": tests and tests.entry_point}
         try:
-            data = code.encode("utf-8")
-            with open(os.path.join(workroot, "solution.py"), "wb") as f:
-                f.write(data)
-            tests_bytes = 0
-            if spec is not None:
-                blob = pickle.dumps(spec, 5)
-                tests_bytes = len(blob)
-                with open(os.path.join(workroot, "tests.pkl"), "wb") as f:
-                    f.write(blob)
-            job = {"name": name, "mode": "tests" if spec else "run", "code_bytes": len(data),
-                   "tests_bytes": tests_bytes, "entry_point": spec and spec["entry_point"]}
-            try:
-                rep = worker.request(job, self.config.timeout_s + 30.0)
-            except (RuntimeError, OSError, ValueError) as e:
-                worker.kill()
-                worker.proc.wait()
-                worker.start()
-                return self._error(f"sandbox worker failed: {e}")
-            stdout = _read_capped(os.path.join(workroot, "stdout"), self.config.max_output_bytes)
-            stderr = _read_capped(os.path.join(workroot, "stderr"), self.config.max_output_bytes)
-        finally:
-            shutil.rmtree(workroot, ignore_errors=True)
-        return self._classify(rep, spec, stdout, stderr)
+            rep = worker.request(job, self.config.timeout_s + 30.0)
+        except (RuntimeError, OSError, ValueError) as e:
+            worker.kill()
+            worker.proc.wait()
+            worker.start()
+            return self._error(f"sandbox worker failed: {e}")
+        stdout = _read_capped(os.path.join(workroot, "stdout"), self.config.max_output_bytes)
+        stderr = _read_capped(os.path.join(workroot, "stderr"), self.config.max_output_bytes)
+        total = tests.num_tests if tests is not None else 0
+        return self._classify(rep, total, stdout, stderr)
 
     def _error(self, detail: str) -> SandboxResult:
         return SandboxResult("error", None, None, 0.0, self.isolation, "", "", detail=detail)
 
-    def _classify(self, rep: dict, spec, stdout: str, stderr: str) -> SandboxResult:
+    def _classify(self, rep: dict, total: int, stdout: str, stderr: str) -> SandboxResult:
         base = dict(duration_s=float(rep.get("duration_s", 0.0)), isolation=self.isolation,
                     stdout=stdout, stderr=stderr)
         if "error" in rep:
@@ -333,13 +339,12 @@ class Sandbox:
             return SandboxResult("timeout", None, signal.SIGKILL, detail=(
                 f"wall-clock limit of {self.config.timeout_s}s exceeded"), **base)
         code, sig = _decode_wait(rep.get("wait_status"))
-        if spec is None:
+        if rep.get("report") is None and not total:
             status, detail = _run_status(code, sig, self.config)
             return SandboxResult(status, code, sig, detail=detail, **base)
         report = rep.get("report") or {}
         units = tuple(report.get("units", ()))
         passed = sum(bool(u["ok"]) for u in units)
-        total = sum(1 for is_test, _ in spec["units"] if is_test)
         first = next((u for u in units if not u["ok"]), None)
         detail = ""
         if report.get("harness_error"):
