@@ -7,7 +7,7 @@ MuJoCo bindings release the GIL inside ``mj_step``, so the physics runs in paral
 formulas on top are vectorised numpy (``tasks.py``).
 
 Two engines:
-  ``engine="exact"`` (default): as above; identical to Gymnasium (tested step by step).
+  ``engine="exact"`` (default): as above; bitwise identical to Gymnasium (tested step by step).
   ``engine="rollout"``: one ``mujoco.rollout`` call steps the whole batch in MuJoCo's C thread
     pool (no Python per env). Faster, but ``mujoco.rollout`` restarts every call from a state
     vector WITHOUT the solver warm start (``qacc_warmstart`` is zeroed), so contact solutions
@@ -282,8 +282,9 @@ class MujocoVectorEnv:
             self._rollout_step(np.flatnonzero(self._active))
         else:
             self._team.run(self._step_one, self.num_envs)
-        for i in np.flatnonzero(resetting):
-            self._reset_one(i, None)
+        if resetting.any():
+            for i in np.flatnonzero(resetting):
+                self._reset_one(i, None)
         r = self._readings(actions, pos_before)
         obs = self.spec.observe(r)
         reward = self.spec.reward(r).astype(np.float64)
