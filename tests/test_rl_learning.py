@@ -1,0 +1,71 @@
+"""Smoke tests that learn: GRPO and LOOP raise a rule reward from a tiny random policy.
+
+The reward is the fraction of completion tokens equal to a target token (about 1 / vocab for
+the random policy). Each iteration samples K completions per prompt with jaxagent's sampler,
+packs a TokenBatch (loss only on the sampled tokens) and runs one update step.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.generate import Sampler, SamplingConfig
+from jaxagent.models import ModelConfig, init_model
+from jaxagent.rl.recipes import get_recipe
+from jaxagent.rl.train_state import TrainState
+from jaxagent.rl.update import make_update_step, model_apply_fn
+from jaxagent.types import TokenBatch
+
+VOCAB, TARGET, PROMPT, NEW, TASKS, K = 32, 5, 4, 8, 4, 8
+
+
+def pack(prompts, out):
+    """Prompt [B, P] + sampled completion [B, N] -> TokenBatch [B, P + N]."""
+    b = prompts.shape[0]
+    tokens = jnp.concatenate([prompts, out.tokens], axis=1)
+    t = PROMPT + NEW
+    gen = jnp.arange(NEW)[None, :] < out.lengths[:, None]
+    mask = jnp.concatenate([jnp.zeros((b, PROMPT)), gen.astype(jnp.float32)], axis=1)
+    reward = jnp.sum((out.tokens == TARGET) * gen, axis=1) / NEW
+    return TokenBatch(
+        tokens=tokens, positions=jnp.broadcast_to(jnp.arange(t), (b, t)).astype(jnp.int32),
+        segment_ids=jnp.ones((b, t), jnp.int32), loss_mask=mask,
+        old_logprobs=jnp.concatenate([jnp.zeros((b, PROMPT)), out.logprobs], axis=1) * mask,
+        advantages=jnp.zeros((b, t)), rewards=reward.astype(jnp.float32),
+        group_ids=jnp.repeat(jnp.arange(TASKS), K), turn_ids=jnp.zeros((b, t), jnp.int32))
+
+
+def train(recipe, iterations, **overrides):
+    graphdef, params = init_model(ModelConfig.test(vocab_size=VOCAB, num_layers=1), jax.random.key(0))
+    config = get_recipe(recipe, minibatch_size=TASKS * K, **overrides)
+    ref = params if config.needs_reference else None
+    state = TrainState.create(jax.tree.map(jnp.copy, params), config, jax.random.key(1),
+                              ref_params=ref)
+    update = make_update_step(config, model_apply_fn(graphdef))
+    sampler = Sampler(graphdef)
+    sampling = SamplingConfig(max_new_tokens=NEW)
+    prompts = jax.random.randint(jax.random.key(2), (TASKS, PROMPT), 0, VOCAB)
+    prompts = jnp.repeat(prompts, K, axis=0)  # [TASKS * K, PROMPT], K samples per task
+    key = jax.random.key(3)
+    rewards = []
+    for _ in range(iterations):
+        key, k = jax.random.split(key)
+        out = sampler(state.model_params(), np.asarray(prompts).tolist(), sampling, k)
+        batch = pack(prompts, out)
+        rewards.append(float(batch.rewards.mean()))
+        state, metrics = update(state, batch)
+        assert np.isfinite(float(metrics["loss/total"]))
+    return rewards
+
+
+@pytest.mark.parametrize("recipe,overrides", [
+    ("grpo", dict(learning_rate=2e-3)),
+    ("loop", dict(learning_rate=2e-3, lora_rank=0)),
+])
+def test_rl_raises_rule_reward(recipe, overrides):
+    rewards = train(recipe, 24, **overrides)
+    start, end = np.mean(rewards[:3]), np.mean(rewards[-5:])
+    print(recipe, [round(r, 3) for r in rewards])
+    assert start < 0.15
+    assert end > start + 0.3, rewards
