@@ -37,8 +37,10 @@ def test_faults_no_episode_lost_and_counters_match(backend):
     # 200 episodes over 16 envs, per call: 10% hangs, 5% crashes, 5% corrupt returns.
     log = FaultLog.create()
     faults = FaultConfig(hang=0.10, crash=0.05, corrupt=0.05, seed=7, hang_s=30.0)
+    # 2 s: short enough for a fast test, far above a normal call (~1 ms; < 0.7 s seen on a
+    # loaded 2-core machine), so that every timeout is an injected hang.
     config = PoolConfig(
-        num_envs=16, backend=backend, step_timeout_s=1.0, reset_timeout_s=1.0,
+        num_envs=16, backend=backend, step_timeout_s=2.0, reset_timeout_s=2.0,
         max_retries=2, backoff_s=0.01, seed=3,
     )
     with EnvPool(FaultyEnvFactory(FakeToolEnvFactory(episode_len=3), faults, log), config) as pool:
