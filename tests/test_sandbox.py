@@ -181,6 +181,23 @@ def test_no_network(sandbox):
         abstract.close()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="IPC limits need the namespaced sandbox")
+def test_no_ipc_objects_can_outlive_a_job(sandbox):
+    # System V / POSIX IPC objects survive their creator; the sandbox allows none at all.
+    code = "\n".join([
+        "import ctypes, ctypes.util, os",
+        "libc = ctypes.CDLL(None, use_errno=True)",
+        "print('shm', libc.shmget(0, 4096, 0o1000 | 0o600))",
+        "print('msg', libc.msgget(0, 0o1000 | 0o600))",
+        "print('sem', libc.semget(0, 1, 0o1000 | 0o600))",
+        "rt = ctypes.CDLL('librt.so.1', use_errno=True)",
+        "print('mq', rt.mq_open(b'/jaxagent', os.O_CREAT | os.O_RDWR, 0o600, None))",
+    ])
+    r = sandbox.run(code)
+    assert r.status == "passed", r
+    assert r.stdout.split() == ["shm", "-1", "msg", "-1", "sem", "-1", "mq", "-1"], r.stdout
+
+
 def test_printing_a_gigabyte_is_cut_off(sandbox):
     code = ("import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n"
             "    sys.stdout.write(chunk)\nprint('FINISHED')\n")

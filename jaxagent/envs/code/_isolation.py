@@ -89,11 +89,33 @@ def fresh_workdir(job: dict) -> None:
         os.chown(workdir, job["uid"], job["uid"])
 
 
+def forbid_ipc() -> None:
+    """In the sandbox's own IPC namespace, allow no System V or POSIX IPC object at all, so
+    no job can leave one behind for the next (these limits are per IPC namespace)."""
+    for path, value in (("kernel/shmmni", "0"), ("kernel/msgmni", "0"),
+                        ("kernel/sem", "0 0 0 0"), ("fs/mqueue/queues_max", "0")):
+        with open(f"/proc/sys/{path}", "w") as f:
+            f.write(value)
+
+
 def fresh_tmp(config: dict) -> None:
-    """A new, empty tmpfs on /tmp (the candidate's working directory) for every job."""
+    """An empty /tmp (the candidate's working directory, a tmpfs) for every job.
+
+    The common case (only the solution file, ownership and mode untouched) just unlinks it;
+    anything else gets a brand-new tmpfs.
+    """
+    uid = config["uid"]
+    try:
+        st = os.lstat("/tmp")
+        if (os.path.ismount("/tmp") and st.st_mode == 0o40700 and st.st_uid == uid
+                and st.st_gid == uid and os.listdir("/tmp") in ([], ["solution.py"])):
+            if os.path.lexists("/tmp/solution.py"):
+                os.unlink("/tmp/solution.py")
+            return
+    except OSError:
+        pass
     if os.path.ismount("/tmp"):
         _check(_libc.umount2(b"/tmp", MNT_DETACH), "umount /tmp")
-    uid = config["uid"]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={config['tmpfs_mb']}m,mode=700,uid={uid},gid={uid}")
 
@@ -148,8 +170,6 @@ def candidate(job, fds, keep) -> None:
         os.chdir(os.path.join(job["jobs_dir"], job["name"], "work"))
     if job["namespaces"]:
         os.chdir("/tmp")
-        # a private System V / POSIX IPC namespace per job: nothing can be left for the next
-        _check(_libc.unshare(CLONE_NEWIPC), "unshare ipc")
     else:
         os.setpgid(0, 0)  # its own process group, killed as a whole after the job
     limit(job, candidate=True)

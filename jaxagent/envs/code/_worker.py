@@ -119,6 +119,7 @@ class Server:
         self.base_fd = os.open(config["jobs_dir"], os.O_RDONLY | os.O_DIRECTORY)
         if self.ns:
             iso.build_root(config)
+            iso.forbid_ipc()
         self.h_pid = None
         self.counter = 0
 
@@ -227,36 +228,51 @@ class Server:
         return None
 
     def cleanup(self, pid: int) -> None:
-        """SIGKILL every process of the candidate (its uid, or without namespaces its group)."""
-        if not self.ns:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self._reap()
-            return
-        uid = str(self.config["uid"])
-        while True:
-            victims = []
-            for entry in os.listdir("/proc"):
-                if entry.isdigit():
-                    try:
-                        with open(f"/proc/{entry}/status", "rb") as f:
-                            for line in f:
-                                if line.startswith(b"Uid:"):
-                                    if line.split()[1].decode() == uid:
-                                        victims.append(int(entry))
-                                    break
-                    except OSError:
-                        continue
+        """SIGKILL every process of the candidate (its uid, or without namespaces its group)
+        and wait until each is dead, so nothing the code started outlives the job."""
+        try:
+            os.killpg(pid, signal.SIGKILL) if not self.ns else os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        while self.ns:  # anything it forked: all in P's pid namespace, all with its uid
+            victims = self._candidate_pids()
+            if not victims:
+                break
+            pidfds = []
             for victim in victims:
                 try:
+                    pidfds.append(os.pidfd_open(victim))
                     os.kill(victim, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            self._reap()
-            if not victims:
-                return
+            deadline = time.monotonic() + 2.0
+            while pidfds and time.monotonic() < deadline:  # pidfd readable = process exited
+                done = select.select(pidfds, [], [], deadline - time.monotonic())[0]
+                for fd in done:
+                    os.close(fd)
+                    pidfds.remove(fd)
+                self._reap()
+            for fd in pidfds:
+                os.close(fd)
+        self._reap()
+
+    def _candidate_pids(self) -> list[int]:
+        uid, found = str(self.config["uid"]).encode(), []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) > 1:
+                try:
+                    with open(f"/proc/{entry}/status", "rb") as f:
+                        fields = dict(line.split(b":", 1) for line in f if b":" in line)
+                except OSError:
+                    continue
+                if fields[b"Uid"].split()[0] == uid and not fields[b"State"].strip().startswith(
+                        b"Z"):
+                    found.append(int(entry))
+        return found
 
     def _reap(self) -> None:
         """As pid 1, collect every exited child and orphan (never the harness while alive)."""
