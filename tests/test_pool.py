@@ -210,3 +210,26 @@ def test_idle_worker_death_is_answered_at_the_next_send_and_abandon_is_silent():
         pool.send([0], ["call 0"])
         (r,) = pool.recv()
         assert r.env_id == 0 and not r.done  # the restarted worker serves the new episode
+
+
+def _scripted_policy(obs):
+    # FakeToolEnv says "result <t> of <task>" after step t-1; the right next action is "call <t>".
+    return f"call {int(obs.split()[1])}" if obs.startswith("result") else "call 0"
+
+
+def test_health_check_passes_and_flags_timeouts_sized_below_the_env_latency():
+    from jaxagent.pool.health_check import run_health_check
+
+    tasks = [Task(f"t{i}", "train", "p") for i in range(48)]
+    cfg = PoolConfig(num_envs=8, step_timeout_s=1.0, reset_timeout_s=1.0, backoff_s=0.0)
+    faults = FaultConfig(hang=0.1, crash=0.05, corrupt=0.05, seed=4, hang_s=20.0)
+    report = run_health_check(FakeToolEnvFactory(), tasks, _scripted_policy, cfg, faults)
+    assert report.ok, report.summary()
+    assert report.episodes_out == 48 and report.env_error_episodes > 0
+    assert all(r.reward == 1.0 for r in report.finals if not r.env_error)
+    # "slow" calls (0.3 s) against a 0.1 s timeout: timeouts no injected hang explains.
+    slow = FaultConfig(slow=0.2, slow_s=0.3, seed=4)
+    tight = PoolConfig(num_envs=8, step_timeout_s=0.1, reset_timeout_s=0.1, max_retries=0)
+    bad = run_health_check(FakeToolEnvFactory(), tasks[:16], _scripted_policy, tight, slow)
+    assert not bad.ok and not bad.counters_match and bad.health["timeouts"] > 0
+    assert "FAILED" in bad.summary()

@@ -10,6 +10,7 @@ from jaxagent.pool.array_pool import ArrayBatch, ArrayEnvPool
 from jaxagent.pool.collate import Collated, collate, pick_bucket
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.health import Health
+from jaxagent.pool.health_check import HealthReport, run_health_check
 from jaxagent.pool.pool import EnvPool, PoolStep, episode_seed
 
 __all__ = [
@@ -20,11 +21,13 @@ __all__ = [
     "DevicePrefetcher",
     "EnvPool",
     "Health",
+    "HealthReport",
     "PoolConfig",
     "PoolStep",
     "collate",
     "episode_seed",
     "pick_bucket",
+    "run_health_check",
 ]
 
 
