@@ -198,6 +198,26 @@ def test_no_ipc_objects_can_outlive_a_job(sandbox):
     assert r.stdout.split() == ["shm", "-1", "msg", "-1", "sem", "-1", "mq", "-1"], r.stdout
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers below are x86_64")
+def test_seccomp_refuses_keyrings_and_namespaces_but_not_fork_or_threads(sandbox):
+    # the per-uid kernel keyring outlives processes: it would be a channel between jobs
+    code = "\n".join([
+        "import ctypes, os, threading",
+        "libc = ctypes.CDLL(None, use_errno=True)",
+        "print('keyctl', libc.syscall(250, 0, 0), ctypes.get_errno())",
+        "print('add_key', libc.syscall(248, b'user', b'k', b'v', 1, -4), ctypes.get_errno())",
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())",
+        "pid = os.fork()",
+        "if pid == 0:\n    os._exit(7)",
+        "print('fork', os.waitpid(pid, 0)[1] >> 8)",
+        "t = threading.Thread(target=lambda: print('thread ok'))\nt.start()\nt.join()",
+    ])
+    r = sandbox.run(code)
+    assert r.status == "passed", r
+    assert r.stdout.splitlines() == ["keyctl -1 1", "add_key -1 1", "unshare -1 1", "fork 7",
+                                     "thread ok"], r.stdout
+
+
 def test_printing_a_gigabyte_is_cut_off(sandbox):
     code = ("import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n"
             "    sys.stdout.write(chunk)\nprint('FINISHED')\n")

@@ -140,6 +140,56 @@ def drop_privileges(uid: int) -> None:
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
+# Syscalls refused to the candidate by a seccomp filter (after no_new_privs). Keyrings are
+# per-uid kernel state that outlives processes (a channel between jobs of the same uid);
+# namespaces, ptrace, bpf, perf, userfaultfd and io_uring are kernel attack surface the code
+# never needs. clone is allowed only without namespace flags; clone3 (whose flags a filter
+# cannot read) answers ENOSYS, so libc falls back to clone.
+_SYSCALLS = {  # machine: (audit arch, {name: nr})
+    "x86_64": (0xC000003E, {"ptrace": 101, "add_key": 248, "request_key": 249, "keyctl": 250,
+                            "unshare": 272, "setns": 308, "bpf": 321, "perf_event_open": 298,
+                            "userfaultfd": 323, "io_uring_setup": 425, "clone": 56,
+                            "clone3": 435}),
+    "aarch64": (0xC00000B7, {"ptrace": 117, "add_key": 217, "request_key": 218, "keyctl": 219,
+                             "unshare": 97, "setns": 268, "bpf": 280, "perf_event_open": 241,
+                             "userfaultfd": 282, "io_uring_setup": 425, "clone": 220,
+                             "clone3": 435}),
+}
+_NS_CLONE_FLAGS = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+
+
+def seccomp_filter() -> bool:
+    """Installs the filter in this process (inherited by its children); False if the
+    machine's architecture is not in the table (then only the other limits apply)."""
+    machine = os.uname().machine
+    if machine not in _SYSCALLS:
+        return False
+    arch, nr = _SYSCALLS[machine]
+    ld, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ...
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0)]
+    if machine == "x86_64":  # x32 syscalls (bit 30) bypass the numbers below: refuse them
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
+    for name in ("ptrace", "add_key", "request_key", "keyctl", "unshare", "setns", "bpf",
+                 "perf_event_open", "userfaultfd", "io_uring_setup"):
+        prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, enosys),
+             (jeq, 0, 3, nr["clone"]), (ld, 0, 0, 16),  # low 32 bits of args[0]: the flags
+             (jset, 0, 1, _NS_CLONE_FLAGS), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
+    fprog = Prog(len(prog), filters)
+    _check(_libc.prctl(22, 2, ctypes.byref(fprog), 0, 0), "seccomp")  # PR_SET_SECCOMP, FILTER
+    return True
+
+
 def _block_sockets() -> None:
     """Fallback when no network namespace is available: refuse socket creation in-process."""
     import socket
@@ -174,6 +224,7 @@ def candidate(job, fds, keep) -> None:
         os.setpgid(0, 0)  # its own process group, killed as a whole after the job
     limit(job, candidate=True)
     drop_privileges(job["uid"])
+    seccomp_filter()
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # output/file over the limit: killed
     os.environ.clear()
     os.environ.update(job["env"])
