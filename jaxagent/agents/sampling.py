@@ -6,7 +6,7 @@ observation tokens per row (ragged lengths; ``None`` for rows that are finished)
 next turn of every active row. Each call returns the sampled tokens of each row (ending with a
 stop id when one was produced) and their log-probs under ``softmax(logits / temperature)``
 before top-k / top-p filtering (temperature 1 gives exactly the learner's log-probs; greedy
-reports temperature-1 log-probs).
+reports temperature-1 log-probs), as ``jaxagent.generate.sample_tokens`` defines them.
 
 ``ReferenceSampler`` re-runs a full forward pass over each row's context for every new token:
 no cache, quadratic cost, but simple enough to trust. Tests use it as the reference for the
@@ -22,6 +22,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxagent.generate import SamplingConfig, sample_tokens
 
 
 @dataclasses.dataclass
@@ -52,38 +54,12 @@ class SamplingParams:
     pad_id: int = 0
 
 
-def sample_logits(logits_bv: jax.Array, key: jax.Array, temperature: float, top_k: int,
-                  top_p: float) -> tuple[jax.Array, jax.Array]:
-    """Sample one token per row.
-
-    Args:
-      logits_bv: [B, V] float32 logits.
-      key: PRNG key.
-      temperature, top_k, top_p: static settings (temperature 0 = greedy).
-
-    Returns:
-      (tokens [B] int32, logprobs [B] float32): the log-prob of each token under
-      ``softmax(logits / temperature)`` before filtering (temperature 1 when greedy).
-    """
-    logits_bv = logits_bv.astype(jnp.float32)
-    scaled = logits_bv / (temperature if temperature > 0 else 1.0)
-    logp_bv = jax.nn.log_softmax(scaled, axis=-1)
-    if temperature <= 0:
-        tokens = jnp.argmax(logits_bv, axis=-1)
-    else:
-        filt = scaled
-        if top_k > 0:
-            kth = jax.lax.top_k(filt, top_k)[0][:, -1:]
-            filt = jnp.where(filt < kth, -jnp.inf, filt)
-        if top_p < 1.0:
-            sorted_desc = jnp.sort(filt, axis=-1)[:, ::-1]
-            probs = jax.nn.softmax(sorted_desc, axis=-1)
-            cum_before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each entry
-            cutoff = jnp.min(jnp.where(cum_before < top_p, sorted_desc, jnp.inf), axis=-1)
-            filt = jnp.where(filt < cutoff[:, None], -jnp.inf, filt)
-        tokens = jax.random.categorical(key, filt, axis=-1)
-    tokens = tokens.astype(jnp.int32)
-    return tokens, jnp.take_along_axis(logp_bv, tokens[:, None], axis=-1)[:, 0]
+def to_sampling_config(sampling: SamplingParams) -> SamplingConfig:
+    """The ``jaxagent.generate.SamplingConfig`` of these settings (temperature 0 = greedy)."""
+    return SamplingConfig(max_new_tokens=sampling.max_new_tokens,
+                          temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
+                          top_k=sampling.top_k, top_p=sampling.top_p,
+                          greedy=sampling.temperature <= 0, stop_token_ids=sampling.stop_ids)
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -107,7 +83,8 @@ class ReferenceSampler:
         self.sampling = sampling
         self.max_len = max_len
         self._contexts: list[list[int]] = []
-        self._decode = jax.jit(partial(_reference_decode, logits_fn, sampling))
+        self._decode = jax.jit(partial(_reference_decode, logits_fn,
+                                       to_sampling_config(sampling), sampling.pad_id))
 
     def start(self, params, prompts, key) -> TurnOutput:
         self._contexts = [list(map(int, p)) for p in prompts]
@@ -149,12 +126,12 @@ class ReferenceSampler:
         return out
 
 
-def _reference_decode(logits_fn, sampling: SamplingParams, params, buf_bt, lengths_b,
-                      done_b, key):
+def _reference_decode(logits_fn, sampling: SamplingConfig, pad_id: int, params, buf_bt,
+                      lengths_b, done_b, key):
     """Decode ``max_new_tokens`` with full re-encoding; returns (new [B,N], logp [B,N], n [B])."""
     b, t = buf_bt.shape
     n_new = sampling.max_new_tokens
-    stop = jnp.asarray(sampling.stop_ids or (-1,), jnp.int32)
+    stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
     pos_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
 
     def body(i, carry):
@@ -163,10 +140,10 @@ def _reference_decode(logits_fn, sampling: SamplingParams, params, buf_bt, lengt
         seg = (pos_bt < lengths[:, None]).astype(jnp.int32)
         logits = logits_fn(params, buf, pos_bt, seg)
         last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-        tok, lp = sample_logits(last, sub, sampling.temperature, sampling.top_k, sampling.top_p)
+        tok, lp = sample_tokens(sub, last, sampling)
         write = ~done
         buf = jnp.where(write[:, None] & (pos_bt == lengths[:, None]), tok[:, None], buf)
-        new = new.at[:, i].set(jnp.where(write, tok, sampling.pad_id))
+        new = new.at[:, i].set(jnp.where(write, tok, pad_id))
         logp = logp.at[:, i].set(jnp.where(write, lp, 0.0))
         lengths = lengths + write
         n = n + write

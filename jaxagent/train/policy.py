@@ -71,10 +71,9 @@ def make_turn_sampler(graphdef, sampling: SamplingParams, max_len: int, kind: st
     (re-encodes each row for every token) or "auto" (cached when available)."""
     if kind not in ("auto", "cached", "reference"):
         raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
-    if kind in ("auto", "cached") and model_config is not None:
+    del model_config  # the cached sampler reads it from the graphdef
+    if kind in ("auto", "cached"):
         from jaxagent.agents.cached import CachedTurnSampler
 
-        return CachedTurnSampler(graphdef, sampling, max_len, model_config)
-    if kind == "cached":
-        raise ValueError("the cached sampler needs model_config=")
+        return CachedTurnSampler(graphdef, sampling, max_len)
     return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len)
