@@ -186,6 +186,11 @@ def test_config_errors_name_the_field(kwargs, field):
         FaultConfig(hang=0.6, crash=0.6)
 
 
+def test_process_backend_rejects_an_unpicklable_env_fn():
+    with pytest.raises(ValueError, match="cannot be pickled.*top-level function.*backend='thread'"):
+        EnvPool(lambda i: None, PoolConfig(num_envs=1, backend="process"))
+
+
 def test_idle_worker_death_is_answered_at_the_next_send_and_abandon_is_silent():
     import os
     import signal

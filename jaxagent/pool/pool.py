@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import pickle
 import queue
 import threading
 import time
@@ -102,7 +103,10 @@ class EnvPool:
         self._seq = 0
         self._next_episode = 0
         self._closed = False
-        self._context = make_context(config.start_method) if config.backend == "process" else None
+        self._context = None
+        if config.backend == "process":
+            _check_picklable(env_fn)
+            self._context = make_context(config.start_method)
         self._slots = [_Slot(worker=self._spawn(i, 0)) for i in range(config.num_envs)]
 
     # ------------------------------------------------------------------ public API
@@ -373,6 +377,21 @@ class EnvPool:
     def _truncate(self, text: str) -> str:
         limit = self.config.max_observation_chars
         return text if limit is None else truncate_observation(text, limit)
+
+
+def _check_picklable(env_fn) -> None:
+    try:
+        pickle.dumps(env_fn)
+    except RuntimeError as exc:
+        if "inheritance" not in str(exc):  # shared-memory objects pickle only while spawning
+            raise
+    except Exception as exc:
+        raise ValueError(
+            f"env_fn {env_fn!r} cannot be pickled ({type(exc).__name__}: {exc}); the process "
+            "backend sends it to worker processes: use a top-level function, a "
+            "functools.partial of one, or a dataclass instance (not a lambda or closure), or "
+            "use backend='thread'"
+        ) from exc
 
 
 def _validate(kind: str, value: Any) -> str:
