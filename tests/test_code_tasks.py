@@ -27,8 +27,13 @@ def sandbox():
 
 
 def _check_all(sandbox, tasks, completion=None):
-    jobs = [(assemble_program(t, t.data["canonical_solution"] if completion is None
-                              else completion), hidden_tests(t)) for t in tasks]
+    jobs = [
+        (
+            assemble_program(t, t.data["canonical_solution"] if completion is None else completion),
+            hidden_tests(t),
+        )
+        for t in tasks
+    ]
     return sandbox.map(jobs)
 
 
@@ -44,7 +49,8 @@ def test_humaneval_sample_canonical_pass_and_return_none_fails(sandbox):
     sample = SOURCE.tasks("test")[::8]
     results = _check_all(sandbox, sample)
     assert [r.status for r in results] == ["passed"] * len(sample), [
-        (t.id, r.detail) for t, r in zip(sample, results) if not r.passed]
+        (t.id, r.detail) for t, r in zip(sample, results) if not r.passed
+    ]
     wrong = _check_all(sandbox, sample, "    return None\n")
     assert not any(r.passed for r in wrong)
 
@@ -60,7 +66,8 @@ def test_generated_canonical_pass_and_wrong_fail(sandbox):
     tasks = SOURCE.tasks("train")[:48]
     results = _check_all(sandbox, tasks)
     assert all(r.passed and r.tests_total == 8 for r in results), [
-        (t.id, r.detail) for t, r in zip(tasks, results) if not r.passed]
+        (t.id, r.detail) for t, r in zip(tasks, results) if not r.passed
+    ]
     wrong = _check_all(sandbox, tasks, "    return None\n")
     assert not any(r.passed for r in wrong)
 
@@ -88,22 +95,29 @@ def test_leakage_check_catches_planted_overlaps():
     train = list(SOURCE.tasks("train")[:5])
     copy_prompt = dataclasses.replace(train[0], id="gen/x/1", prompt=he[3].prompt)
     same_name = dataclasses.replace(
-        train[1], id="gen/x/2", data={**train[1].data, "entry_point": he[7].data["entry_point"]})
+        train[1], id="gen/x/2", data={**train[1].data, "entry_point": he[7].data["entry_point"]}
+    )
     he_assert = next(line for line in he[11].data["test"].splitlines() if "assert" in line)
     same_assert = dataclasses.replace(
-        train[2], id="gen/x/3", data={**train[2].data, "test": train[2].data["test"] + he_assert})
-    for bad, what in ((copy_prompt, "13-word prompt span"), (same_name, "entry point"),
-                      (same_assert, "test assertion")):
+        train[2], id="gen/x/3", data={**train[2].data, "test": train[2].data["test"] + he_assert}
+    )
+    for bad, what in (
+        (copy_prompt, "13-word prompt span"),
+        (same_name, "entry point"),
+        (same_assert, "test assertion"),
+    ):
         with pytest.raises(SplitLeakageError, match=what):
             check_no_leakage(train + [bad], he)
 
 
 def test_extract_code_and_assemble():
-    task = Task("t", "train", "def f(x):\n    \"\"\"doc\"\"\"\n", {"entry_point": "f"})
+    task = Task("t", "train", 'def f(x):\n    """doc"""\n', {"entry_point": "f"})
     assert extract_code("text\n```python\na = 1\n```\nmore ```python\nb = 2\n```") == "b = 2\n"
     assert extract_code("def f(x): return x") == "def f(x): return x"
     assert assemble_program(task, "    return x\n").endswith('"""doc"""\n    return x\n')
-    assert assemble_program(task, "def f(x):\n    return x\n").endswith("\ndef f(x):\n    return x\n")
+    assert assemble_program(task, "def f(x):\n    return x\n").endswith(
+        "\ndef f(x):\n    return x\n"
+    )
 
 
 def test_split_check_errors_name_the_problem():
@@ -111,7 +125,9 @@ def test_split_check_errors_name_the_problem():
         split_check("x = 1\n")
     with pytest.raises(ValueError, match="no assert"):
         split_check("def check(candidate):\n    assert True\n")
-    spec = split_check("import math\ndef check(candidate):\n    x = 2\n    assert candidate(x)\n"
-                       "    assert True\n    for i in range(3):\n        assert candidate(i) >= 0\n")
+    spec = split_check(
+        "import math\ndef check(candidate):\n    x = 2\n    assert candidate(x)\n"
+        "    assert True\n    for i in range(3):\n        assert candidate(i) >= 0\n"
+    )
     assert [is_test for is_test, _ in spec["units"]] == [False, True, False, True]
     assert "import math" in spec["module"]

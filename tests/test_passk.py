@@ -47,9 +47,11 @@ def test_vectorised_and_means():
     c = np.array([0, 2, 4])
     np.testing.assert_allclose(pass_at_k(n, c, 2), [0.0, 1 - 1 / 6, 1.0])
     assert mean_pass_at_k(n, c, ks=(1, 2, 10)) == pytest.approx(
-        {"pass@1": 0.5, "pass@2": (5 / 6 + 1) / 3})
+        {"pass@1": 0.5, "pass@2": (5 / 6 + 1) / 3}
+    )
     assert mean_pass_hat_k(n, c, ks=(1, 2)) == pytest.approx(
-        {"pass^1": 0.5, "pass^2": (1 / 6 + 1) / 3})
+        {"pass^1": 0.5, "pass^2": (1 / 6 + 1) / 3}
+    )
 
 
 @pytest.mark.parametrize("n,c,k,field", [(3, 4, 1, "c="), (3, 1, 4, "k=4"), (3, 1, 0, "k=0")])

@@ -12,8 +12,9 @@ import pytest
 
 from jaxagent.envs.code import Sandbox, SandboxConfig
 
-CONFIG = SandboxConfig(timeout_s=2.0, memory_mb=256, max_file_mb=4, max_processes=16,
-                       max_output_bytes=2048)
+CONFIG = SandboxConfig(
+    timeout_s=2.0, memory_mb=256, max_file_mb=4, max_processes=16, max_output_bytes=2048
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +71,9 @@ def test_infinite_loop_times_out(sandbox):
 
 
 def test_fork_bomb_is_capped_and_fully_killed(sandbox):
-    code = ("import os\n"
-            "while True:\n"
-            "    try:\n        os.fork()\n"
-            "    except OSError:\n        pass\n")
+    code = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
     r = sandbox.run(code)
     assert r.status == "timeout", r
     assert _wait_no_processes(sandbox) == []  # nothing outlives the job
@@ -81,18 +81,23 @@ def test_fork_bomb_is_capped_and_fully_killed(sandbox):
 
 
 def test_background_processes_do_not_outlive_the_run(sandbox):
-    code = ("import os, time\n"
-            "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
-            "print('parent done')\n")
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+        "print('parent done')\n"
+    )
     r = sandbox.run(code)
     assert r.status == "passed", r
     assert _wait_no_processes(sandbox) == []
 
 
-@pytest.mark.parametrize("code", [
-    "x = bytearray(4 * 1024 ** 3)\n",
-    "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 ** 2))\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(4 * 1024 ** 3)\n",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 ** 2))\n",
+    ],
+)
 def test_memory_bomb_reports_memory(sandbox, code):
     r = sandbox.run(code)
     assert r.status == "memory", r
@@ -101,19 +106,27 @@ def test_memory_bomb_reports_memory(sandbox, code):
 
 
 def test_cannot_write_outside_its_working_directory(sandbox, tmp_path):
-    targets = ["/etc/jaxagent_evil", "/jaxagent_evil", "../jaxagent_evil", "/usr/jaxagent_evil",
-               str(tmp_path / "evil"), os.path.join(os.getcwd(), "jaxagent_evil")]
-    code = "\n".join([
-        "import os",
-        "open('inside.txt', 'w').write('fine')",
-        "print('inside ok', open('inside.txt').read())",
-        f"for path in {targets!r}:",
-        "    try:",
-        "        open(path, 'w').write('x')",
-        "        print('WROTE', path)",
-        "    except OSError as e:",
-        "        print('refused', path, type(e).__name__)",
-    ])
+    targets = [
+        "/etc/jaxagent_evil",
+        "/jaxagent_evil",
+        "../jaxagent_evil",
+        "/usr/jaxagent_evil",
+        str(tmp_path / "evil"),
+        os.path.join(os.getcwd(), "jaxagent_evil"),
+    ]
+    code = "\n".join(
+        [
+            "import os",
+            "open('inside.txt', 'w').write('fine')",
+            "print('inside ok', open('inside.txt').read())",
+            f"for path in {targets!r}:",
+            "    try:",
+            "        open(path, 'w').write('x')",
+            "        print('WROTE', path)",
+            "    except OSError as e:",
+            "        print('refused', path, type(e).__name__)",
+        ]
+    )
     r = sandbox.run(code)
     assert r.status == "passed", r
     assert "inside ok fine" in r.stdout
@@ -127,17 +140,19 @@ def test_cannot_write_outside_its_working_directory(sandbox, tmp_path):
 def test_cannot_read_parent_environment(monkeypatch):
     secret = "jaxagent-secret-4f1c9a"
     monkeypatch.setenv("JAXAGENT_TEST_SECRET", secret)
-    code = "\n".join([
-        "import os, glob",
-        "print(dict(os.environ))",
-        "for path in ['/proc/self/environ', '/proc/1/environ', *glob.glob('/proc/*/environ')]:",
-        "    try:",
-        "        print(path, open(path, 'rb').read())",
-        "    except OSError as e:",
-        "        print(path, 'refused', type(e).__name__)",
-        f"print(open('/proc/{os.getpid()}/environ', 'rb').read() if "
-        f"os.path.exists('/proc/{os.getpid()}/environ') else 'no such process')",
-    ])
+    code = "\n".join(
+        [
+            "import os, glob",
+            "print(dict(os.environ))",
+            "for path in ['/proc/self/environ', '/proc/1/environ', *glob.glob('/proc/*/environ')]:",
+            "    try:",
+            "        print(path, open(path, 'rb').read())",
+            "    except OSError as e:",
+            "        print(path, 'refused', type(e).__name__)",
+            f"print(open('/proc/{os.getpid()}/environ', 'rb').read() if "
+            f"os.path.exists('/proc/{os.getpid()}/environ') else 'no such process')",
+        ]
+    )
     with Sandbox(CONFIG) as sb:  # started after the secret was set
         r = sb.run(code)
     assert r.status in ("passed", "failed"), r
@@ -156,19 +171,21 @@ def test_no_network(sandbox):
     abstract.bind(b"\0jaxagent-test-abstract")
     abstract.listen()
     abstract.setblocking(False)
-    code = "\n".join([
-        "import socket",
-        f"for family, addr in [(socket.AF_INET, ('127.0.0.1', {port})), "
-        "(socket.AF_INET, ('8.8.8.8', 53)), (socket.AF_INET, ('1.1.1.1', 80)), "
-        "(socket.AF_UNIX, b'\\0jaxagent-test-abstract')]:",
-        "    s = socket.socket(family)",
-        "    s.settimeout(1)",
-        "    try:",
-        "        s.connect(addr)",
-        "        print('CONNECTED', addr)",
-        "    except OSError as e:",
-        "        print('refused', addr, type(e).__name__)",
-    ])
+    code = "\n".join(
+        [
+            "import socket",
+            f"for family, addr in [(socket.AF_INET, ('127.0.0.1', {port})), "
+            "(socket.AF_INET, ('8.8.8.8', 53)), (socket.AF_INET, ('1.1.1.1', 80)), "
+            "(socket.AF_UNIX, b'\\0jaxagent-test-abstract')]:",
+            "    s = socket.socket(family)",
+            "    s.settimeout(1)",
+            "    try:",
+            "        s.connect(addr)",
+            "        print('CONNECTED', addr)",
+            "    except OSError as e:",
+            "        print('refused', addr, type(e).__name__)",
+        ]
+    )
     try:
         r = sandbox.run(code)
         assert r.status == "passed", r
@@ -184,15 +201,17 @@ def test_no_network(sandbox):
 @pytest.mark.skipif(os.geteuid() != 0, reason="IPC limits need the namespaced sandbox")
 def test_no_ipc_objects_can_outlive_a_job(sandbox):
     # System V / POSIX IPC objects survive their creator; the sandbox allows none at all.
-    code = "\n".join([
-        "import ctypes, ctypes.util, os",
-        "libc = ctypes.CDLL(None, use_errno=True)",
-        "print('shm', libc.shmget(0, 4096, 0o1000 | 0o600))",
-        "print('msg', libc.msgget(0, 0o1000 | 0o600))",
-        "print('sem', libc.semget(0, 1, 0o1000 | 0o600))",
-        "rt = ctypes.CDLL('librt.so.1', use_errno=True)",
-        "print('mq', rt.mq_open(b'/jaxagent', os.O_CREAT | os.O_RDWR, 0o600, None))",
-    ])
+    code = "\n".join(
+        [
+            "import ctypes, ctypes.util, os",
+            "libc = ctypes.CDLL(None, use_errno=True)",
+            "print('shm', libc.shmget(0, 4096, 0o1000 | 0o600))",
+            "print('msg', libc.msgget(0, 0o1000 | 0o600))",
+            "print('sem', libc.semget(0, 1, 0o1000 | 0o600))",
+            "rt = ctypes.CDLL('librt.so.1', use_errno=True)",
+            "print('mq', rt.mq_open(b'/jaxagent', os.O_CREAT | os.O_RDWR, 0o600, None))",
+        ]
+    )
     r = sandbox.run(code)
     assert r.status == "passed", r
     assert r.stdout.split() == ["shm", "-1", "msg", "-1", "sem", "-1", "mq", "-1"], r.stdout
@@ -201,26 +220,35 @@ def test_no_ipc_objects_can_outlive_a_job(sandbox):
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers below are x86_64")
 def test_seccomp_refuses_keyrings_and_namespaces_but_not_fork_or_threads(sandbox):
     # the per-uid kernel keyring outlives processes: it would be a channel between jobs
-    code = "\n".join([
-        "import ctypes, os, threading",
-        "libc = ctypes.CDLL(None, use_errno=True)",
-        "print('keyctl', libc.syscall(250, 0, 0), ctypes.get_errno())",
-        "print('add_key', libc.syscall(248, b'user', b'k', b'v', 1, -4), ctypes.get_errno())",
-        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())",
-        "pid = os.fork()",
-        "if pid == 0:\n    os._exit(7)",
-        "print('fork', os.waitpid(pid, 0)[1] >> 8)",
-        "t = threading.Thread(target=lambda: print('thread ok'))\nt.start()\nt.join()",
-    ])
+    code = "\n".join(
+        [
+            "import ctypes, os, threading",
+            "libc = ctypes.CDLL(None, use_errno=True)",
+            "print('keyctl', libc.syscall(250, 0, 0), ctypes.get_errno())",
+            "print('add_key', libc.syscall(248, b'user', b'k', b'v', 1, -4), ctypes.get_errno())",
+            "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())",
+            "pid = os.fork()",
+            "if pid == 0:\n    os._exit(7)",
+            "print('fork', os.waitpid(pid, 0)[1] >> 8)",
+            "t = threading.Thread(target=lambda: print('thread ok'))\nt.start()\nt.join()",
+        ]
+    )
     r = sandbox.run(code)
     assert r.status == "passed", r
-    assert r.stdout.splitlines() == ["keyctl -1 1", "add_key -1 1", "unshare -1 1", "fork 7",
-                                     "thread ok"], r.stdout
+    assert r.stdout.splitlines() == [
+        "keyctl -1 1",
+        "add_key -1 1",
+        "unshare -1 1",
+        "fork 7",
+        "thread ok",
+    ], r.stdout
 
 
 def test_printing_a_gigabyte_is_cut_off(sandbox):
-    code = ("import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n"
-            "    sys.stdout.write(chunk)\nprint('FINISHED')\n")
+    code = (
+        "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n"
+        "    sys.stdout.write(chunk)\nprint('FINISHED')\n"
+    )
     t = time.monotonic()
     r = sandbox.run(code)
     assert r.status == "crashed" and r.signal == signal.SIGXFSZ, r
@@ -232,16 +260,18 @@ def test_printing_a_gigabyte_is_cut_off(sandbox):
 
 def test_cannot_kill_the_parent(sandbox):
     worker_pid = sandbox._workers[0].proc.pid
-    code = "\n".join([
-        "import os, signal",
-        f"for target in [{os.getpid()}, {worker_pid}, os.getppid(), 1, -1]:",
-        "    try:",
-        "        os.kill(target, signal.SIGKILL)",
-        "        print('sent', target)",
-        "    except OSError as e:",
-        "        print('refused', target, type(e).__name__)",
-        "print('still here')",
-    ])
+    code = "\n".join(
+        [
+            "import os, signal",
+            f"for target in [{os.getpid()}, {worker_pid}, os.getppid(), 1, -1]:",
+            "    try:",
+            "        os.kill(target, signal.SIGKILL)",
+            "        print('sent', target)",
+            "    except OSError as e:",
+            "        print('refused', target, type(e).__name__)",
+            "print('still here')",
+        ]
+    )
     r = sandbox.run(code)
     assert "still here" in r.stdout, r
     assert "sent " + str(os.getpid()) not in r.stdout  # our pid is not even visible
@@ -271,9 +301,21 @@ def test_cli_prints_one_json_line(tmp_path):
     path = tmp_path / "prog.py"
     path.write_text("print('from the cli')\nwhile True:\n    pass\n")
     out = subprocess.run(
-        [sys.executable, "-m", "jaxagent.envs.code.sandbox", str(path), "--timeout", "1",
-         "--memory-mb", "256"], capture_output=True, text=True, timeout=60,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        [
+            sys.executable,
+            "-m",
+            "jaxagent.envs.code.sandbox",
+            str(path),
+            "--timeout",
+            "1",
+            "--memory-mb",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1

@@ -27,8 +27,10 @@ def _check(n, c, k) -> tuple[np.ndarray, np.ndarray]:
     if np.any(c < 0) or np.any(c > n):
         raise ValueError(f"c={c.tolist()} is invalid for n={n.tolist()}: need 0 <= c <= n")
     if np.any(n < k):
-        raise ValueError(f"k={k} exceeds the number of samples n={n.tolist()}: need n >= k "
-                         "(draw more samples or lower k)")
+        raise ValueError(
+            f"k={k} exceeds the number of samples n={n.tolist()}: need n >= k "
+            "(draw more samples or lower k)"
+        )
     return n, c
 
 

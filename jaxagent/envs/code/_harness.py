@@ -66,7 +66,9 @@ class _Calls(ast.NodeVisitor):
     visit_Try = visit_With = _dynamic
 
 
-def split_check(test_source: str, check_name: str = "check", entry_point: str | None = None) -> dict:
+def split_check(
+    test_source: str, check_name: str = "check", entry_point: str | None = None
+) -> dict:
     """Splits HumanEval-style test code into setup and independently scored units.
 
     Args:
@@ -114,8 +116,11 @@ def compile_spec(spec: dict, prelude: str) -> dict:
     the host once per problem, so the harness only executes them)."""
     import marshal
 
-    codes = [compile(prelude, "<prompt>", "exec"), compile(spec["module"], "<tests>", "exec"),
-             [compile(src, "<test>", "exec") for _, src in spec["units"]]]
+    codes = [
+        compile(prelude, "<prompt>", "exec"),
+        compile(spec["module"], "<tests>", "exec"),
+        [compile(src, "<test>", "exec") for _, src in spec["units"]],
+    ]
     return {**spec, "code": marshal.dumps(codes)}
 
 
@@ -159,8 +164,14 @@ def recv_frame(fd: int, deadline: float | None = None) -> bytes | None:
 class _PlainUnpickler(pickle.Unpickler):
     """Decodes builtin data only: no class can be named except a few builtin containers."""
 
-    _ALLOWED = {("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
-                ("builtins", "bytearray"), ("builtins", "range"), ("builtins", "slice")}
+    _ALLOWED = {
+        ("builtins", "complex"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "bytearray"),
+        ("builtins", "range"),
+        ("builtins", "slice"),
+    }
 
     def find_class(self, module, name):
         if (module, name) in self._ALLOWED:
@@ -203,8 +214,7 @@ def serve(code: str, path: str, entry_point: str, req_fd: int, rep_fd: int) -> N
                 try:
                     payload = pickle.dumps(("ok", out), 5)
                 except Exception as e:  # noqa: BLE001
-                    payload = pickle.dumps(("raise", "TypeError", f"unserialisable return: {e}"),
-                                           5)
+                    payload = pickle.dumps(("raise", "TypeError", f"unserialisable return: {e}"), 5)
             except BaseException as e:  # noqa: BLE001
                 payload = pickle.dumps(("raise", type(e).__name__, str(e)[:500]), 5)
             send_frame(rep_fd, payload)
@@ -249,7 +259,9 @@ class _Stub:
         return data
 
     def __call__(self, *args, **kwargs):
-        call = ", ".join([repr(a)[:80] for a in args] + [f"{k}={v!r}"[:80] for k, v in kwargs.items()])
+        call = ", ".join(
+            [repr(a)[:80] for a in args] + [f"{k}={v!r}"[:80] for k, v in kwargs.items()]
+        )
         key = pickle.dumps((args, kwargs), 5)
         # A call sent ahead answers in order; calls the test skipped (short-circuit) are
         # read and dropped. Anything else is asked live once the ahead answers are drained.
@@ -257,7 +269,7 @@ class _Stub:
         skip = hit if hit is not None else len(self.ahead)
         for _ in range(skip):
             self._recv()
-        self.ahead = self.ahead[skip + 1:] if hit is not None else []
+        self.ahead = self.ahead[skip + 1 :] if hit is not None else []
         if hit is None:
             self._send([(args, kwargs)])
         data = self._recv()
@@ -266,9 +278,17 @@ class _Stub:
         except Exception as e:  # noqa: BLE001 - malformed or non-plain reply
             self.last = f"candidate({call}) -> <rejected: {e}>"
             raise CandidateError(f"TypeError: {e}") from None
-        if not (isinstance(reply, tuple) and (
-                (len(reply) == 2 and reply[0] == "ok") or (len(reply) == 3 and reply[0] == "raise"
-                                                           and all(isinstance(x, str) for x in reply[1:])))):
+        if not (
+            isinstance(reply, tuple)
+            and (
+                (len(reply) == 2 and reply[0] == "ok")
+                or (
+                    len(reply) == 3
+                    and reply[0] == "raise"
+                    and all(isinstance(x, str) for x in reply[1:])
+                )
+            )
+        ):
             raise CandidateGone("the candidate broke the reply protocol")
         if reply[0] == "raise":
             self.memory |= reply[1] == "MemoryError"
@@ -284,8 +304,14 @@ def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
     Returns a dict: ``units`` (list of {src, ok, error}), ``load_error``, ``timed_out``,
     ``memory``, ``crashed`` (candidate process gone), ``harness_error``.
     """
-    report = {"units": [], "load_error": None, "timed_out": False, "memory": False,
-              "crashed": False, "harness_error": None}
+    report = {
+        "units": [],
+        "load_error": None,
+        "timed_out": False,
+        "memory": False,
+        "crashed": False,
+        "harness_error": None,
+    }
     tests = [src for is_test, src in spec["units"] if is_test]
     stop = None
     try:
@@ -295,16 +321,27 @@ def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
         ready, report["timed_out"] = None, True
     except Exception as e:  # noqa: BLE001 - oversize or non-plain: the candidate's doing
         ready = ("load_error", "ProtocolError", str(e))
-    if ready is not None and not (ready == ("ready",) or (
-            isinstance(ready, tuple) and len(ready) == 3 and ready[0] == "load_error"
-            and all(isinstance(x, str) for x in ready[1:]))):
+    if ready is not None and not (
+        ready == ("ready",)
+        or (
+            isinstance(ready, tuple)
+            and len(ready) == 3
+            and ready[0] == "load_error"
+            and all(isinstance(x, str) for x in ready[1:])
+        )
+    ):
         ready = ("load_error", "ProtocolError", "the candidate broke the harness protocol")
         report["crashed"] = True
     if ready != ("ready",):
         if ready is None and not report["timed_out"]:
             report["crashed"] = True
-        reason = "timeout while loading" if report["timed_out"] else (
-            f"{ready[1]}: {ready[2]}" if ready else "the candidate process exited while loading")
+        reason = (
+            "timeout while loading"
+            if report["timed_out"]
+            else (
+                f"{ready[1]}: {ready[2]}" if ready else "the candidate process exited while loading"
+            )
+        )
         report["load_error"] = reason
         report["memory"] = bool(ready) and ready[1] == "MemoryError"
         report["units"] = [{"src": s, "ok": False, "error": reason} for s in tests]

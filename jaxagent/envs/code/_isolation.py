@@ -22,8 +22,22 @@ MNT_DETACH = 2
 MEMORY_EXIT = 251  # exit status the candidate runner uses for an uncaught MemoryError
 # Imported once in the worker so that candidates (which may not read the Python install)
 # get them for free; kept short because every module enlarges each fork's copy-on-write.
-PRELOAD = ("math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
-           "typing", "hashlib", "random", "copy", "operator", "fractions")
+PRELOAD = (
+    "math",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "typing",
+    "hashlib",
+    "random",
+    "copy",
+    "operator",
+    "fractions",
+)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -38,8 +52,10 @@ def _check(rc: int, what: str) -> None:
 
 def _mount(src, target, fstype, flags, data=None) -> None:
     enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(_libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {target}")
+    _check(
+        _libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {target}",
+    )
 
 
 def ro_bind_roots() -> list[str]:
@@ -92,8 +108,12 @@ def fresh_workdir(job: dict) -> None:
 def forbid_ipc() -> None:
     """In the sandbox's own IPC namespace, allow no System V or POSIX IPC object at all, so
     no job can leave one behind for the next (these limits are per IPC namespace)."""
-    for path, value in (("kernel/shmmni", "0"), ("kernel/msgmni", "0"),
-                        ("kernel/sem", "0 0 0 0"), ("fs/mqueue/queues_max", "0")):
+    for path, value in (
+        ("kernel/shmmni", "0"),
+        ("kernel/msgmni", "0"),
+        ("kernel/sem", "0 0 0 0"),
+        ("fs/mqueue/queues_max", "0"),
+    ):
         with open(f"/proc/sys/{path}", "w") as f:
             f.write(value)
 
@@ -107,8 +127,13 @@ def fresh_tmp(config: dict) -> None:
     uid = config["uid"]
     try:
         st = os.lstat("/tmp")
-        if (os.path.ismount("/tmp") and st.st_mode == 0o40700 and st.st_uid == uid
-                and st.st_gid == uid and os.listdir("/tmp") in ([], ["solution.py"])):
+        if (
+            os.path.ismount("/tmp")
+            and st.st_mode == 0o40700
+            and st.st_uid == uid
+            and st.st_gid == uid
+            and os.listdir("/tmp") in ([], ["solution.py"])
+        ):
             if os.path.lexists("/tmp/solution.py"):
                 os.unlink("/tmp/solution.py")
             return
@@ -116,8 +141,13 @@ def fresh_tmp(config: dict) -> None:
         pass
     if os.path.ismount("/tmp"):
         _check(_libc.umount2(b"/tmp", MNT_DETACH), "umount /tmp")
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={config['tmpfs_mb']}m,mode=700,uid={uid},gid={uid}")
+    _mount(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={config['tmpfs_mb']}m,mode=700,uid={uid},gid={uid}",
+    )
 
 
 def limit(job: dict, *, candidate: bool) -> None:
@@ -146,14 +176,40 @@ def drop_privileges(uid: int) -> None:
 # never needs. clone is allowed only without namespace flags; clone3 (whose flags a filter
 # cannot read) answers ENOSYS, so libc falls back to clone.
 _SYSCALLS = {  # machine: (audit arch, {name: nr})
-    "x86_64": (0xC000003E, {"ptrace": 101, "add_key": 248, "request_key": 249, "keyctl": 250,
-                            "unshare": 272, "setns": 308, "bpf": 321, "perf_event_open": 298,
-                            "userfaultfd": 323, "io_uring_setup": 425, "clone": 56,
-                            "clone3": 435}),
-    "aarch64": (0xC00000B7, {"ptrace": 117, "add_key": 217, "request_key": 218, "keyctl": 219,
-                             "unshare": 97, "setns": 268, "bpf": 280, "perf_event_open": 241,
-                             "userfaultfd": 282, "io_uring_setup": 425, "clone": 220,
-                             "clone3": 435}),
+    "x86_64": (
+        0xC000003E,
+        {
+            "ptrace": 101,
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
+            "unshare": 272,
+            "setns": 308,
+            "bpf": 321,
+            "perf_event_open": 298,
+            "userfaultfd": 323,
+            "io_uring_setup": 425,
+            "clone": 56,
+            "clone3": 435,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "ptrace": 117,
+            "add_key": 217,
+            "request_key": 218,
+            "keyctl": 219,
+            "unshare": 97,
+            "setns": 268,
+            "bpf": 280,
+            "perf_event_open": 241,
+            "userfaultfd": 282,
+            "io_uring_setup": 425,
+            "clone": 220,
+            "clone3": 435,
+        },
+    ),
 }
 _NS_CLONE_FLAGS = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 
@@ -170,16 +226,36 @@ def seccomp_filter() -> bool:
     prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm), (ld, 0, 0, 0)]
     if machine == "x86_64":  # x32 syscalls (bit 30) bypass the numbers below: refuse them
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
-    for name in ("ptrace", "add_key", "request_key", "keyctl", "unshare", "setns", "bpf",
-                 "perf_event_open", "userfaultfd", "io_uring_setup"):
+    for name in (
+        "ptrace",
+        "add_key",
+        "request_key",
+        "keyctl",
+        "unshare",
+        "setns",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+    ):
         prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, eperm)]
-    prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, enosys),
-             (jeq, 0, 3, nr["clone"]), (ld, 0, 0, 16),  # low 32 bits of args[0]: the flags
-             (jset, 0, 1, _NS_CLONE_FLAGS), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    prog += [
+        (jeq, 0, 1, nr["clone3"]),
+        (ret, 0, 0, enosys),
+        (jeq, 0, 3, nr["clone"]),
+        (ld, 0, 0, 16),  # low 32 bits of args[0]: the flags
+        (jset, 0, 1, _NS_CLONE_FLAGS),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+    ]
 
     class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
-                    ("k", ctypes.c_uint32)]
+        _fields_ = [
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint32),
+        ]
 
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
@@ -259,5 +335,3 @@ def candidate(job, fds, keep) -> None:
         except BaseException:  # noqa: BLE001
             pass
     os._exit(status & 0xFF)
-
-

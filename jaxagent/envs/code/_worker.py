@@ -52,8 +52,9 @@ def _load(name):
 
 iso = _load("_isolation")
 harness = iso.harness = _load("_harness")
-NS_FLAGS = (iso.CLONE_NEWNS | iso.CLONE_NEWPID | iso.CLONE_NEWNET | iso.CLONE_NEWIPC
-            | iso.CLONE_NEWUTS)
+NS_FLAGS = (
+    iso.CLONE_NEWNS | iso.CLONE_NEWPID | iso.CLONE_NEWNET | iso.CLONE_NEWIPC | iso.CLONE_NEWUTS
+)
 MAX_REPORT = 1 << 17  # bytes of one harness report (SOCK_SEQPACKET message)
 
 
@@ -150,10 +151,12 @@ class Server:
     def open_files(self, job: dict) -> dict:
         d, base = job["name"], self.base_fd
         opn = lambda n, fl: os.open(f"{d}/{n}", fl, 0o600, dir_fd=base)  # noqa: E731
-        fds = {"devnull": os.open("/dev/null", os.O_RDWR),
-               "code": opn("solution.py", os.O_RDONLY),
-               "stdout": opn("stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-               "stderr": opn("stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)}
+        fds = {
+            "devnull": os.open("/dev/null", os.O_RDWR),
+            "code": opn("solution.py", os.O_RDONLY),
+            "stdout": opn("stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+            "stderr": opn("stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        }
         if job["mode"] == "tests":
             fds["tests"] = opn("tests.pkl", os.O_RDONLY)
         return fds
@@ -161,8 +164,7 @@ class Server:
     def run(self, job: dict) -> dict:
         t0 = time.monotonic()
         self.counter += 1
-        job = {**self.config, **job, "deadline": t0 + self.config["timeout_s"],
-               "job": self.counter}
+        job = {**self.config, **job, "deadline": t0 + self.config["timeout_s"], "job": self.counter}
         if self.ns:
             iso.fresh_tmp(self.config)
         else:
@@ -195,8 +197,9 @@ class Server:
                 for fd in (fds["tests"], req_w, rep_r):
                     os.close(fd)
                 out = self.wait_harness(job)
-            status = self.wait_candidate(pid, pidfd, job["deadline"] if job["mode"] == "run"
-                                         else time.monotonic())
+            status = self.wait_candidate(
+                pid, pidfd, job["deadline"] if job["mode"] == "run" else time.monotonic()
+            )
             if status is None and job["mode"] == "run":
                 out["timed_out"] = True
             out["wait_status"] = status
@@ -270,7 +273,8 @@ class Server:
                 except OSError:
                     continue
                 if fields[b"Uid"].split()[0] == uid and not fields[b"State"].strip().startswith(
-                        b"Z"):
+                    b"Z"
+                ):
                     found.append(int(entry))
         return found
 
@@ -306,8 +310,12 @@ def main() -> None:
         __import__(name)
     gc.collect()
     gc.freeze()  # forked children would otherwise touch every object's GC header (copy-on-write)
-    hello = {"ready": True, "namespaces_error": probe_namespaces(),
-             "ro_binds": iso.ro_bind_roots(), "pid": os.getpid()}
+    hello = {
+        "ready": True,
+        "namespaces_error": probe_namespaces(),
+        "ro_binds": iso.ro_bind_roots(),
+        "pid": os.getpid(),
+    }
     sys.stdout.write(json.dumps(hello) + "\n")
     sys.stdout.flush()
     config = json.loads(sys.stdin.buffer.readline() or b"null")

@@ -21,7 +21,8 @@ REWARDS = ("binary", "shaped")
 
 INSTRUCTION = (
     "Complete the following Python function. Answer with the full function definition in a "
-    "```python code block. Hidden unit tests will check it.\n\n")
+    "```python code block. Hidden unit tests will check it.\n\n"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,13 +34,15 @@ class CodeEnvConfig:
 
     def __post_init__(self):
         if self.reward not in REWARDS:
-            raise ValueError(f"CodeEnvConfig.reward={self.reward!r} is invalid: choose one of "
-                             f"{REWARDS}")
+            raise ValueError(
+                f"CodeEnvConfig.reward={self.reward!r} is invalid: choose one of {REWARDS}"
+            )
         if self.max_turns < 1:
             raise ValueError(f"CodeEnvConfig.max_turns={self.max_turns} is invalid: use >= 1")
         if self.feedback_chars < 100:
-            raise ValueError(f"CodeEnvConfig.feedback_chars={self.feedback_chars} is invalid: "
-                             "use >= 100")
+            raise ValueError(
+                f"CodeEnvConfig.feedback_chars={self.feedback_chars} is invalid: use >= 100"
+            )
 
 
 def _failure_mode(result: SandboxResult, code: str) -> FailureMode | None:
@@ -58,8 +61,10 @@ def _failure_mode(result: SandboxResult, code: str) -> FailureMode | None:
 
 def feedback(result: SandboxResult, limit: int) -> str:
     """The observation after a failed attempt: status, first failing test, output tails."""
-    parts = [f"Execution result: {result.status} ({result.tests_passed}/{result.tests_total} "
-             "tests passed)."]
+    parts = [
+        f"Execution result: {result.status} ({result.tests_passed}/{result.tests_total} "
+        "tests passed)."
+    ]
     if result.detail:
         parts.append(result.detail)
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
@@ -88,8 +93,10 @@ class CodeEnv:
 
     def reset(self, task: Task) -> str:
         if "entry_point" not in task.data or "test" not in task.data:
-            raise ValueError(f"task {task.id!r} lacks data['entry_point'] / data['test']; build "
-                             "code tasks with jaxagent.envs.code.tasks.CodeTaskSource")
+            raise ValueError(
+                f"task {task.id!r} lacks data['entry_point'] / data['test']; build "
+                "code tasks with jaxagent.envs.code.tasks.CodeTaskSource"
+            )
         self._task, self._turn = task, 0
         return INSTRUCTION + "```python\n" + task.prompt + "```"
 
@@ -104,8 +111,11 @@ class CodeEnv:
         last = result.passed or self._turn >= self.config.max_turns or result.status == "error"
         mode = _failure_mode(result, code)
         info = {
-            "reward_terms": {"process": fraction, "outcome": float(result.passed),
-                             "task": float(result.passed)},
+            "reward_terms": {
+                "process": fraction,
+                "outcome": float(result.passed),
+                "task": float(result.passed),
+            },
             "failure_mode": mode.value if mode else None,
             "success": result.passed,
             "truncated": False,
@@ -120,8 +130,12 @@ class CodeEnv:
         if last:
             self._task = None
             return StepResult(observation="", reward=score, done=True, info=info)
-        return StepResult(observation=feedback(result, self.config.feedback_chars), reward=0.0,
-                          done=False, info=info)
+        return StepResult(
+            observation=feedback(result, self.config.feedback_chars),
+            reward=0.0,
+            done=False,
+            info=info,
+        )
 
     def close(self) -> None:
         if self._owns_sandbox and self._sandbox is not None:

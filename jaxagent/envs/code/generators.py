@@ -13,10 +13,42 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-_VERBS = ("compute", "derive", "make", "build", "find", "get", "transform", "collect", "measure",
-          "score", "tally", "reduce", "scan", "rank", "pick", "shape")
-_NOUNS = ("values", "signal", "ledger", "series", "tokens", "items", "record", "stream", "batch",
-          "weights", "points", "digits", "labels", "cells", "codes", "marks")
+_VERBS = (
+    "compute",
+    "derive",
+    "make",
+    "build",
+    "find",
+    "get",
+    "transform",
+    "collect",
+    "measure",
+    "score",
+    "tally",
+    "reduce",
+    "scan",
+    "rank",
+    "pick",
+    "shape",
+)
+_NOUNS = (
+    "values",
+    "signal",
+    "ledger",
+    "series",
+    "tokens",
+    "items",
+    "record",
+    "stream",
+    "batch",
+    "weights",
+    "points",
+    "digits",
+    "labels",
+    "cells",
+    "codes",
+    "marks",
+)
 
 
 def _name(rng: random.Random) -> str:
@@ -35,25 +67,30 @@ def _word(rng, lo=1, hi=7, alphabet="abcdefghijklmnopqrstuvwxyz"):
 def _affine_filter(rng):
     a, b, m = rng.randint(2, 9), rng.randint(-9, 9), rng.randint(2, 5)
     r = rng.randrange(m)
-    doc = [f"Return [{a} * x + ({b}) for every x in xs whose remainder modulo {m} is {r}],",
-           "keeping the original order."]
+    doc = [
+        f"Return [{a} * x + ({b}) for every x in xs whose remainder modulo {m} is {r}],",
+        "keeping the original order.",
+    ]
     body = f"return [{a} * x + ({b}) for x in xs if x % {m} == {r}]"
     return "xs: list", doc, body, lambda g: (_ints(g),)
 
 
 def _caesar(rng):
     k = rng.randint(1, 25)
-    doc = [f"Shift every lowercase letter of s forward by {k} places in the alphabet (wrapping",
-           "from 'z' to 'a'); all other characters are unchanged."]
-    body = f"return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)"
+    doc = [
+        f"Shift every lowercase letter of s forward by {k} places in the alphabet (wrapping",
+        "from 'z' to 'a'); all other characters are unchanged.",
+    ]
+    body = (
+        f"return ''.join(chr((ord(c) - 97 + {k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)"
+    )
     return "s: str", doc, body, lambda g: (_word(g, 0, 12, "abcxyz -!qrs"),)
 
 
 def _digit_sum_base(rng):
     b = rng.randint(2, 9)
     doc = [f"Return the sum of the digits of the non-negative integer n written in base {b}."]
-    body = (f"total = 0\n    while n:\n        total += n % {b}\n        n //= {b}\n"
-            "    return total")
+    body = f"total = 0\n    while n:\n        total += n % {b}\n        n //= {b}\n    return total"
     return "n: int", doc, body, lambda g: (g.randint(0, 10_000),)
 
 
@@ -72,44 +109,58 @@ def _count_divisible(rng):
 def _running(rng):
     op, word = rng.choice([("max", "maximum"), ("min", "minimum"), ("sum", "sum")])
     start = rng.randint(0, 2)
-    doc = [f"Return the running {word} of xs starting from index {start}: element i of the",
-           f"result is the {word} of xs[{start}:i + 1]. Return [] when len(xs) <= {start}."]
+    doc = [
+        f"Return the running {word} of xs starting from index {start}: element i of the",
+        f"result is the {word} of xs[{start}:i + 1]. Return [] when len(xs) <= {start}.",
+    ]
     body = f"return [{op}(xs[{start}:i + 1]) for i in range({start}, len(xs))]"
     return "xs: list", doc, body, lambda g: (_ints(g, -9, 9, 0, 8),)
 
 
 def _every_kth_upper(rng):
     k, off = rng.randint(2, 4), rng.randint(0, 1)
-    doc = [f"Return s with the characters at indices i where i % {k} == {off} upper-cased and",
-           "all other characters unchanged."]
+    doc = [
+        f"Return s with the characters at indices i where i % {k} == {off} upper-cased and",
+        "all other characters unchanged.",
+    ]
     body = f"return ''.join(c.upper() if i % {k} == {off} else c for i, c in enumerate(s))"
     return "s: str", doc, body, lambda g: (_word(g, 0, 12, "abcdefgh xyz"),)
 
 
 def _pairs_divisible(rng):
     m = rng.randint(2, 7)
-    doc = [f"Return the number of index pairs (i, j) with i < j such that xs[i] + xs[j] is",
-           f"divisible by {m}."]
-    body = (f"return sum(1 for i in range(len(xs)) for j in range(i + 1, len(xs))"
-            f" if (xs[i] + xs[j]) % {m} == 0)")
+    doc = [
+        "Return the number of index pairs (i, j) with i < j such that xs[i] + xs[j] is",
+        f"divisible by {m}.",
+    ]
+    body = (
+        f"return sum(1 for i in range(len(xs)) for j in range(i + 1, len(xs))"
+        f" if (xs[i] + xs[j]) % {m} == 0)"
+    )
     return "xs: list", doc, body, lambda g: (_ints(g, -15, 15, 0, 9),)
 
 
 def _rle(rng):
     sep = rng.choice([":", "-", "*", "/"])
-    doc = [f"Run-length encode s: each maximal run of a character c of length n becomes",
-           f"'c{sep}n'; the pieces are joined with ','. The empty string encodes to ''."]
-    body = ("out = []\n    i = 0\n    while i < len(s):\n        j = i\n"
-            "        while j < len(s) and s[j] == s[i]:\n            j += 1\n"
-            f"        out.append(s[i] + '{sep}' + str(j - i))\n        i = j\n"
-            "    return ','.join(out)")
+    doc = [
+        "Run-length encode s: each maximal run of a character c of length n becomes",
+        f"'c{sep}n'; the pieces are joined with ','. The empty string encodes to ''.",
+    ]
+    body = (
+        "out = []\n    i = 0\n    while i < len(s):\n        j = i\n"
+        "        while j < len(s) and s[j] == s[i]:\n            j += 1\n"
+        f"        out.append(s[i] + '{sep}' + str(j - i))\n        i = j\n"
+        "    return ','.join(out)"
+    )
     return "s: str", doc, body, lambda g: (_word(g, 0, 12, "aab"),)
 
 
 def _kth_distinct(rng):
     k = rng.randint(1, 3)
-    doc = [f"Return the {k}-th smallest distinct value of xs (1-based), or None if xs has",
-           f"fewer than {k} distinct values."]
+    doc = [
+        f"Return the {k}-th smallest distinct value of xs (1-based), or None if xs has",
+        f"fewer than {k} distinct values.",
+    ]
     body = f"d = sorted(set(xs))\n    return d[{k - 1}] if len(d) >= {k} else None"
     return "xs: list", doc, body, lambda g: (_ints(g, -5, 5, 0, 8),)
 
@@ -117,8 +168,10 @@ def _kth_distinct(rng):
 def _window_max_sum(rng):
     w = rng.randint(2, 4)
     doc = [f"Return the largest sum of {w} consecutive elements of xs, or 0 if len(xs) < {w}."]
-    body = (f"if len(xs) < {w}:\n        return 0\n"
-            f"    return max(sum(xs[i:i + {w}]) for i in range(len(xs) - {w} + 1))")
+    body = (
+        f"if len(xs) < {w}:\n        return 0\n"
+        f"    return max(sum(xs[i:i + {w}]) for i in range(len(xs) - {w} + 1))"
+    )
     return "xs: list", doc, body, lambda g: (_ints(g, -10, 10, 0, 9),)
 
 
@@ -133,8 +186,10 @@ def _words_by_length(rng):
     min_len = rng.randint(2, 4)
     desc = rng.choice([True, False])
     order = "longest first" if desc else "shortest first"
-    doc = [f"Split text on whitespace and return the words of length at least {min_len},",
-           f"sorted by length ({order}), ties broken alphabetically."]
+    doc = [
+        f"Split text on whitespace and return the words of length at least {min_len},",
+        f"sorted by length ({order}), ties broken alphabetically.",
+    ]
     key = "(-len(w), w)" if desc else "(len(w), w)"
     body = f"return sorted((w for w in text.split() if len(w) >= {min_len}), key=lambda w: {key})"
 
@@ -147,46 +202,75 @@ def _words_by_length(rng):
 def _vowel_weight(rng):
     vowels = "".join(sorted(rng.sample("aeiouy", rng.randint(2, 4))))
     weight = rng.randint(2, 5)
-    doc = [f"Return the score of s: each character in '{vowels}' counts {weight}, every other",
-           "letter counts 1, and non-letters count 0."]
-    body = (f"return sum({weight} if c in '{vowels}' else 1 if c.isalpha() else 0 for c in s)")
+    doc = [
+        f"Return the score of s: each character in '{vowels}' counts {weight}, every other",
+        "letter counts 1, and non-letters count 0.",
+    ]
+    body = f"return sum({weight} if c in '{vowels}' else 1 if c.isalpha() else 0 for c in s)"
     return "s: str", doc, body, lambda g: (_word(g, 0, 12, "aeiouybcd 7!"),)
 
 
 def _chunk_reverse(rng):
     c = rng.randint(2, 4)
-    doc = [f"Split xs into consecutive chunks of {c} elements (the last may be shorter),",
-           "reverse each chunk, and return the concatenation."]
+    doc = [
+        f"Split xs into consecutive chunks of {c} elements (the last may be shorter),",
+        "reverse each chunk, and return the concatenation.",
+    ]
     body = f"return [x for i in range(0, len(xs), {c}) for x in reversed(xs[i:i + {c}])]"
     return "xs: list", doc, body, lambda g: (_ints(g, 0, 30, 0, 10),)
 
 
 def _collatz_like(rng):
     cap = rng.randint(20, 60)
-    doc = ["Starting from n >= 1, repeatedly replace n by n // 2 if n is even, else by",
-           f"3 * n + 1. Return the number of replacements until n == 1, but at most {cap}."]
-    body = (f"steps = 0\n    while n != 1 and steps < {cap}:\n"
-            "        n = n // 2 if n % 2 == 0 else 3 * n + 1\n        steps += 1\n"
-            "    return steps")
+    doc = [
+        "Starting from n >= 1, repeatedly replace n by n // 2 if n is even, else by",
+        f"3 * n + 1. Return the number of replacements until n == 1, but at most {cap}.",
+    ]
+    body = (
+        f"steps = 0\n    while n != 1 and steps < {cap}:\n"
+        "        n = n // 2 if n % 2 == 0 else 3 * n + 1\n        steps += 1\n"
+        "    return steps"
+    )
     return "n: int", doc, body, lambda g: (g.randint(1, 300),)
 
 
 def _dedupe_keep(rng):
     keep_last = rng.choice([False, True])
     which = "last" if keep_last else "first"
-    doc = [f"Return xs without duplicates, keeping the {which} occurrence of each value and",
-           "the relative order of the kept elements."]
-    body = ("seen = set()\n    out = []\n"
-            f"    for x in {'reversed(xs)' if keep_last else 'xs'}:\n"
-            "        if x not in seen:\n            seen.add(x)\n            out.append(x)\n"
-            f"    return {'out[::-1]' if keep_last else 'out'}")
+    doc = [
+        f"Return xs without duplicates, keeping the {which} occurrence of each value and",
+        "the relative order of the kept elements.",
+    ]
+    body = (
+        "seen = set()\n    out = []\n"
+        f"    for x in {'reversed(xs)' if keep_last else 'xs'}:\n"
+        "        if x not in seen:\n            seen.add(x)\n            out.append(x)\n"
+        f"    return {'out[::-1]' if keep_last else 'out'}"
+    )
     return "xs: list", doc, body, lambda g: (_ints(g, 0, 5, 0, 10),)
 
 
-FAMILIES: dict[str, Callable] = {f.__name__.lstrip("_"): f for f in (
-    _affine_filter, _caesar, _digit_sum_base, _count_divisible, _running, _every_kth_upper,
-    _pairs_divisible, _rle, _kth_distinct, _window_max_sum, _xor_popcount, _words_by_length,
-    _vowel_weight, _chunk_reverse, _collatz_like, _dedupe_keep)}
+FAMILIES: dict[str, Callable] = {
+    f.__name__.lstrip("_"): f
+    for f in (
+        _affine_filter,
+        _caesar,
+        _digit_sum_base,
+        _count_divisible,
+        _running,
+        _every_kth_upper,
+        _pairs_divisible,
+        _rle,
+        _kth_distinct,
+        _window_max_sum,
+        _xor_popcount,
+        _words_by_length,
+        _vowel_weight,
+        _chunk_reverse,
+        _collatz_like,
+        _dedupe_keep,
+    )
+}
 
 
 def _assert_line(name_or_candidate: str, args, expected) -> str:

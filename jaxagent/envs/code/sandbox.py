@@ -75,19 +75,35 @@ class SandboxConfig:
                 raise ValueError(f"SandboxConfig.{field}={value!r} is invalid: {fix}")
 
         need(self.timeout_s > 0, "timeout_s", self.timeout_s, "use a positive number of seconds")
-        need(self.cpu_time_s is None or self.cpu_time_s >= 1, "cpu_time_s", self.cpu_time_s,
-             "use None or an integer >= 1")
-        need(self.memory_mb >= 64, "memory_mb", self.memory_mb,
-             "use >= 64 (the Python interpreter alone needs ~30 MB of address space)")
+        need(
+            self.cpu_time_s is None or self.cpu_time_s >= 1,
+            "cpu_time_s",
+            self.cpu_time_s,
+            "use None or an integer >= 1",
+        )
+        need(
+            self.memory_mb >= 64,
+            "memory_mb",
+            self.memory_mb,
+            "use >= 64 (the Python interpreter alone needs ~30 MB of address space)",
+        )
         need(self.max_file_mb >= 1, "max_file_mb", self.max_file_mb, "use >= 1")
         need(self.max_open_files >= 16, "max_open_files", self.max_open_files, "use >= 16")
         need(self.max_processes >= 1, "max_processes", self.max_processes, "use >= 1")
         need(self.max_output_bytes >= 64, "max_output_bytes", self.max_output_bytes, "use >= 64")
         need(self.tmpfs_mb >= 1, "tmpfs_mb", self.tmpfs_mb, "use >= 1")
-        need(self.isolation in ISOLATION_CHOICES, "isolation", self.isolation,
-             f"choose one of {ISOLATION_CHOICES}")
-        need(0 <= self.harness_margin_s < self.timeout_s, "harness_margin_s",
-             self.harness_margin_s, "use a value in [0, timeout_s)")
+        need(
+            self.isolation in ISOLATION_CHOICES,
+            "isolation",
+            self.isolation,
+            f"choose one of {ISOLATION_CHOICES}",
+        )
+        need(
+            0 <= self.harness_margin_s < self.timeout_s,
+            "harness_margin_s",
+            self.harness_margin_s,
+            "use a value in [0, timeout_s)",
+        )
 
     @property
     def cpu_limit_s(self) -> int:
@@ -167,8 +183,11 @@ def _truncate(data: bytes, limit: int) -> str:
     if len(data) <= limit:
         return data.decode("utf-8", "replace")
     half = limit // 2
-    return (data[:half].decode("utf-8", "replace") + f"\n...[{len(data) - 2 * half} bytes cut]...\n"
-            + data[-half:].decode("utf-8", "replace"))
+    return (
+        data[:half].decode("utf-8", "replace")
+        + f"\n...[{len(data) - 2 * half} bytes cut]...\n"
+        + data[-half:].decode("utf-8", "replace")
+    )
 
 
 def _read_capped(path: str, limit: int) -> str:
@@ -194,15 +213,22 @@ class _Worker:
     def start(self):
         isolation = self.isolation
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, close_fds=True,
-            start_new_session=True, cwd="/")
+            [sys.executable, "-I", "-S", _WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            close_fds=True,
+            start_new_session=True,
+            cwd="/",
+        )
         self.hello = json.loads(self.proc.stdout.readline() or b"{}")
         if not self.hello.get("ready"):
             raise RuntimeError("sandbox worker failed to start")
         if isolation == "namespaces" and self.hello["namespaces_error"]:
-            raise RuntimeError(f"isolation='namespaces' requested but unavailable: "
-                               f"{self.hello['namespaces_error']}; use isolation='auto'")
+            raise RuntimeError(
+                f"isolation='namespaces' requested but unavailable: "
+                f"{self.hello['namespaces_error']}; use isolation='auto'"
+            )
         self.namespaces = isolation != "rlimits" and not self.hello["namespaces_error"]
         self.config = self.config_fn(self)
         self.proc.stdin.write((json.dumps(self.config) + "\n").encode())
@@ -248,8 +274,9 @@ class Sandbox:
         # Distinct unprivileged uids per sandbox and worker, candidate != harness, so
         # RLIMIT_NPROC counts are private and the candidate cannot signal or ptrace the harness.
         self._uid_base = random.SystemRandom().randrange(1 << 20, 1 << 30, 1 << 8)
-        self._jobs_dir = tempfile.mkdtemp(prefix="jaxagent-sbx-", dir="/dev/shm" if os.access(
-            "/dev/shm", os.W_OK) else None)
+        self._jobs_dir = tempfile.mkdtemp(
+            prefix="jaxagent-sbx-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        )
         os.mkdir(os.path.join(self._jobs_dir, "mnt"))
         self._workers = []
         for i in range(num_workers):
@@ -262,8 +289,15 @@ class Sandbox:
         if self.namespaces:
             self.isolation = "namespaces(pid,net,mount,ipc,uts)+ro-root+uid+rlimits" + seccomp
         else:
-            self.isolation = "rlimits+pgroup+socket-block" + seccomp + (
-                "" if self.config.isolation == "rlimits" else f" ({w.hello['namespaces_error']})")
+            self.isolation = (
+                "rlimits+pgroup+socket-block"
+                + seccomp
+                + (
+                    ""
+                    if self.config.isolation == "rlimits"
+                    else f" ({w.hello['namespaces_error']})"
+                )
+            )
         self._pool = ThreadPoolExecutor(num_workers) if num_workers > 1 else None
 
     # -- public API
@@ -303,13 +337,24 @@ class Sandbox:
         uid = self._uid_base + 2 * worker.index
         ns = worker.namespaces
         return {
-            "jobs_dir": self._jobs_dir, "timeout_s": cfg.timeout_s,
-            "cpu_s": cfg.cpu_limit_s, "memory_bytes": cfg.memory_mb << 20,
-            "fsize_bytes": cfg.max_file_mb << 20, "nofile": cfg.max_open_files,
-            "nproc": cfg.max_processes, "uid": uid, "harness_uid": uid + 1,
-            "namespaces": ns, "ro_binds": worker.hello["ro_binds"], "tmpfs_mb": cfg.tmpfs_mb,
-            "env": {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if ns else ".",
-                    "TMPDIR": "/tmp" if ns else ".", "LANG": "C.UTF-8"},
+            "jobs_dir": self._jobs_dir,
+            "timeout_s": cfg.timeout_s,
+            "cpu_s": cfg.cpu_limit_s,
+            "memory_bytes": cfg.memory_mb << 20,
+            "fsize_bytes": cfg.max_file_mb << 20,
+            "nofile": cfg.max_open_files,
+            "nproc": cfg.max_processes,
+            "uid": uid,
+            "harness_uid": uid + 1,
+            "namespaces": ns,
+            "ro_binds": worker.hello["ro_binds"],
+            "tmpfs_mb": cfg.tmpfs_mb,
+            "env": {
+                "PATH": "/usr/bin:/bin",
+                "HOME": "/tmp" if ns else ".",
+                "TMPDIR": "/tmp" if ns else ".",
+                "LANG": "C.UTF-8",
+            },
             "margin_s": cfg.harness_margin_s,
         }
 
@@ -326,8 +371,12 @@ class Sandbox:
         if tests is not None:
             with open(os.path.join(workroot, "tests.pkl"), "wb") as f:
                 f.write(tests.compiled())
-        job = {"name": name, "mode": "tests" if tests else "run", "code_bytes": len(data),
-               "entry_point": tests and tests.entry_point}
+        job = {
+            "name": name,
+            "mode": "tests" if tests else "run",
+            "code_bytes": len(data),
+            "entry_point": tests and tests.entry_point,
+        }
         try:
             rep = worker.request(job, self.config.timeout_s + 30.0)
         except (RuntimeError, OSError, ValueError) as e:
@@ -344,13 +393,22 @@ class Sandbox:
         return SandboxResult("error", None, None, 0.0, self.isolation, "", "", detail=detail)
 
     def _classify(self, rep: dict, total: int, stdout: str, stderr: str) -> SandboxResult:
-        base = dict(duration_s=float(rep.get("duration_s", 0.0)), isolation=self.isolation,
-                    stdout=stdout, stderr=stderr)
+        base = dict(
+            duration_s=float(rep.get("duration_s", 0.0)),
+            isolation=self.isolation,
+            stdout=stdout,
+            stderr=stderr,
+        )
         if "error" in rep:
             return SandboxResult("error", None, None, detail=rep["error"][-1000:], **base)
         if rep.get("timed_out"):
-            return SandboxResult("timeout", None, signal.SIGKILL, detail=(
-                f"wall-clock limit of {self.config.timeout_s}s exceeded"), **base)
+            return SandboxResult(
+                "timeout",
+                None,
+                signal.SIGKILL,
+                detail=(f"wall-clock limit of {self.config.timeout_s}s exceeded"),
+                **base,
+            )
         code, sig = _decode_wait(rep.get("wait_status"))
         if rep.get("report") is None and not total:
             status, detail = _run_status(code, sig, self.config)
@@ -374,8 +432,16 @@ class Sandbox:
             status = "failed"
         if first is not None and not detail:
             detail = f"failed test: {first['src']}\n{first['error']}"
-        return SandboxResult(status, code, sig, tests_passed=passed, tests_total=total,
-                             test_results=units, detail=detail[:4000], **base)
+        return SandboxResult(
+            status,
+            code,
+            sig,
+            tests_passed=passed,
+            tests_total=total,
+            test_results=units,
+            detail=detail[:4000],
+            **base,
+        )
 
 
 def _decode_wait(status: int | None) -> tuple[int | None, int | None]:
@@ -403,18 +469,22 @@ def _run_status(code: int | None, sig: int | None, cfg: SandboxConfig) -> tuple[
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxagent.envs.code.sandbox",
-        description="Run one Python file in the jaxagent sandbox exactly as training does.")
+        description="Run one Python file in the jaxagent sandbox exactly as training does.",
+    )
     parser.add_argument("path", help="Python file to run as __main__")
-    parser.add_argument("--timeout", type=float, default=SandboxConfig.timeout_s,
-                        help="wall-clock limit in seconds")
-    parser.add_argument("--memory-mb", type=int, default=SandboxConfig.memory_mb,
-                        help="address-space limit in MiB")
+    parser.add_argument(
+        "--timeout", type=float, default=SandboxConfig.timeout_s, help="wall-clock limit in seconds"
+    )
+    parser.add_argument(
+        "--memory-mb", type=int, default=SandboxConfig.memory_mb, help="address-space limit in MiB"
+    )
     parser.add_argument("--isolation", default="auto", choices=ISOLATION_CHOICES)
     args = parser.parse_args(argv)
     if not os.path.isfile(args.path):
         parser.error(f"PATH={args.path!r} is not a file: give the path of a Python source file")
-    config = SandboxConfig(timeout_s=args.timeout, memory_mb=args.memory_mb,
-                           isolation=args.isolation)
+    config = SandboxConfig(
+        timeout_s=args.timeout, memory_mb=args.memory_mb, isolation=args.isolation
+    )
     with Sandbox(config) as sandbox:
         result = sandbox.run_file(args.path)
     print(json.dumps(result.to_json()))

