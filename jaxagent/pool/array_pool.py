@@ -48,7 +48,7 @@ class ArrayEnvPool:
 
     def send(self, env_ids, actions) -> None:
         env_ids = np.asarray(env_ids, np.int64)
-        if np.any(self._pending[env_ids]):
+        if self._pending[env_ids].any():
             busy = env_ids[self._pending[env_ids]].tolist()
             raise ValueError(f"envs {busy} already have an action pending; recv() first")
         self._actions[env_ids] = actions
@@ -66,7 +66,10 @@ class ArrayEnvPool:
                 "send() actions first (a synchronous batched backend cannot wait for more)"
             )
         start = time.perf_counter()
-        obs, reward, terminated, truncated, _ = self.env.step_envs(ids, self._actions[ids])
+        if len(ids) == self.num_envs:  # the common case: one plain batched step
+            obs, reward, terminated, truncated, _ = self.env.step(self._actions)
+        else:
+            obs, reward, terminated, truncated, _ = self.env.step_envs(ids, self._actions[ids])
         self.health.latency(time.perf_counter() - start)
         self.health.add("steps", len(ids))
         self._pending[ids] = False

@@ -138,6 +138,7 @@ class MujocoVectorEnv:
         self._xy = np.zeros((num_envs, 2))
         self._actions = np.zeros((num_envs, m.nu))
         self._active = np.ones(num_envs, bool)
+        self._all = np.ones(num_envs, bool)
         self.obs_dim = self.spec.observe(self._readings(self._actions)).shape[1]
         if engine == "rollout":
             self._init_rollout(num_threads)
@@ -251,7 +252,7 @@ class MujocoVectorEnv:
                 f"actions have shape {actions.shape}; expected (num_envs, act_dim) = "
                 f"({self.num_envs}, {self.act_dim})"
             )
-        return self._step(actions, np.ones(self.num_envs, bool))
+        return self._step(actions, self._all)
 
     def step_envs(self, env_ids: np.ndarray, actions: np.ndarray):
         """Step only ``env_ids [K]`` with ``actions [K, act_dim]``; returns arrays over those K."""
