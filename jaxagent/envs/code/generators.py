@@ -3,9 +3,9 @@
 Each *family* draws random constants, a random function name and random inputs, writes a
 HumanEval-style prompt (signature + docstring with one visible example) and a reference
 solution, and computes the expected outputs of the hidden tests by running that reference on
-the host (it is our own code, not agent code). With ~15 families, several random constants
-each and random names, the train split has far more distinct problems than a model can
-memorise, and every problem's tests are different inputs from its visible example.
+the host (it is our own code, not agent code). With 20 families, random constants (thousands
+of distinct behaviours) and random names, the train split has far more distinct problems than
+a model can memorise, and every problem's tests are different inputs from its visible example.
 """
 
 from __future__ import annotations
@@ -250,6 +250,52 @@ def _dedupe_keep(rng):
     return "xs: list", doc, body, lambda g: (_ints(g, 0, 5, 0, 10),)
 
 
+def _poly_eval(rng):
+    coeffs = [rng.randint(-5, 5) for _ in range(rng.randint(2, 4))]
+    terms = " + ".join(f"({c}) * x ** {i}" for i, c in enumerate(coeffs))
+    doc = [f"Return [p(x) for x in xs] where p(x) = {terms}."]
+    body = f"return [sum(c * x ** i for i, c in enumerate({coeffs!r})) for x in xs]"
+    return "xs: list", doc, body, lambda g: (_ints(g, -6, 6, 0, 6),)
+
+
+def _substitute(rng):
+    src = "".join(rng.sample("abcdefghij", 3))
+    dst = "".join(rng.choice("klmnopqrstuvwxyz") for _ in range(3))
+    pairs = ", ".join(f"'{a}' -> '{b}'" for a, b in zip(src, dst))
+    doc = [
+        f"Return s with every occurrence of each letter replaced as follows: {pairs};",
+        "all other characters unchanged (replacements are not applied twice).",
+    ]
+    body = f"return s.translate(str.maketrans({src!r}, {dst!r}))"
+    return "s: str", doc, body, lambda g: (_word(g, 0, 12, "abcdefghijxyz "),)
+
+
+def _base_repr(rng):
+    b = rng.randint(2, 9)
+    width = rng.randint(0, 6)
+    doc = [
+        f"Return the base-{b} digits of the non-negative integer n as a string, left-padded",
+        f"with '0' to at least {width} characters ('0' for n == 0 before padding).",
+    ]
+    body = (
+        f"digits = ''\n    while n:\n        digits = str(n % {b}) + digits\n"
+        f"        n //= {b}\n    return (digits or '0').rjust({width}, '0')"
+    )
+    return "n: int", doc, body, lambda g: (g.randint(0, 5000),)
+
+
+def _clamp_scale(rng):
+    lo = rng.randint(-10, 0)
+    hi = lo + rng.randint(1, 15)
+    k = rng.randint(2, 6)
+    doc = [
+        f"Clamp every x in xs to the interval [{lo}, {hi}], multiply it by {k}, and return",
+        "the resulting list.",
+    ]
+    body = f"return [{k} * min(max(x, {lo}), {hi}) for x in xs]"
+    return "xs: list", doc, body, lambda g: (_ints(g, -20, 20, 0, 8),)
+
+
 FAMILIES: dict[str, Callable] = {
     f.__name__.lstrip("_"): f
     for f in (
@@ -269,6 +315,10 @@ FAMILIES: dict[str, Callable] = {
         _chunk_reverse,
         _collatz_like,
         _dedupe_keep,
+        _poly_eval,
+        _substitute,
+        _base_repr,
+        _clamp_scale,
     )
 }
 
