@@ -102,7 +102,9 @@ def _envpool_rate(seconds):
     import sys
 
     code = _ENVPOOL_CHILD.format(task=TASK, n=N_ENVS, a=ACT_DIM)
-    proc = subprocess.run([sys.executable, "-c", code, str(seconds)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(seconds)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         print(f"envpool: unavailable ({proc.stderr.strip().splitlines()[-1:]})")
         return None
@@ -160,10 +162,12 @@ def main():
     import gymnasium
     import mujoco
 
-    print(f"setup: {TASK}, {N_ENVS} envs, random actions; {os.cpu_count()} CPUs; "
-          f"load avg {os.getloadavg()[0]:.2f}; python {platform.python_version()}, "
-          f"mujoco {mujoco.__version__}, gymnasium {gymnasium.__version__}; "
-          f"{args.rounds} interleaved rounds x {args.seconds}s, median reported")
+    print(
+        f"setup: {TASK}, {N_ENVS} envs, random actions; {os.cpu_count()} CPUs; "
+        f"load avg {os.getloadavg()[0]:.2f}; python {platform.python_version()}, "
+        f"mujoco {mujoco.__version__}, gymnasium {gymnasium.__version__}; "
+        f"{args.rounds} interleaved rounds x {args.seconds}s, median reported"
+    )
     actions = _actions(1000)
     contenders = make_contenders()
     rates = {name: [] for name in contenders}
@@ -180,8 +184,14 @@ def main():
     bound = raw_rollout_bound(args.seconds)
     ours = med["jaxagent_pool_2thr"]
     for name, v in med.items():
-        print(f"{name:>22}: {v:10.0f} env steps/s   (rounds: {', '.join(f'{x:.0f}' for x in rates[name])})")
-    print(f"{'raw mujoco.rollout 2thr':>22}: {bound:10.0f} env steps/s (physics bound, no Python per step)")
+        print(
+            f"{name:>22}: {v:10.0f} env steps/s   "
+            f"(rounds: {', '.join(f'{x:.0f}' for x in rates[name])})"
+        )
+    print(
+        f"{'raw mujoco.rollout 2thr':>22}: {bound:10.0f} env steps/s "
+        "(physics bound, no Python per step)"
+    )
     ratios = {f"ratio_vs_{k}": ours / v for k, v in med.items() if not k.startswith("jaxagent")}
     ratios["rollout_engine_ratio_vs_gymnasium_sync8"] = (
         med["jaxagent_rollout_2thr"] / med["gymnasium_sync8"]
@@ -189,14 +199,18 @@ def main():
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
     best = max(ours, med["jaxagent_rollout_2thr"])
-    print(f"fraction of raw physics bound: exact {ours / bound:.2f}; target >= 40000 steps/s: "
-          f"exact {'met' if ours >= 40000 else 'NOT met'}, best engine "
-          f"{'met' if best >= 40000 else 'NOT met'} on this run")
+    print(
+        f"fraction of raw physics bound: exact {ours / bound:.2f}; target >= 40000 steps/s: "
+        f"exact {'met' if ours >= 40000 else 'NOT met'}, best engine "
+        f"{'met' if best >= 40000 else 'NOT met'} on this run"
+    )
     text_rate, ideal, snap = text_env_throughput(seconds=max(2.0, args.seconds))
     eff = text_rate / ideal
-    print(f"text envs: 256 tool envs x 50 ms latency, thread backend: {text_rate:.0f} calls/s, "
-          f"ideal {ideal:.0f}; efficiency {eff:.2%} (target >= 80%); latency p50/p99 "
-          f"{snap['latency_p50_ms']:.1f}/{snap['latency_p99_ms']:.1f} ms")
+    print(
+        f"text envs: 256 tool envs x 50 ms latency, thread backend: {text_rate:.0f} calls/s, "
+        f"ideal {ideal:.0f}; efficiency {eff:.2%} (target >= 80%); latency p50/p99 "
+        f"{snap['latency_p50_ms']:.1f}/{snap['latency_p99_ms']:.1f} ms"
+    )
     result = {
         "jaxagent_steps_s": round(ours),
         "gymnasium_sync8_steps_s": round(med["gymnasium_sync8"]),

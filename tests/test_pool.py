@@ -3,7 +3,6 @@
 import re
 import time
 
-import numpy as np
 import pytest
 
 from jaxagent.envs.base import StepResult, Task, truncate_observation
@@ -40,8 +39,13 @@ def test_faults_no_episode_lost_and_counters_match(backend):
     # 2 s: short enough for a fast test, far above a normal call (~1 ms; < 0.7 s seen on a
     # loaded 2-core machine), so that every timeout is an injected hang.
     config = PoolConfig(
-        num_envs=16, backend=backend, step_timeout_s=2.0, reset_timeout_s=2.0,
-        max_retries=2, backoff_s=0.01, seed=3,
+        num_envs=16,
+        backend=backend,
+        step_timeout_s=2.0,
+        reset_timeout_s=2.0,
+        max_retries=2,
+        backoff_s=0.01,
+        seed=3,
     )
     with EnvPool(FaultyEnvFactory(FakeToolEnvFactory(episode_len=3), faults, log), config) as pool:
         started, finals = _run_episodes(pool, 200, 16)
@@ -115,7 +119,9 @@ def test_reset_retries_with_backoff_then_succeeds():
 
 def test_reset_gives_up_after_max_retries_with_label():
     _FlakyReset.attempts = {}
-    with EnvPool(lambda i: _FlakyReset(i, fails=99), PoolConfig(num_envs=2, max_retries=1, backoff_s=0.0)) as pool:
+    with EnvPool(
+        lambda i: _FlakyReset(i, fails=99), PoolConfig(num_envs=2, max_retries=1, backoff_s=0.0)
+    ) as pool:
         pool.async_reset([0, 1], Task("a", "train", "p"))
         out = []
         while len(out) < 2:
@@ -176,8 +182,11 @@ def test_recv_timeout_and_observation_truncation():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"num_envs": 0}, "num_envs"), ({"num_envs": 1, "backend": "ray"}, "backend"),
-     ({"num_envs": 1, "step_timeout_s": 0}, "step_timeout_s")],
+    [
+        ({"num_envs": 0}, "num_envs"),
+        ({"num_envs": 1, "backend": "ray"}, "backend"),
+        ({"num_envs": 1, "step_timeout_s": 0}, "step_timeout_s"),
+    ],
 )
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -195,7 +204,9 @@ def test_idle_worker_death_is_answered_at_the_next_send_and_abandon_is_silent():
     import os
     import signal
 
-    with EnvPool(FakeToolEnvFactory(episode_len=5), PoolConfig(num_envs=2, backend="process")) as pool:
+    with EnvPool(
+        FakeToolEnvFactory(episode_len=5), PoolConfig(num_envs=2, backend="process")
+    ) as pool:
         pool.async_reset([0, 1], Task("a", "train", "p"))
         assert len(pool.recv(min_batch=2)) == 2
         os.kill(pool._slots[0].worker.process.pid, signal.SIGKILL)  # dies while idle

@@ -18,9 +18,7 @@ from jaxagent.pool.prefetch import DevicePrefetcher
 
 def test_collate_pads_to_buckets_right_and_left():
     out = collate([[5, 6, 7], [8]], buckets=(2, 4, 8), batch_buckets=(4,), pad_id=-1)
-    np.testing.assert_array_equal(
-        out.tokens, [[5, 6, 7, -1], [8, -1, -1, -1], [-1] * 4, [-1] * 4]
-    )
+    np.testing.assert_array_equal(out.tokens, [[5, 6, 7, -1], [8, -1, -1, -1], [-1] * 4, [-1] * 4])
     np.testing.assert_array_equal(out.segment_ids[:2], [[1, 1, 1, 0], [1, 0, 0, 0]])
     np.testing.assert_array_equal(out.positions[0], [0, 1, 2, 0])
     np.testing.assert_array_equal(out.lengths, [3, 1, 0, 0])
@@ -68,11 +66,14 @@ def test_prefetcher_rejects_a_shape_change():
 
 def test_async_front_end_runs_episodes_as_coroutines_with_faults():
     log = FaultLog.create()
-    env_fn = FaultyEnvFactory(FakeToolEnvFactory(episode_len=3, latency_s=0.01), FaultConfig(crash=0.1, seed=2), log)
+    env_fn = FaultyEnvFactory(
+        FakeToolEnvFactory(episode_len=3, latency_s=0.01), FaultConfig(crash=0.1, seed=2), log
+    )
 
     async def main():
         pool = AsyncEnvPool(EnvPool(env_fn, PoolConfig(num_envs=8, max_retries=0)))
         async with pool:
+
             async def episode(env_id, tasks):
                 finals = []
                 for task in tasks:

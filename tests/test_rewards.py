@@ -5,7 +5,13 @@ import itertools
 import numpy as np
 import pytest
 
-from jaxagent.envs.rewards import RewardMix, episode_reward, process_score, reward_terms, step_rewards
+from jaxagent.envs.rewards import (
+    RewardMix,
+    episode_reward,
+    process_score,
+    reward_terms,
+    step_rewards,
+)
 
 
 def test_process_score_is_a_ladder():

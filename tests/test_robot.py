@@ -8,7 +8,9 @@ from jaxagent.envs.base import ArrayEnv
 from jaxagent.envs.robot import MujocoVectorEnv
 
 
-@pytest.mark.parametrize("task, steps", [("HalfCheetah-v5", 300), ("Hopper-v5", 300), ("Ant-v5", 150)])
+@pytest.mark.parametrize(
+    "task, steps", [("HalfCheetah-v5", 300), ("Hopper-v5", 300), ("Ant-v5", 150)]
+)
 def test_matches_gymnasium_sync_vector_env(task, steps):
     # Same seeds and actions -> same observations, rewards and flags, through terminations,
     # Gymnasium's next-step autoreset and (with a short TimeLimit) truncations.

@@ -28,7 +28,8 @@ import multiprocessing
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class FaultLog:
         self._array = array
 
     @classmethod
-    def create(cls, context: str = "forkserver") -> "FaultLog":
+    def create(cls, context: str = "forkserver") -> FaultLog:
         """Shared counters; ``context`` must match the pool's ``PoolConfig.start_method``."""
         ctx = multiprocessing.get_context(context)
         return cls(ctx.Array("q", len(FAULT_KINDS), lock=True))

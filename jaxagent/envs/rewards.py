@@ -22,7 +22,7 @@ Host-side numpy/python only (nothing here imports JAX).
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

@@ -35,7 +35,9 @@ class AsyncEnvPool:
     def _ensure_dispatcher(self):
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
-            self._thread = threading.Thread(target=self._dispatch, name="pool-dispatch", daemon=True)
+            self._thread = threading.Thread(
+                target=self._dispatch, name="pool-dispatch", daemon=True
+            )
             self._thread.start()
 
     def _dispatch(self):

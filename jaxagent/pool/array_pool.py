@@ -18,7 +18,7 @@ from jaxagent.pool.health import Health
 
 @dataclasses.dataclass
 class ArrayBatch:
-    """``env_ids [K]``, ``obs [K, obs_dim]``, ``reward [K]``, ``terminated [K]``, ``truncated [K]``."""
+    """``env_ids [K]``, ``obs [K, obs_dim]``, ``reward``, ``terminated``, ``truncated`` ``[K]``."""
 
     env_ids: np.ndarray
     obs: np.ndarray
@@ -43,7 +43,9 @@ class ArrayEnvPool:
         """Reset every env (env i seeded with ``seed + i``); the observations come from recv."""
         obs, _ = self.env.reset(seed=self.seed)
         n = self.num_envs
-        self._ready = ArrayBatch(np.arange(n), obs, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
+        self._ready = ArrayBatch(
+            np.arange(n), obs, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+        )
         self.health.add("resets", n)
 
     def send(self, env_ids, actions) -> None:

@@ -9,7 +9,7 @@ calls it before anything crosses to the device.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

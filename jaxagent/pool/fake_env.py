@@ -22,7 +22,7 @@ class FakeToolEnvFactory:
     latency_s: float = 0.0  # mean simulated tool latency per call
     jitter: float = 0.0  # latency is uniform in latency_s * [1 - jitter, 1 + jitter]
 
-    def __call__(self, env_id: int) -> "FakeToolEnv":
+    def __call__(self, env_id: int) -> FakeToolEnv:
         return FakeToolEnv(env_id, self.episode_len, self.latency_s, self.jitter)
 
 
@@ -30,7 +30,9 @@ class FakeToolEnv:
     """Echoes actions; the episode ends after ``episode_len`` steps with reward 1 if every
     action was ``"call <i>"`` with ``i`` the step index (so a test can check routing)."""
 
-    def __init__(self, env_id: int, episode_len: int = 3, latency_s: float = 0.0, jitter: float = 0.0):
+    def __init__(
+        self, env_id: int, episode_len: int = 3, latency_s: float = 0.0, jitter: float = 0.0
+    ):
         self.env_id, self.episode_len = env_id, episode_len
         self.latency_s, self.jitter = latency_s, jitter
         self._rng = np.random.default_rng(env_id)

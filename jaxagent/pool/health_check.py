@@ -14,7 +14,8 @@ settings (timeouts, retries, restarts) contain the failures the environment will
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from jaxagent.envs.base import Task
 from jaxagent.envs.faults import FaultConfig, FaultLog, FaultyEnvFactory
@@ -36,7 +37,11 @@ class HealthReport:
     @property
     def counters_match(self) -> bool:
         h, inj = self.health, self.injected
-        return (h["timeouts"], h["crashes"], h["corrupt"]) == (inj["hang"], inj["crash"], inj["corrupt"])
+        return (h["timeouts"], h["crashes"], h["corrupt"]) == (
+            inj["hang"],
+            inj["crash"],
+            inj["corrupt"],
+        )
 
     @property
     def ok(self) -> bool:
@@ -84,8 +89,7 @@ def run_health_check(
         health = pool.health.snapshot()
     ids = [r.episode_id for r in finals]
     unlabelled = sum(
-        1 for r in finals
-        if r.info.get("env_error") and r.info.get("failure_mode") != "env_error"
+        1 for r in finals if r.info.get("env_error") and r.info.get("failure_mode") != "env_error"
     )
     return HealthReport(
         episodes_in=len(tasks),

@@ -11,9 +11,10 @@ Guarantees:
   * Every call (reset or step) gets exactly one answer; answers only follow calls.
   * No episode is ever lost: every episode started by ``async_reset`` yields exactly one
     ``PoolStep`` with ``done=True``, unless the caller itself abandons it by resetting the env
-    mid-episode (counted in ``episodes_abandoned``, no answer emitted). If its env failed (timeout, crash, corrupt data, exception)
-    that step carries ``info["termination"] == "env_error"`` and
-    ``info["failure_mode"] == "env_error"`` plus the reason in ``info["env_error"]``.
+    mid-episode (counted in ``episodes_abandoned``, no answer emitted). If its env failed
+    (timeout, crash, corrupt data, exception) that step carries
+    ``info["termination"] == "env_error"`` and ``info["failure_mode"] == "env_error"``, plus
+    the reason in ``info["env_error"]``.
   * A failed ``reset`` is retried up to ``max_retries`` times with exponential back-off (a reset
     is idempotent); a failed ``step`` is not retried (the env's state is lost with the worker), so
     the episode ends with env_error.
@@ -32,7 +33,8 @@ import pickle
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -160,8 +162,14 @@ class EnvPool:
                 if slot.lost is not None:  # its worker died between calls: answer with the loss
                     reason, detail = slot.lost
                     slot.lost = None
-                    self._finish(slot, env_id, f"[environment error: {reason}] {detail}", 0.0,
-                                 env_error_info(reason, detail), 0.0)
+                    self._finish(
+                        slot,
+                        env_id,
+                        f"[environment error: {reason}] {detail}",
+                        0.0,
+                        env_error_info(reason, detail),
+                        0.0,
+                    )
                     continue
                 self._submit(env_id, "step", action, self.config.step_timeout_s)
 
@@ -185,7 +193,11 @@ class EnvPool:
                 self._poll_timers()
                 need = min(min_batch, self.pending())
                 # With nothing pending, return at once unless a timeout asks to wait for work.
-                if (need and len(self._ready) >= need) or (not need and timeout is None) or self._closed:
+                if (
+                    (need and len(self._ready) >= need)
+                    or (not need and timeout is None)
+                    or self._closed
+                ):
                     out, self._ready = self._ready, []
                     return out
                 wait = self._next_timer() - time.monotonic()
@@ -236,7 +248,9 @@ class EnvPool:
 
     def _check_env_id(self, env_id) -> int:
         if not isinstance(env_id, numbers.Integral) or not 0 <= env_id < self.num_envs:
-            raise ValueError(f"env id {env_id!r} out of range: this pool has envs 0..{self.num_envs - 1}")
+            raise ValueError(
+                f"env id {env_id!r} out of range: this pool has envs 0..{self.num_envs - 1}"
+            )
         return int(env_id)
 
     def _spawn(self, env_id: int, generation: int):
@@ -335,7 +349,9 @@ class EnvPool:
         if call.kind == "reset":
             self.health.add("resets")
             obs = self._truncate(value)
-            self._ready.append(PoolStep(env_id, slot.episode_id, "reset", obs, 0.0, False, {}, latency))
+            self._ready.append(
+                PoolStep(env_id, slot.episode_id, "reset", obs, 0.0, False, {}, latency)
+            )
             return
         self.health.add("steps")
         step = value if isinstance(value, StepResult) else StepResult(*value)
@@ -349,7 +365,9 @@ class EnvPool:
             self._finish(slot, env_id, obs, float(step.reward), info, latency)
         else:
             self._ready.append(
-                PoolStep(env_id, slot.episode_id, "step", obs, float(step.reward), False, info, latency)
+                PoolStep(
+                    env_id, slot.episode_id, "step", obs, float(step.reward), False, info, latency
+                )
             )
 
     def _fail(self, env_id: int, reason: str, detail: str) -> None:
@@ -367,11 +385,15 @@ class EnvPool:
         obs = f"[environment error: {reason}] {detail}".strip()
         self._finish(slot, env_id, obs, 0.0, env_error_info(reason, detail), latency)
 
-    def _finish(self, slot: _Slot, env_id: int, obs: str, reward: float, info: dict, latency: float):
+    def _finish(
+        self, slot: _Slot, env_id: int, obs: str, reward: float, info: dict, latency: float
+    ):
         if info.get("termination") == Termination.ENV_ERROR.value:
             self.health.add("env_error_episodes")
         self.health.add("episodes_finished")
-        self._ready.append(PoolStep(env_id, slot.episode_id, "step", obs, reward, True, info, latency))
+        self._ready.append(
+            PoolStep(env_id, slot.episode_id, "step", obs, reward, True, info, latency)
+        )
         slot.episode_id = None
 
     def _truncate(self, text: str) -> str:

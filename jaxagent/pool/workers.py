@@ -20,7 +20,8 @@ import queue
 import signal
 import threading
 import traceback
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from jaxagent.envs.faults import EnvCrash
 

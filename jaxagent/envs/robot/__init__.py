@@ -3,4 +3,4 @@
 from jaxagent.envs.robot.tasks import TASKS, TaskSpec, get_task
 from jaxagent.envs.robot.vector import MujocoVectorEnv
 
-__all__ = ["MujocoVectorEnv", "TASKS", "TaskSpec", "get_task"]
+__all__ = ["TASKS", "MujocoVectorEnv", "TaskSpec", "get_task"]

@@ -7,16 +7,17 @@ the same MuJoCo calls as Gymnasium (``mj_resetData`` + ``mj_forward`` on reset;
 ``mj_step(nstep=frame_skip)`` + ``mj_rnePostConstraint`` on step), so observations and rewards
 match Gymnasium's own environments for the same seeds and actions.
 
-Readings (per batch of N envs): ``qpv [N, nq + nv]`` (qpos then qvel), ``qpos [N, nq]``, ``qvel [N, nv]``, ``pos_before`` /
-``pos_after`` (``[N]`` x position of the root joint, or ``[N, 2]`` xy of the main body for
-Ant), ``cfrc_ext [N, nbody, 6]`` (Ant only), ``action [N, nu]``, ``dt`` seconds per env step.
+Readings (per batch of N envs): ``qpv [N, nq + nv]`` (qpos then qvel), ``qpos [N, nq]``,
+``qvel [N, nv]``, ``pos_before`` / ``pos_after`` (``[N]`` x position of the root joint, or
+``[N, 2]`` xy of the main body for Ant), ``cfrc_ext [N, nbody, 6]`` (Ant only),
+``action [N, nu]``, ``dt`` seconds per env step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -109,7 +110,9 @@ def _ant_obs(r):
 def _ant_reward(r):
     x_velocity = _velocity(r)[:, 0]
     healthy = _ant_healthy(r) * 1.0
-    contact = 5e-4 * np.sum(np.square(np.clip(r["cfrc_ext"], -1.0, 1.0)).reshape(len(healthy), -1), axis=1)
+    contact = 5e-4 * np.sum(
+        np.square(np.clip(r["cfrc_ext"], -1.0, 1.0)).reshape(len(healthy), -1), axis=1
+    )
     return (x_velocity * 1 + healthy) - (_ctrl_cost(r, 0.5) + contact)
 
 
@@ -119,16 +122,40 @@ def _ant_terminated(r):
 
 TASKS = {
     "HalfCheetah-v5": TaskSpec(
-        "HalfCheetah-v5", "half_cheetah.xml", 5, "uniform_normal", 0.1, "x", False,
-        _cheetah_obs, _cheetah_reward, _never,
+        "HalfCheetah-v5",
+        "half_cheetah.xml",
+        5,
+        "uniform_normal",
+        0.1,
+        "x",
+        False,
+        _cheetah_obs,
+        _cheetah_reward,
+        _never,
     ),
     "Hopper-v5": TaskSpec(
-        "Hopper-v5", "hopper.xml", 4, "uniform", 5e-3, "x", False,
-        _hopper_obs, _hopper_reward, _hopper_terminated,
+        "Hopper-v5",
+        "hopper.xml",
+        4,
+        "uniform",
+        5e-3,
+        "x",
+        False,
+        _hopper_obs,
+        _hopper_reward,
+        _hopper_terminated,
     ),
     "Ant-v5": TaskSpec(
-        "Ant-v5", "ant.xml", 5, "uniform_normal", 0.1, "xy_body1", True,
-        _ant_obs, _ant_reward, _ant_terminated,
+        "Ant-v5",
+        "ant.xml",
+        5,
+        "uniform_normal",
+        0.1,
+        "xy_body1",
+        True,
+        _ant_obs,
+        _ant_reward,
+        _ant_terminated,
     ),
 }
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import mujoco
 import numpy as np
@@ -110,7 +110,9 @@ class MujocoVectorEnv:
         if num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be >= 1")
         if engine not in ("exact", "rollout"):
-            raise ValueError(f"engine={engine!r}; choose 'exact' (Gymnasium-identical) or 'rollout'")
+            raise ValueError(
+                f"engine={engine!r}; choose 'exact' (Gymnasium-identical) or 'rollout'"
+            )
         self.spec: TaskSpec = get_task(task)
         if engine == "rollout" and self.spec.needs_cfrc_ext:
             raise ValueError(
@@ -164,17 +166,32 @@ class MujocoVectorEnv:
             return
         self._ctrl[ids] = self._actions[ids, None, :]
         if len(ids) == self.num_envs:
-            state0, ctrl, out, sensor, models = self._state, self._ctrl, self._out, self._sensor, self._models
+            state0, ctrl, out, sensor, models = (
+                self._state,
+                self._ctrl,
+                self._out,
+                self._sensor,
+                self._models,
+            )
         else:
             k = len(ids)
             state0, ctrl, models = self._state[ids], self._ctrl[ids], self._models[:k]
             out, sensor = np.zeros((k, fs, self._state.shape[1])), np.zeros((k, fs, m.nsensordata))
         self._rollout.rollout(
-            models, self._rollout_datas, state0, ctrl, skip_checks=True, nstep=fs,
-            state=out, sensordata=sensor, chunk_size=self._chunk,
+            models,
+            self._rollout_datas,
+            state0,
+            ctrl,
+            skip_checks=True,
+            nstep=fs,
+            state=out,
+            sensordata=sensor,
+            chunk_size=self._chunk,
         )
         self._state[ids] = out[:, -1]
-        self._qpv[ids] = self._state[ids, 1 : 1 + m.nq + m.nv]  # FULLPHYSICS = [time, qpos, qvel, ...]
+        self._qpv[ids] = self._state[
+            ids, 1 : 1 + m.nq + m.nv
+        ]  # FULLPHYSICS = [time, qpos, qvel, ...]
 
     # ------------------------------------------------------------------ readings
 
@@ -192,8 +209,13 @@ class MujocoVectorEnv:
         nq = self.model.nq
         pos_after = self._position()
         return {
-            "qpv": self._qpv, "qpos": self._qpv[:, :nq], "qvel": self._qpv[:, nq:], "cfrc_ext": self._cfrc,
-            "action": action, "dt": self.dt, "pos_after": pos_after,
+            "qpv": self._qpv,
+            "qpos": self._qpv[:, :nq],
+            "qvel": self._qpv[:, nq:],
+            "cfrc_ext": self._cfrc,
+            "action": action,
+            "dt": self.dt,
+            "pos_after": pos_after,
             "pos_before": pos_after if pos_before is None else pos_before,
         }
 
@@ -218,7 +240,9 @@ class MujocoVectorEnv:
         if self.engine == "rollout":
             mujoco.mj_getState(m, d, self._state[i], self._full)
 
-    def reset(self, seed: int | Sequence[int] | None = None, options=None) -> tuple[np.ndarray, dict]:
+    def reset(
+        self, seed: int | Sequence[int] | None = None, options=None
+    ) -> tuple[np.ndarray, dict]:
         """Reset all envs. ``seed``: int (env i gets seed + i), a list of N seeds, or None."""
         del options
         if seed is None or isinstance(seed, (int, np.integer)):
@@ -245,7 +269,7 @@ class MujocoVectorEnv:
         self._gather(i)
 
     def step(self, actions: np.ndarray):
-        """Step all envs. ``actions [N, act_dim]``; returns obs, reward, terminated, truncated, info."""
+        """Step all envs. ``actions [N, act_dim]`` -> obs, reward, terminated, truncated, info."""
         actions = np.asarray(actions)
         if actions.shape != (self.num_envs, self.act_dim):
             raise ValueError(
