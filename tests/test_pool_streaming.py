@@ -95,3 +95,17 @@ def test_async_front_end_runs_episodes_as_coroutines_with_faults():
     assert all(r.info["env_error"] == "crash" for r in errors)
     assert all(r.reward == 1.0 for r in finals if not r.env_error)
     assert health["crashes"] == log.counts()["crash"] == len(errors) > 0
+
+
+def test_prefetcher_places_batches_with_a_named_sharding():
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n,), ("data",))
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    batches = [np.arange(n * 4, dtype=np.int32).reshape(n, 4) + i for i in range(3)]
+    got = list(DevicePrefetcher(batches, sharding=sharding))
+    assert len(got) == 3
+    for i, b in enumerate(got):
+        assert b.sharding == sharding and len(b.addressable_shards) == n
+        np.testing.assert_array_equal(np.asarray(b), batches[i])
