@@ -175,3 +175,19 @@ def test_runs_through_the_env_pool_process_backend():
         assert steps[1].done and steps[1].reward == 0.5
     finally:
         pool.close()
+
+
+def test_suite_options_and_expert(sandbox):
+    from jaxagent.envs.code import suite
+
+    s = suite.build({"num_train": 5, "seed": 3, "reward": "shaped", "timeout_s": 2.0})
+    assert len(s.source.tasks("train")) == 5 and s.env_config.reward == "shaped"
+    with pytest.raises(ValueError, match="env.options.colour"):
+        suite.build({"colour": "red"})
+    task = s.source.tasks("train")[0]
+    env = CodeEnv(s.env_config, sandbox=sandbox)
+    for error_rate, reward in ((0.0, 1.0), (1.0, 0.0)):
+        expert = s.make_expert(task, error_rate, None)
+        env.reset(task)
+        step = env.step(expert.act(""))
+        assert step.done and step.reward == reward, step.info
