@@ -145,6 +145,14 @@ def test_step_exception_ends_episode_labelled_and_truncation_kept_apart():
             pool.send([2], ["again"])
         with pytest.raises(ValueError, match="env id 7 out of range"):
             pool.send([7], ["x"])
+        # A bad call submits nothing: env 0 stays idle after the failed batch.
+        with pytest.raises(ValueError, match="repeated env ids"):
+            pool.async_reset([0, 0], Task("b", "train", "p"))
+        with pytest.raises(ValueError, match="env 2 has no running episode"):
+            pool.async_reset([0], Task("b", "train", "p"))
+            pool.recv()
+            pool.send([0, 2], ["ok", "ok"])
+        assert pool.pending() == 0
 
 
 def test_seeds_are_deterministic_per_env_and_episode():

@@ -129,10 +129,9 @@ class EnvPool:
             )
         episode_ids = []
         with self._lock:
+            self._check_idle(env_ids, "reset")  # validate everything before submitting anything
             for env_id in env_ids:
                 slot = self._slots[env_id]
-                if slot.call is not None or slot.retry_at is not None:
-                    raise ValueError(f"env {env_id} is busy; recv() its answer before reset")
                 if slot.episode_id is not None:  # the caller ended it (e.g. its turn budget)
                     self.health.add("episodes_abandoned")
                     slot.lost = None
@@ -150,15 +149,15 @@ class EnvPool:
         if len(actions) != len(env_ids):
             raise ValueError(f"send got {len(env_ids)} env_ids but {len(actions)} actions")
         with self._lock:
-            for env_id, action in zip(env_ids, actions):
-                slot = self._slots[env_id]
-                if slot.episode_id is None:
+            self._check_idle(env_ids, "send")
+            for env_id in env_ids:
+                if self._slots[env_id].episode_id is None:
                     raise ValueError(
                         f"env {env_id} has no running episode (it ended or was never reset); "
                         "call async_reset([env_id], task) first"
                     )
-                if slot.call is not None or slot.retry_at is not None:
-                    raise ValueError(f"env {env_id} is busy; recv() its answer before send")
+            for env_id, action in zip(env_ids, actions):
+                slot = self._slots[env_id]
                 if slot.lost is not None:  # its worker died between calls: answer with the loss
                     reason, detail = slot.lost
                     slot.lost = None
@@ -252,6 +251,14 @@ class EnvPool:
                 f"env id {env_id!r} out of range: this pool has envs 0..{self.num_envs - 1}"
             )
         return int(env_id)
+
+    def _check_idle(self, env_ids: list[int], what: str) -> None:
+        if len(set(env_ids)) != len(env_ids):
+            raise ValueError(f"{what} got repeated env ids {env_ids}; one call per env at a time")
+        for env_id in env_ids:
+            slot = self._slots[env_id]
+            if slot.call is not None or slot.retry_at is not None:
+                raise ValueError(f"env {env_id} is busy; recv() its answer before {what}")
 
     def _spawn(self, env_id: int, generation: int):
         if self.config.backend == "thread":
