@@ -20,6 +20,9 @@ def test_matches_gymnasium_sync_vector_env(task, steps):
         [lambda: gym.make(task, max_episode_steps=limit) for _ in range(n)]
     )
     assert isinstance(ours, ArrayEnv)
+    assert ours.single_action_space == ref.single_action_space
+    assert ours.single_observation_space == ref.single_observation_space
+    assert ours.action_space == ref.action_space
     obs, _ = ours.reset(seed=42)
     obs_ref, _ = ref.reset(seed=42)
     np.testing.assert_array_equal(obs, obs_ref)

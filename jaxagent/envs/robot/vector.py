@@ -142,8 +142,20 @@ class MujocoVectorEnv:
         self._active = np.ones(num_envs, bool)
         self._all = np.ones(num_envs, bool)
         self.obs_dim = self.spec.observe(self._readings(self._actions)).shape[1]
+        self._make_spaces()
         if engine == "rollout":
             self._init_rollout(num_threads)
+
+    def _make_spaces(self) -> None:
+        """Gymnasium spaces, as ``gymnasium.vector.SyncVectorEnv`` reports them for this task."""
+        from gymnasium import spaces
+        from gymnasium.vector.utils import batch_space
+
+        bounds = self.model.actuator_ctrlrange.copy().astype(np.float32)
+        self.single_action_space = spaces.Box(low=bounds[:, 0], high=bounds[:, 1], dtype=np.float32)
+        self.single_observation_space = spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float64)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
 
     def _init_rollout(self, num_threads: int) -> None:
         from mujoco import rollout
