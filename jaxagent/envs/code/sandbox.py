@@ -58,14 +58,16 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SandboxConfig:
-    timeout_s: float = 5.0  # wall clock per job, enforced from outside the sandbox
-    cpu_time_s: int | None = None  # RLIMIT_CPU; None = ceil(timeout_s) + 1
+    timeout_s: float = 5.0  # wall clock per job, enforced by the worker (not by the candidate)
+    cpu_time_s: int | None = None  # RLIMIT_CPU; None = int(timeout_s) + 2
     memory_mb: int = 1024  # RLIMIT_AS of the candidate (and of the harness)
     max_file_mb: int = 16  # RLIMIT_FSIZE: any file written, and captured stdout / stderr
     max_open_files: int = 64  # RLIMIT_NOFILE
-    max_processes: int = 32  # RLIMIT_NPROC for the sandbox's own uid
+    # RLIMIT_NPROC of the candidate uid; with memory_mb it bounds the total memory a job can
+    # take (memory_mb x max_processes): there is no per-sandbox cgroup
+    max_processes: int = 8
     max_output_bytes: int = 8192  # stdout / stderr returned per stream (head and tail kept)
-    tmpfs_mb: int = 64  # size of the private root tmpfs (holds /tmp, the working directory)
+    tmpfs_mb: int = 64  # size of each job's /tmp (the working directory, a tmpfs)
     isolation: str = "auto"  # "auto" (strongest available), "namespaces" (required), "rlimits"
     harness_margin_s: float = 0.25  # the harness reports this long before the wall deadline
 
