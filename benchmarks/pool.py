@@ -11,7 +11,7 @@
 2. Text envs: 256 fake tool envs with 50 ms latency each on the thread backend, driven with
    ``send``/``recv``; ideal concurrency is 256 / 0.05 s = 5120 calls/s.
 
-Usage: python benchmarks/pool.py [--seconds 2] [--rounds 3]
+Usage: python benchmarks/pool.py [--seconds 1.5] [--rounds 5]
 Prints the setup, each figure, ratios, and one final JSON line.
 """
 
@@ -22,10 +22,13 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 import warnings
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout
 
 warnings.filterwarnings("ignore")
 N_ENVS, TASK, ACT_DIM = 8, "HalfCheetah-v5", 6
@@ -99,7 +102,6 @@ print(json.dumps(k * {n} / (time.perf_counter() - start)))
 def _envpool_rate(seconds):
     """EnvPool's rate measured in a child process, or None if envpool is not installed."""
     import subprocess
-    import sys
 
     code = _ENVPOOL_CHILD.format(task=TASK, n=N_ENVS, a=ACT_DIM)
     proc = subprocess.run(
@@ -156,8 +158,8 @@ def text_env_throughput(num_envs=256, latency_s=0.05, seconds=3.0):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=2.0, help="per contender per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=1.5, help="per contender per round")
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     import gymnasium
     import mujoco
