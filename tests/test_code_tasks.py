@@ -131,3 +131,21 @@ def test_split_check_errors_name_the_problem():
     )
     assert [is_test for is_test, _ in spec["units"]] == [False, True, False, True]
     assert "import math" in spec["module"]
+
+
+def test_evaluate_samples_pass_at_k(sandbox):
+    from jaxagent.envs.code.evaluate import evaluate_samples
+
+    tasks = SOURCE.tasks("test")[:3]
+    right = [f"```python\n{t.prompt}{t.data['canonical_solution']}```" for t in tasks]
+    wrong = "    return None\n"
+    # task 0: 2 of 3 right; task 1: 0 of 3; task 2: 3 of 3
+    samples = [[right[0], wrong, right[0]], [wrong] * 3, [right[2]] * 3]
+    report = evaluate_samples(sandbox, tasks, samples, ks=(1, 2))
+    assert [p["passed"] for p in report["per_task"]] == [2, 0, 3]
+    # pass@1 = mean(c/n); pass@2 = mean(1 - C(n-c,2)/C(n,2)) = (1 + 0 + 1) / 3
+    assert report["pass@1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
+    assert report["pass@2"] == pytest.approx(2 / 3)
+    assert report["pass^2"] == pytest.approx((1 / 3 + 0 + 1) / 3)
+    with pytest.raises(ValueError, match="one list of sampled answers per task"):
+        evaluate_samples(sandbox, tasks, samples[:2])

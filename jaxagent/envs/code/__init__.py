@@ -4,11 +4,13 @@
 
 ``Sandbox`` runs untrusted Python isolated (namespaces, read-only chroot, unprivileged uid,
 rlimits, wall clock); ``CodeTaskSource`` gives train / validation (generated) and test
-(HumanEval) splits; ``CodeEnv`` is the single- or multi-turn ``TextEnv``. pass@k lives in
-``jaxagent.eval.passk``.
+(HumanEval) splits; ``CodeEnv`` is the single- or multi-turn ``TextEnv``;
+``evaluate_samples`` scores n samples per task into pass@k / pass^k (``jaxagent.eval.passk``);
+``suite.build(options)`` gives the trainer's registry what it needs.
 """
 
 from jaxagent.envs.code.env import CodeEnv, CodeEnvConfig, make_code_env
+from jaxagent.envs.code.evaluate import evaluate_samples
 from jaxagent.envs.code.sandbox import Sandbox, SandboxConfig, SandboxResult, TestSpec
 from jaxagent.envs.code.tasks import (
     CodeTaskSource,
@@ -28,6 +30,7 @@ __all__ = [
     "TestSpec",
     "assemble_program",
     "check_no_leakage",
+    "evaluate_samples",
     "extract_code",
     "make_code_env",
     "hidden_tests",
