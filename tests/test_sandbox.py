@@ -308,9 +308,7 @@ def test_cli_prints_one_json_line(tmp_path):
             str(path),
             "--timeout",
             "1",
-            "--memory-mb",
-            "256",
-        ],
+        ],  # --memory-mb left at its default
         capture_output=True,
         text=True,
         timeout=60,
@@ -322,3 +320,4 @@ def test_cli_prints_one_json_line(tmp_path):
     rec = json.loads(lines[0])
     assert rec["status"] == "timeout" and rec["stdout"] == "from the cli\n"
     assert {"exit_code", "duration_s", "isolation", "stderr"} <= rec.keys()
+    assert "RuntimeWarning" not in out.stderr  # the module is not imported twice

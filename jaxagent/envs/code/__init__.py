@@ -9,16 +9,32 @@ rlimits, wall clock); ``CodeTaskSource`` gives train / validation (generated) an
 ``suite.build(options)`` gives the trainer's registry what it needs.
 """
 
-from jaxagent.envs.code.env import CodeEnv, CodeEnvConfig, make_code_env
-from jaxagent.envs.code.evaluate import evaluate_samples
-from jaxagent.envs.code.sandbox import Sandbox, SandboxConfig, SandboxResult, TestSpec
-from jaxagent.envs.code.tasks import (
-    CodeTaskSource,
-    assemble_program,
-    check_no_leakage,
-    extract_code,
-    hidden_tests,
-)
+import importlib
+
+# Exports resolve lazily (PEP 562) so ``python -m jaxagent.envs.code.sandbox`` does not import
+# its own module twice, and importing the package stays cheap.
+_EXPORTS = {
+    "CodeEnv": "env",
+    "CodeEnvConfig": "env",
+    "make_code_env": "env",
+    "evaluate_samples": "evaluate",
+    "Sandbox": "sandbox",
+    "SandboxConfig": "sandbox",
+    "SandboxResult": "sandbox",
+    "TestSpec": "sandbox",
+    "CodeTaskSource": "tasks",
+    "assemble_program": "tasks",
+    "check_no_leakage": "tasks",
+    "extract_code": "tasks",
+    "hidden_tests": "tasks",
+}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"jaxagent.envs.code.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'jaxagent.envs.code' has no attribute {name!r}")
+
 
 __all__ = [
     "CodeEnv",

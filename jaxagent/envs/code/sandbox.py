@@ -468,6 +468,9 @@ def _run_status(code: int | None, sig: int | None, cfg: SandboxConfig) -> tuple[
     return "failed", f"exit status {code}"
 
 
+_DEFAULTS = SandboxConfig()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxagent.envs.code.sandbox",
@@ -475,10 +478,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("path", help="Python file to run as __main__")
     parser.add_argument(
-        "--timeout", type=float, default=SandboxConfig.timeout_s, help="wall-clock limit in seconds"
+        "--timeout", type=float, default=_DEFAULTS.timeout_s, help="wall-clock limit in seconds"
     )
     parser.add_argument(
-        "--memory-mb", type=int, default=SandboxConfig.memory_mb, help="address-space limit in MiB"
+        "--memory-mb", type=int, default=_DEFAULTS.memory_mb, help="address-space limit in MiB"
     )
     parser.add_argument("--isolation", default="auto", choices=ISOLATION_CHOICES)
     args = parser.parse_args(argv)
