@@ -124,6 +124,7 @@ class MujocoVectorEnv:
         self.max_episode_steps = max_episode_steps or self.spec.max_episode_steps
         self.model = mujoco.MjModel.from_xml_path(gymnasium_asset(self.spec.xml))
         self.datas = [mujoco.MjData(self.model) for _ in range(num_envs)]
+        self._ctrl_views = [d.ctrl for d in self.datas]  # views stay valid: MjData never moves
         m = self.model
         self.init_qpos = self.datas[0].qpos.ravel().copy()
         self.init_qvel = self.datas[0].qvel.ravel().copy()
@@ -274,7 +275,7 @@ class MujocoVectorEnv:
         if not self._active[i]:
             return
         m, d = self.model, self.datas[i]
-        d.ctrl[:] = self._actions[i]
+        self._ctrl_views[i][:] = self._actions[i]  # cached view: d.ctrl builds a new array
         mujoco.mj_step(m, d, self.spec.frame_skip)
         if self.spec.needs_cfrc_ext:
             mujoco.mj_rnePostConstraint(m, d)
