@@ -191,3 +191,18 @@ def test_suite_options_and_expert(sandbox):
         env.reset(task)
         step = env.step(expert.act(""))
         assert step.done and step.reward == reward, step.info
+
+
+def test_call_timeout_fails_one_test_and_the_rest_still_run():
+    tests = "def check(candidate):\n" + "".join(
+        f"    assert candidate({i}) == {i}\n" for i in range(5)
+    )
+    slow = "def f(x):\n    while x == 2:\n        pass\n    return x\n"
+    with Sandbox(SandboxConfig(timeout_s=3.0, call_timeout_s=0.4, memory_mb=256)) as sb:
+        r = sb.run(slow, TestSpec("f", tests))
+        assert r.status == "timeout" and (r.tests_passed, r.tests_total) == (4, 5), r
+        assert [u["ok"] for u in r.test_results] == [True, True, False, True, True]
+        assert r.duration_s < 2.0  # not the whole timeout_s
+        assert sb.run("def f(x):\n    return x\n", TestSpec("f", tests)).passed
+    with pytest.raises(ValueError, match="call_timeout_s=5"):
+        SandboxConfig(timeout_s=2.0, call_timeout_s=5)

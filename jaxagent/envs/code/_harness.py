@@ -232,8 +232,9 @@ class CandidateGone(Exception):
 
 
 class _Stub:
-    def __init__(self, req_fd, rep_fd, deadline):
+    def __init__(self, req_fd, rep_fd, deadline, call_timeout=None):
         self.req_fd, self.rep_fd, self.deadline = req_fd, rep_fd, deadline
+        self.call_timeout = call_timeout
         self.last = None
         self.memory = False
         self.ahead = []  # pickled (args, kwargs) of calls sent ahead, not yet consumed
@@ -250,8 +251,11 @@ class _Stub:
             raise CandidateGone("the candidate process exited") from None
 
     def _recv(self):
+        deadline = self.deadline
+        if self.call_timeout is not None:
+            deadline = min(deadline, time.monotonic() + self.call_timeout)
         try:
-            data = recv_frame(self.rep_fd, self.deadline)
+            data = recv_frame(self.rep_fd, deadline)
         except ValueError as e:
             raise CandidateGone(str(e)) from None
         if data is None:
@@ -298,8 +302,21 @@ class _Stub:
         return reply[1]
 
 
-def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
+def _await_ready(rep_fd: int, deadline: float):
+    """The candidate's first frame: ("ready",), ("load_error", name, text), or None (EOF)."""
+    first = recv_frame(rep_fd, deadline)
+    return loads_plain(first) if first is not None else None
+
+
+def run_units(
+    spec: dict, req_fd: int, rep_fd: int, deadline: float, call_timeout=None, respawn=None
+) -> dict:
     """Runs in the harness process: score every unit against the remote candidate.
+
+    ``call_timeout`` (seconds, optional) bounds each call; when one is exceeded and
+    ``respawn`` is given, ``respawn()`` returns the pipes of a fresh candidate (the sandbox
+    kills the stuck one) and the remaining units run against it, so one slow test does not
+    fail the tests after it.
 
     Returns a dict: ``units`` (list of {src, ok, error}), ``load_error``, ``timed_out``,
     ``memory``, ``crashed`` (candidate process gone), ``harness_error``.
@@ -315,8 +332,7 @@ def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
     tests = [src for is_test, src in spec["units"] if is_test]
     stop = None
     try:
-        first = recv_frame(rep_fd, deadline)
-        ready = loads_plain(first) if first is not None else None
+        ready = _await_ready(rep_fd, deadline)
     except TimeoutError:
         ready, report["timed_out"] = None, True
     except Exception as e:  # noqa: BLE001 - oversize or non-plain: the candidate's doing
@@ -350,7 +366,7 @@ def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
 
     ns = {"__name__": "__harness__"}
     prelude_code, module_code, unit_codes = marshal.loads(spec["code"])
-    stub = _Stub(req_fd, rep_fd, deadline)
+    stub = _Stub(req_fd, rep_fd, deadline, call_timeout)
     try:
         stub.send_ahead(spec.get("calls"))
     except CandidateGone as e:
@@ -376,6 +392,14 @@ def run_units(spec: dict, req_fd: int, rep_fd: int, deadline: float) -> dict:
         except TimeoutError:
             report["timed_out"], error = True, "timeout: the candidate did not answer in time"
             stop = "not run: an earlier call timed out"
+            if respawn is not None and call_timeout is not None and time.monotonic() < deadline:
+                try:  # a fresh candidate for the remaining units
+                    stub.req_fd, stub.rep_fd = respawn()
+                    stub.ahead = []
+                    if _await_ready(stub.rep_fd, deadline) == ("ready",):
+                        stop = None
+                except Exception:  # noqa: BLE001 - no fresh candidate: the rest stays unrun
+                    pass
         except CandidateGone as e:
             report["crashed"], error = True, f"candidate process died: {e}"
             stop = "not run: the candidate process died"

@@ -94,14 +94,31 @@ def _harness_main(config: dict, sock: socket.socket) -> None:
             os._exit(0)
         job = json.loads(msg)
         tests_fd, req_w, rep_r = fds
+        pipes = [req_w, rep_r]
+
+        def respawn(job=job, pipes=pipes):
+            for fd in pipes:
+                os.close(fd)
+            sock.send(json.dumps({"respawn": job["job"]}).encode())
+            _, new, _, _ = socket.recv_fds(sock, 1 << 10, 2)
+            pipes[:] = new
+            return new
+
         try:
             with os.fdopen(tests_fd, "rb") as f:
                 spec = pickle.load(f)
-            report = harness.run_units(spec, req_w, rep_r, job["deadline"] - job["margin_s"])
+            report = harness.run_units(
+                spec,
+                req_w,
+                rep_r,
+                job["deadline"] - job["margin_s"],
+                call_timeout=job["call_timeout_s"],
+                respawn=respawn,
+            )
         except BaseException as e:  # noqa: BLE001
             report = {"harness_error": f"{type(e).__name__}: {e}", "units": []}
-        os.close(req_w)  # EOF ends the candidate's serve loop
-        os.close(rep_r)
+        for fd in pipes:  # EOF ends the candidate's serve loop
+            os.close(fd)
         report["job"] = job["job"]
         data = json.dumps(report).encode()
         if len(data) > MAX_REPORT:
@@ -148,18 +165,35 @@ class Server:
             self.h_sock.close()
             self.h_pid = None
 
-    def open_files(self, job: dict) -> dict:
+    def open_files(self, job: dict, append: bool = False) -> dict:
         d, base = job["name"], self.base_fd
         opn = lambda n, fl: os.open(f"{d}/{n}", fl, 0o600, dir_fd=base)  # noqa: E731
+        out = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
         fds = {
             "devnull": os.open("/dev/null", os.O_RDWR),
             "code": opn("solution.py", os.O_RDONLY),
-            "stdout": opn("stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-            "stderr": opn("stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+            "stdout": opn("stdout", out),
+            "stderr": opn("stderr", out),
         }
-        if job["mode"] == "tests":
-            fds["tests"] = opn("tests.pkl", os.O_RDONLY)
         return fds
+
+    def spawn(self, job: dict, append: bool = False) -> tuple[int, tuple]:
+        """Forks a candidate; returns its pid and (tests mode) the harness's pipe ends."""
+        fds = self.open_files(job, append)
+        rpc = theirs = ()
+        if job["mode"] == "tests":
+            req_r, req_w = os.pipe()
+            rep_r, rep_w = os.pipe()
+            rpc, theirs = (req_r, rep_w), (req_w, rep_r)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                iso.candidate(job, fds, rpc)
+            finally:
+                os._exit(1)
+        for fd in [*fds.values(), *rpc]:
+            os.close(fd)
+        return pid, theirs
 
     def run(self, job: dict) -> dict:
         t0 = time.monotonic()
@@ -171,52 +205,46 @@ class Server:
             iso.fresh_workdir(job)
         if job["mode"] == "tests" and self.h_pid is None:
             self.start_harness()
-        fds = self.open_files(job)
-        rpc = ()
-        if job["mode"] == "tests":
-            req_r, req_w = os.pipe()
-            rep_r, rep_w = os.pipe()
-            rpc = (req_r, rep_w)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                iso.candidate(job, fds, rpc)
-            finally:
-                os._exit(1)
-        for fd in fds.values():
-            if fd != fds.get("tests"):
-                os.close(fd)
+        self.pid, theirs = self.spawn(job)
         out = {}
-        pidfd = os.pidfd_open(pid)
         try:
             if job["mode"] == "tests":
-                os.close(req_r)
-                os.close(rep_w)
-                msg = json.dumps({k: job[k] for k in ("deadline", "margin_s", "job")}).encode()
-                socket.send_fds(self.h_sock, [msg], [fds["tests"], req_w, rep_r])
-                for fd in (fds["tests"], req_w, rep_r):
+                tests = os.open(f"{job['name']}/tests.pkl", os.O_RDONLY, dir_fd=self.base_fd)
+                keys = ("deadline", "margin_s", "job", "call_timeout_s")
+                msg = json.dumps({k: job[k] for k in keys}).encode()
+                socket.send_fds(self.h_sock, [msg], [tests, *theirs])
+                for fd in (tests, *theirs):
                     os.close(fd)
                 out = self.wait_harness(job)
-            status = self.wait_candidate(
-                pid, pidfd, job["deadline"] if job["mode"] == "run" else time.monotonic()
-            )
+            pidfd = os.pidfd_open(self.pid)
+            deadline = job["deadline"] if job["mode"] == "run" else time.monotonic()
+            status = self.wait_candidate(self.pid, pidfd, deadline)
+            os.close(pidfd)
             if status is None and job["mode"] == "run":
                 out["timed_out"] = True
             out["wait_status"] = status
         finally:
-            os.close(pidfd)
-            self.cleanup(pid)
+            self.cleanup(self.pid)
         out["duration_s"] = time.monotonic() - t0
         return out
 
     def wait_harness(self, job: dict) -> dict:
-        left = job["deadline"] - time.monotonic()
-        if left > 0 and select.select([self.h_sock], [], [], left)[0]:
+        while (left := job["deadline"] - time.monotonic()) > 0:
+            if not select.select([self.h_sock], [], [], left)[0]:
+                break
             data = self.h_sock.recv(MAX_REPORT + 1)
             try:
                 report = json.loads(data) if data else None
             except ValueError:
                 report = None
+            if report is not None and report.get("respawn") == job["job"]:
+                # a call exceeded call_timeout_s: a fresh candidate for the remaining tests
+                self.cleanup(self.pid)
+                self.pid, theirs = self.spawn(job, append=True)
+                socket.send_fds(self.h_sock, [b"{}"], list(theirs))
+                for fd in theirs:
+                    os.close(fd)
+                continue
             if report is not None and report.get("job") == job["job"]:
                 return {"report": report}
             self.stop_harness()

@@ -70,6 +70,9 @@ class SandboxConfig:
     tmpfs_mb: int = 64  # size of each job's /tmp (the working directory, a tmpfs)
     isolation: str = "auto"  # "auto" (strongest available), "namespaces" (required), "rlimits"
     harness_margin_s: float = 0.25  # the harness reports this long before the wall deadline
+    # tests mode: limit on one call to the candidate; when exceeded, that test fails as a
+    # timeout and a fresh candidate process runs the remaining tests (None: only timeout_s)
+    call_timeout_s: float | None = None
 
     def __post_init__(self):
         def need(ok, field, value, fix):
@@ -99,6 +102,12 @@ class SandboxConfig:
             "isolation",
             self.isolation,
             f"choose one of {ISOLATION_CHOICES}",
+        )
+        need(
+            self.call_timeout_s is None or 0 < self.call_timeout_s <= self.timeout_s,
+            "call_timeout_s",
+            self.call_timeout_s,
+            "use None or a value in (0, timeout_s]",
         )
         need(
             0 <= self.harness_margin_s < self.timeout_s,
@@ -358,6 +367,7 @@ class Sandbox:
                 "LANG": "C.UTF-8",
             },
             "margin_s": cfg.harness_margin_s,
+            "call_timeout_s": cfg.call_timeout_s,
         }
 
     def _run(self, worker: _Worker, code: str, tests) -> SandboxResult:
