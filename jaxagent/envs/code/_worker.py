@@ -14,7 +14,8 @@ Process layout with namespaces (the worker runs as root, started with an emptied
                   unprivileged uid ``uid``, no_new_privs; runs the code (or serves calls)
 
 Per job P mounts a fresh /tmp, forks C, hands H the test file and the RPC pipes to C
-(``socket.send_fds``), waits for the report (or C's exit, or the deadline), then SIGKILLs
+(``socket.send_fds``), waits for the report (or C's exit, or the deadline; if H reports a
+call over ``call_timeout_s`` P replaces C and hands H the new pipes), then SIGKILLs
 every process of the candidate's uid (the pid namespace is P's, so it sees them all) and
 reaps them before answering: nothing the code starts outlives its job, and the next job
 starts with no candidate process, an empty /tmp and a new IPC namespace. The test data never

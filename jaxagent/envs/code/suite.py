@@ -28,7 +28,13 @@ SYSTEM_PROMPT = (
 )
 _SOURCE_FIELDS = ("num_train", "num_validation", "seed")
 _ENV_FIELDS = ("reward", "max_turns", "feedback_chars")
-_SANDBOX_FIELDS = ("timeout_s", "memory_mb", "max_processes", "max_output_bytes")
+_SANDBOX_FIELDS = (
+    "timeout_s",
+    "call_timeout_s",
+    "memory_mb",
+    "max_processes",
+    "max_output_bytes",
+)
 
 
 @dataclasses.dataclass(frozen=True)
