@@ -46,8 +46,9 @@ class CachedTurnSampler:
         return self._run(params, [[] if c is None else list(c) for c in chunks], key)
 
     def _run(self, params, rows, key) -> TurnOutput:
-        need = max(len(r) for r in rows) + (0 if self._cache is None else int(
-            jax.device_get(self._cache.lengths).max())) + self.sampling.max_new_tokens
+        lengths = [0] * len(rows) if self._cache is None else jax.device_get(
+            self._cache.lengths).tolist()
+        need = max(n + len(r) for n, r in zip(lengths, rows) if r) + self.sampling.max_new_tokens
         if need > self.max_len:
             raise ValueError(f"a row may need {need} tokens > max_len={self.max_len}; the "
                              "rollout budget (max_total_tokens) must keep rows within it")

@@ -350,6 +350,11 @@ def config_to_dict(config: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
 
 
+def config_to_yaml(config: Config) -> str:
+    """The resolved config as YAML (saved in the run directory; ``load_config`` reads it)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
 def replace(config: Config, overrides: Sequence[str]) -> Config:
     """A copy of ``config`` with dotted ``key=value`` overrides applied (validated)."""
     merged = OmegaConf.structured(config)

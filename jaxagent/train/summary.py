@@ -1,0 +1,101 @@
+"""End of a run: the final table, the learning-curve PNG, ``summary.json`` and one JSON line.
+
+The last line a run prints is ``{"success_before_rl": …, "success_after_rl": …,
+"avg_steps": …, "wall_s": …}`` (plus a few more keys) for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from jaxagent.train.metrics_log import read_jsonl
+
+
+def _table(rows: Sequence[tuple[str, str, str]], title: str) -> str:
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("", "before RL (after SFT)", "after RL"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    buf = StringIO()
+    Console(file=buf, width=100, force_terminal=False, color_system=None).print(table)
+    return buf.getvalue().rstrip()
+
+
+def _modes(modes: dict) -> str:
+    return ", ".join(f"{k} {int(v)}" for k, v in sorted(modes.items(), key=lambda kv: -kv[1])
+                     ) or "-"
+
+
+def plot_learning_curve(run_dir: Path, history: Sequence[dict], path: Path) -> Path:
+    """Held-out success at each evaluation, and train success per iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    records = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    train = [(r["step"], r["train/success"]) for r in records if "train/success" in r]
+    if train:
+        ax.plot(*zip(*train), color="tab:gray", alpha=0.6, label="train success (sampled)")
+    ax.plot([h["iteration"] for h in history], [h["success"] for h in history], "o-",
+            color="tab:blue", label="held-out success")
+    ax.set_xlabel("RL iteration (0 = after SFT)")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> dict:
+    """Print the final table, write the PNG and ``summary.json``; return the summary."""
+    cfg = trainer.config
+    before, after = history[0], history[-1]
+    summary = {
+        "success_before_rl": round(float(before["success"]), 4),
+        "success_after_rl": round(float(after["success"]), 4),
+        "avg_steps": round(float(after["avg_steps"]), 3),
+        "wall_s": round(float(wall_s), 1),
+        "avg_steps_before_rl": round(float(before["avg_steps"]), 3),
+        "failure_modes_before_rl": before.get("failure_modes", {}),
+        "failure_modes_after_rl": after.get("failure_modes", {}),
+        "env_errors_after_rl": int(after.get("env_errors", 0)),
+        "eval_episodes": int(after.get("episodes", 0)),
+        "iterations": int(after["iteration"]),
+        "seed": cfg.train.seed,
+        "run_dir": str(trainer.run_dir),
+    }
+    if "sft" in extra:
+        summary["expert_success"] = round(float(extra["sft"]["sft/expert_success"]), 4)
+    rows = [
+        ("held-out success", f"{before['success']:.3f}", f"{after['success']:.3f}"),
+        ("avg steps (turns)", f"{before['avg_steps']:.2f}", f"{after['avg_steps']:.2f}"),
+        ("failure modes", _modes(before.get("failure_modes", {})),
+         _modes(after.get("failure_modes", {}))),
+        ("env errors", str(int(before.get("env_errors", 0))),
+         str(int(after.get("env_errors", 0)))),
+    ]
+    title = (f"{cfg.name} (seed {cfg.train.seed}): {len(trainer.eval_tasks)} held-out "
+             f"{cfg.env.name} tasks, {cfg.rl.recipe} for {after['iteration']} iterations")
+    trainer.echo(_table(rows, title))
+    if cfg.train.plot:
+        png = plot_learning_curve(trainer.run_dir, history, trainer.run_dir / "learning_curve.png")
+        summary["learning_curve"] = str(png)
+        trainer.echo(f"learning curve: {png}")
+    (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    trainer.echo(json.dumps({k: summary[k] for k in (
+        "success_before_rl", "success_after_rl", "avg_steps", "wall_s", "seed",
+        "env_errors_after_rl")}))
+    return summary
