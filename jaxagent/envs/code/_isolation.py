@@ -214,12 +214,24 @@ _SYSCALLS = {  # machine: (audit arch, {name: nr})
 _NS_CLONE_FLAGS = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 
 
+_FILTER = []  # the built program, cached (the worker builds it once, before forking)
+
+
 def seccomp_filter() -> bool:
     """Installs the filter in this process (inherited by its children); False if the
     machine's architecture is not in the table (then only the other limits apply)."""
+    if not _FILTER:
+        _FILTER.append(_build_filter())
+    if _FILTER[0] is None:
+        return False
+    _check(_libc.prctl(22, 2, ctypes.byref(_FILTER[0][1]), 0, 0), "seccomp")  # SET_SECCOMP
+    return True
+
+
+def _build_filter():
     machine = os.uname().machine
     if machine not in _SYSCALLS:
-        return False
+        return None
     arch, nr = _SYSCALLS[machine]
     ld, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ...
     allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
@@ -261,9 +273,7 @@ def seccomp_filter() -> bool:
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
 
     filters = (Filter * len(prog))(*[Filter(*ins) for ins in prog])
-    fprog = Prog(len(prog), filters)
-    _check(_libc.prctl(22, 2, ctypes.byref(fprog), 0, 0), "seccomp")  # PR_SET_SECCOMP, FILTER
-    return True
+    return filters, Prog(len(prog), filters)  # keep ``filters`` alive with the program
 
 
 def _block_sockets() -> None:
@@ -276,6 +286,15 @@ def _block_sockets() -> None:
     socket.socket = socket.create_connection = socket.socketpair = refuse  # type: ignore
 
 
+def close_all_but(keep) -> None:
+    """Closes every descriptor above 2 except ``keep`` (close_range(2) under the hood)."""
+    lo = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, 1 << 20)
+
+
 def candidate(job, fds, keep) -> None:
     """C: set up the candidate process and run the code; never returns.
 
@@ -286,12 +305,7 @@ def candidate(job, fds, keep) -> None:
     os.dup2(fds["stdout"], 1)
     os.dup2(fds["stderr"], 2)
     code = os.read(fds["code"], job["code_bytes"] + 1).decode("utf-8", "replace")
-    for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
-        if fd > 2 and fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    close_all_but(keep)
     if not job["namespaces"]:
         os.chdir(os.path.join(job["jobs_dir"], job["name"], "work"))
     if job["namespaces"]:

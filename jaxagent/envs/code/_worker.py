@@ -70,15 +70,6 @@ def probe_namespaces() -> str | None:
     return None if status == 0 else "unshare(2) failed (namespaces not permitted here)"
 
 
-def _close_all_but(keep) -> None:
-    for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
-        if fd > 2 and fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
 # ----------------------------------------------------------------------------- harness (H)
 
 
@@ -86,7 +77,7 @@ def _harness_main(config: dict, sock: socket.socket) -> None:
     devnull = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    _close_all_but({sock.fileno()})
+    iso.close_all_but({sock.fileno()})
     iso.limit(config, candidate=False)
     iso.drop_privileges(config["harness_uid"])
     while True:
@@ -337,6 +328,7 @@ def serve(config: dict) -> None:
 def main() -> None:
     for name in iso.PRELOAD:
         __import__(name)
+    iso._FILTER.append(iso._build_filter())  # built once; each candidate only installs it
     gc.collect()
     gc.freeze()  # forked children would otherwise touch every object's GC header (copy-on-write)
     hello = {
