@@ -257,3 +257,16 @@ def test_health_check_passes_and_flags_timeouts_sized_below_the_env_latency():
     bad = run_health_check(FakeToolEnvFactory(), tasks[:16], _scripted_policy, tight, slow)
     assert not bad.ok and not bad.counters_match and bad.health["timeouts"] > 0
     assert "FAILED" in bad.summary()
+
+
+def test_env_fn_that_kills_its_worker_is_bounded_not_a_restart_storm():
+    from jaxagent.pool.fake_env import DyingEnvFactory
+
+    cfg = PoolConfig(num_envs=1, backend="process", max_retries=2, backoff_s=0.01)
+    with EnvPool(DyingEnvFactory(), cfg) as pool:
+        pool.async_reset([0], Task("a", "train", "p"))
+        (r,) = pool.recv()
+        assert r.done and r.info["env_error"] == "crash" and "exit code 3" in r.observation
+        assert pool.recv(timeout=0.5) == []  # idle: no respawn until the next call
+        assert pool.health["crashes"] == 3  # the first attempt + 2 retries
+        assert pool.health["restarts"] == 2  # respawned for each retry, not in a loop

@@ -15,6 +15,18 @@ from jaxagent.envs.base import StepResult, Task
 
 
 @dataclasses.dataclass(frozen=True)
+class DyingEnvFactory:
+    """An ``env_fn`` whose worker process dies while building the env (a broken native env)."""
+
+    exit_code: int = 3
+
+    def __call__(self, env_id: int):
+        import os
+
+        os._exit(self.exit_code)
+
+
+@dataclasses.dataclass(frozen=True)
 class FakeToolEnvFactory:
     """Picklable ``env_fn(env_id)`` building ``FakeToolEnv``s."""
 

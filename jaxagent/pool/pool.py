@@ -224,7 +224,7 @@ class EnvPool:
             if self._closed:
                 return
             self._closed = True
-            workers = [s.worker for s in self._slots]
+            workers = [s.worker for s in self._slots if s.worker is not None]
         for w in workers:
             if self.config.backend == "process":
                 w.stop(timeout=1.0)
@@ -269,9 +269,12 @@ class EnvPool:
         slot = self._slots[env_id]
         slot.worker.kill()
         slot.generation += 1
-        slot.worker = self._spawn(env_id, slot.generation)
+        if slot.ready:
+            slot.worker = self._spawn(env_id, slot.generation)
+            self.health.add("restarts")
+        else:  # it died before building its env: respawn only when a call needs it, so a
+            slot.worker = None  # broken env_fn cannot turn into an endless restart loop
         slot.ready = False
-        self.health.add("restarts")
 
     def _submit(self, env_id: int, kind: str, payload: Any, timeout: float, attempt: int = 0):
         slot = self._slots[env_id]
@@ -280,6 +283,9 @@ class EnvPool:
         # A worker still starting gets start_timeout_s extra; the clock restarts when it is ready.
         grace = 0.0 if slot.ready else self.config.start_timeout_s
         slot.call = _Call(self._seq, kind, payload, now + timeout + grace, now, attempt, timeout)
+        if slot.worker is None:
+            slot.worker = self._spawn(env_id, slot.generation)
+            self.health.add("restarts")
         slot.worker.submit(self._seq, kind, payload)
 
     def _submit_reset(self, env_id: int, attempt: int) -> None:
