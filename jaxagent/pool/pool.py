@@ -27,44 +27,18 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-import pickle
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from jaxagent.envs.base import StepResult, Task, Termination, env_error_info, truncate_observation
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.health import Health
+from jaxagent.pool.steps import PoolStep, check_picklable, episode_seed, validate_answer
 from jaxagent.pool.workers import Outcome, ProcessWorker, ThreadWorker, make_context
-
-
-def episode_seed(pool_seed: int, env_id: int, episode: int, attempt: int = 0) -> int:
-    """Deterministic 32-bit seed of one episode attempt (independent of timing)."""
-    return int(np.random.SeedSequence([pool_seed, env_id, episode, attempt]).generate_state(1)[0])
-
-
-@dataclasses.dataclass
-class PoolStep:
-    """One answer from the pool. ``kind`` is "reset" (observation only) or "step"."""
-
-    env_id: int
-    episode_id: int  # unique per pool, in order of async_reset
-    kind: str
-    observation: str
-    reward: float
-    done: bool
-    info: dict[str, Any]
-    latency_s: float
-
-    @property
-    def env_error(self) -> bool:
-        return self.info.get("termination") == Termination.ENV_ERROR.value
 
 
 @dataclasses.dataclass
@@ -107,7 +81,7 @@ class EnvPool:
         self._closed = False
         self._context = None
         if config.backend == "process":
-            _check_picklable(env_fn)
+            check_picklable(env_fn)
             self._context = make_context(config.start_method)
         self._slots = [_Slot(worker=self._spawn(i, 0)) for i in range(config.num_envs)]
 
@@ -352,7 +326,7 @@ class EnvPool:
         slot = self._slots[env_id]
         call, slot.call = slot.call, None
         latency = time.monotonic() - call.sent_at
-        problem = _validate(call.kind, value)
+        problem = validate_answer(call.kind, value)
         if problem:
             slot.call = call  # _fail reads the call's kind
             self.health.add("corrupt")
@@ -412,37 +386,3 @@ class EnvPool:
     def _truncate(self, text: str) -> str:
         limit = self.config.max_observation_chars
         return text if limit is None else truncate_observation(text, limit)
-
-
-def _check_picklable(env_fn) -> None:
-    try:
-        pickle.dumps(env_fn)
-    except RuntimeError as exc:
-        if "inheritance" not in str(exc):  # shared-memory objects pickle only while spawning
-            raise
-    except Exception as exc:
-        raise ValueError(
-            f"env_fn {env_fn!r} cannot be pickled ({type(exc).__name__}: {exc}); the process "
-            "backend sends it to worker processes: use a top-level function, a "
-            "functools.partial of one, or a dataclass instance (not a lambda or closure), or "
-            "use backend='thread'"
-        ) from exc
-
-
-def _validate(kind: str, value: Any) -> str:
-    """Return a description of what is wrong with an env's answer, or '' if it is valid."""
-    if kind == "reset":
-        return "" if isinstance(value, str) else f"reset returned {type(value).__name__}, not str"
-    if isinstance(value, tuple) and len(value) == 4:
-        value = StepResult(*value)
-    if not isinstance(value, StepResult):
-        return f"step returned {type(value).__name__}, not StepResult"
-    if not isinstance(value.observation, str):
-        return f"step observation is {type(value.observation).__name__}, not str"
-    if not isinstance(value.reward, numbers.Real) or not math.isfinite(value.reward):
-        return f"step reward {value.reward!r} is not a finite number"
-    if not isinstance(value.done, (bool, np.bool_)):
-        return f"step done {value.done!r} is not a bool"
-    if not isinstance(value.info, dict):
-        return f"step info is {type(value.info).__name__}, not dict"
-    return ""
