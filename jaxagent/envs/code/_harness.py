@@ -198,7 +198,7 @@ def serve(code: str, path: str, entry_point: str, req_fd: int, rep_fd: int) -> N
             raise TypeError(f"{entry_point} is not callable")
         ready = ("ready",)
     except BaseException as e:  # noqa: BLE001 - anything the solution raises is its failure
-        tb = traceback.format_exception(type(e), e, e.__traceback__)
+        tb = traceback.format_exception(type(e), e, e.__traceback__.tb_next)  # not serve()
         ready = ("load_error", type(e).__name__, "".join(tb[-6:])[-2000:])
         send_frame(rep_fd, pickle.dumps(ready, 5))
         return

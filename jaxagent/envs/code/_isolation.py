@@ -286,6 +286,17 @@ def _block_sockets() -> None:
     socket.socket = socket.create_connection = socket.socketpair = refuse  # type: ignore
 
 
+def _print_user_traceback(e: BaseException) -> None:
+    """The traceback as plain ``python solution.py`` would print it (no sandbox frames)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    try:
+        traceback.print_exception(type(e), e, tb)
+    except BaseException:  # noqa: BLE001 - e.g. MemoryError again while formatting
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+
+
 def close_all_but(keep) -> None:
     """Closes every descriptor above 2 except ``keep`` (close_range(2) under the hood)."""
     lo = 3
@@ -337,11 +348,11 @@ def candidate(job, fds, keep) -> None:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
-    except MemoryError:
-        traceback.print_exc()
+    except MemoryError as e:
+        _print_user_traceback(e)
         status = MEMORY_EXIT
-    except BaseException:  # noqa: BLE001
-        traceback.print_exc()
+    except BaseException as e:  # noqa: BLE001
+        _print_user_traceback(e)
         status = 1
     for stream in (sys.stdout, sys.stderr):
         try:
