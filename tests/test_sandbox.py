@@ -60,6 +60,7 @@ def test_runs_code_and_reports_isolation(sandbox):
         assert r.stdout.split()[1] == "/tmp"  # its private working directory
     r = sandbox.run("raise ValueError('boom')")
     assert r.status == "failed" and r.exit_code == 1 and "ValueError: boom" in r.stderr
+    assert r.stderr.startswith("Traceback") and "_isolation" not in r.stderr  # as plain python
 
 
 def test_infinite_loop_times_out(sandbox):
