@@ -39,15 +39,19 @@ def _actions(steps):
 
 
 def _timed(step_fn, actions, seconds):
-    """Call step_fn(actions[k]) until ``seconds`` pass; return env steps per second."""
-    k, start = 0, time.perf_counter()
+    """Call step_fn(actions[k]) until ``seconds`` pass.
+
+    Returns (env steps per wall second, env steps per CPU second of this process). The second
+    figure counts the work per step and hardly depends on what else the machine runs.
+    """
+    k, start, cpu = 0, time.perf_counter(), time.process_time()
     while True:
         for _ in range(50):
             step_fn(actions[k % len(actions)])
             k += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return k * N_ENVS / elapsed
+            return k * N_ENVS / elapsed, k * N_ENVS / max(time.process_time() - cpu, 1e-9)
 
 
 def make_contenders():
@@ -91,11 +95,12 @@ seconds = float(sys.argv[1])
 env = envpool.make("{task}", env_type="gymnasium", num_envs={n}, num_threads=2, batch_size={n})
 env.reset()
 actions = np.random.default_rng(0).uniform(-1, 1, (1000, {n}, {a})).astype(np.float32)
-k, start = 0, time.perf_counter()
+k, start, cpu = 0, time.perf_counter(), time.process_time()
 while time.perf_counter() - start < seconds:
     for _ in range(50):
         env.step(actions[k % 1000]); k += 1
-print(json.dumps(k * {n} / (time.perf_counter() - start)))
+wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps([k * {n} / wall, k * {n} / cpu]))
 """
 
 
@@ -110,7 +115,7 @@ def _envpool_rate(seconds):
     if proc.returncode != 0:
         print(f"envpool: unavailable ({proc.stderr.strip().splitlines()[-1:]})")
         return None
-    return float(proc.stdout.strip().splitlines()[-1])
+    return tuple(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def raw_rollout_bound(seconds):
@@ -173,22 +178,27 @@ def main():
     actions = _actions(1000)
     contenders = make_contenders()
     rates = {name: [] for name in contenders}
+    cpu_rates = {name: [] for name in contenders}
     for _ in range(args.rounds):
         for name, (step, _) in contenders.items():
-            if step is None:
-                rates[name].append(_envpool_rate(args.seconds))
-            else:
-                rates[name].append(_timed(step, actions, args.seconds))
+            wall, cpu = (
+                _envpool_rate(args.seconds) if step is None else _timed(step, actions, args.seconds)
+            )
+            rates[name].append(wall)
+            cpu_rates[name].append(cpu)
     for _, close in contenders.values():
         if close is not None:
             close()
     med = {name: statistics.median(v) for name, v in rates.items()}
+    # AsyncVectorEnv works in child processes, invisible to process_time: no CPU figure.
+    cpu_med = {n: statistics.median(v) for n, v in cpu_rates.items() if n != "gymnasium_async8"}
     bound = raw_rollout_bound(args.seconds)
     ours = med["jaxagent_pool_2thr"]
     for name, v in med.items():
         print(
             f"{name:>22}: {v:10.0f} env steps/s   "
-            f"(rounds: {', '.join(f'{x:.0f}' for x in rates[name])})"
+            f"(rounds: {', '.join(f'{x:.0f}' for x in rates[name])}); "
+            + (f"{cpu_med[name]:.0f} per CPU-second" if name in cpu_med else "CPU: n/a")
         )
     print(
         f"{'raw mujoco.rollout 2thr':>22}: {bound:10.0f} env steps/s "
@@ -225,6 +235,10 @@ def main():
         "text_calls_s": round(text_rate),
         "text_ideal_calls_s": round(ideal),
         "text_concurrency_efficiency": round(eff, 3),
+        "steps_per_cpu_s": {k: round(v) for k, v in cpu_med.items()},
+        "cpu_ratio_vs_gymnasium_sync8": round(
+            cpu_med["jaxagent_pool_2thr"] / cpu_med["gymnasium_sync8"], 3
+        ),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(result))

@@ -27,6 +27,7 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import numbers
 import queue
 import threading
@@ -76,6 +77,11 @@ class EnvPool:
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.RLock()
         self._ready: list[PoolStep] = []
+        # Bookkeeping that keeps recv O(log N) per answer (256 envs at 5k calls/s): the envs
+        # with a call in flight or a retry scheduled, and a heap of (time, seq, env_id) timers
+        # (seq -1: a reset retry); entries of finished calls go stale and are skipped.
+        self._busy: set[int] = set()
+        self._timers: list[tuple[float, int, int]] = []
         self._seq = 0
         self._next_episode = 0
         self._closed = False
@@ -149,8 +155,7 @@ class EnvPool:
     def pending(self) -> int:
         """Calls in flight or scheduled, plus answers ready to be received."""
         with self._lock:
-            busy = sum(s.call is not None or s.retry_at is not None for s in self._slots)
-            return busy + len(self._ready)
+            return len(self._busy) + len(self._ready)
 
     def recv(self, min_batch: int = 1, timeout: float | None = None) -> list[PoolStep]:
         """Block until at least ``min_batch`` answers are ready (fewer if fewer are pending).
@@ -257,6 +262,8 @@ class EnvPool:
         # A worker still starting gets start_timeout_s extra; the clock restarts when it is ready.
         grace = 0.0 if slot.ready else self.config.start_timeout_s
         slot.call = _Call(self._seq, kind, payload, now + timeout + grace, now, attempt, timeout)
+        self._busy.add(env_id)
+        self._push_timer(slot.call.deadline, self._seq, env_id)
         if slot.worker is None:
             slot.worker = self._spawn(env_id, slot.generation)
             self.health.add("restarts")
@@ -267,22 +274,36 @@ class EnvPool:
         seed = episode_seed(self.config.seed, env_id, slot.episode_index, attempt)
         self._submit(env_id, "reset", (slot.task, seed), self.config.reset_timeout_s, attempt)
 
+    def _push_timer(self, when: float, seq: int, env_id: int) -> None:
+        if len(self._timers) > 4 * self.num_envs + 64:  # drop stale entries now and then
+            self._timers = [t for t in self._timers if self._timer_live(*t)]
+            heapq.heapify(self._timers)
+        heapq.heappush(self._timers, (when, seq, env_id))
+
+    def _timer_live(self, when: float, seq: int, env_id: int) -> bool:
+        slot = self._slots[env_id]
+        if seq < 0:
+            return slot.retry_at == when
+        return slot.call is not None and slot.call.seq == seq and slot.call.deadline == when
+
     def _next_timer(self) -> float:
-        times = [s.call.deadline for s in self._slots if s.call is not None]
-        times += [s.retry_at for s in self._slots if s.retry_at is not None]
-        return min(times) if times else time.monotonic() + 0.05
+        return self._timers[0][0] if self._timers else time.monotonic() + 0.05
 
     def _poll_timers(self) -> None:
         now = time.monotonic()
-        for env_id, slot in enumerate(self._slots):
-            if slot.call is not None and now >= slot.call.deadline:
-                self.health.add("timeouts")
-                limit = slot.call.timeout if slot.ready else self.config.start_timeout_s
-                self._restart(env_id)
-                self._fail(env_id, "timeout", f"{slot.call.kind} exceeded {limit:.3g}s")
-            elif slot.retry_at is not None and now >= slot.retry_at:
+        while self._timers and self._timers[0][0] <= now:
+            when, seq, env_id = heapq.heappop(self._timers)
+            if not self._timer_live(when, seq, env_id):
+                continue
+            slot = self._slots[env_id]
+            if seq < 0:
                 slot.retry_at = None
                 self._submit_reset(env_id, slot.retry_attempt)
+                continue
+            self.health.add("timeouts")
+            limit = slot.call.timeout if slot.ready else self.config.start_timeout_s
+            self._restart(env_id)
+            self._fail(env_id, "timeout", f"{slot.call.kind} exceeded {limit:.3g}s")
 
     def _handle(self, outcome: Outcome) -> None:
         slot = self._slots[outcome.env_id]
@@ -294,6 +315,7 @@ class EnvPool:
             if slot.call is not None:  # time the call from now, not from the worker's start
                 now = time.monotonic()
                 slot.call.sent_at, slot.call.deadline = now, now + slot.call.timeout
+                self._push_timer(slot.call.deadline, slot.call.seq, outcome.env_id)
             return
         if outcome.seq is None:  # the worker died (or sent garbage) between calls
             if outcome.status == "crash":
@@ -332,6 +354,7 @@ class EnvPool:
             self.health.add("corrupt")
             self._fail(env_id, "corrupt", problem)
             return
+        self._busy.discard(env_id)
         self.health.latency(latency)
         if call.kind == "reset":
             self.health.add("resets")
@@ -365,7 +388,9 @@ class EnvPool:
             self.health.add("retries")
             slot.retry_attempt = call.attempt + 1
             slot.retry_at = time.monotonic() + self.config.backoff(slot.retry_attempt)
+            self._push_timer(slot.retry_at, -1, env_id)
             return
+        self._busy.discard(env_id)
         if slot.episode_id is None:
             return
         latency = time.monotonic() - call.sent_at if call is not None else 0.0
