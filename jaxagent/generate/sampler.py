@@ -67,11 +67,12 @@ class Sampler:
     """
 
     def __init__(self, graphdef: nnx.GraphDef, *, pad_id: int = 0, min_chunk: int = 8,
-                 capacity_block: int = 64, cache_dtype=None):
+                 capacity_block: int = 64, cache_dtype=None, fuse_weights: bool = True):
         self.graphdef = graphdef
         self.config = model_config(graphdef)
         self.pad_id, self.min_chunk, self.capacity_block = pad_id, min_chunk, capacity_block
         self.cache_dtype = cache_dtype or self.config.jnp_dtype
+        self.fuse_weights = fuse_weights
         self.num_compiles = 0  # incremented each time the jitted function is traced
         self._jit = jax.jit(self._generate, static_argnames=("sampling", "capacity"),
                             donate_argnames=("cache",))
@@ -131,7 +132,9 @@ class Sampler:
             cache = init_cache(cfg, b, capacity, self.cache_dtype)
         valid = segment_ids != 0
         positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
-        h, cache = model.hidden(tokens, positions, segment_ids, cache)
+        # Concatenated q/k/v and gate/up kernels, built once per call and reused every step.
+        fused = model.fused_weights() if self.fuse_weights else None
+        h, cache = model.hidden(tokens, positions, segment_ids, cache, fused)
         last_index = jnp.max(jnp.where(valid, jnp.arange(t)[None], 0), axis=1)
         logits = model.logits(h[jnp.arange(b), last_index])  # [B, V]: only the last token
         key, sub = jax.random.split(key)
@@ -150,7 +153,7 @@ class Sampler:
         def body(s: _LoopState) -> _LoopState:
             # Feed the last sampled token of pending rows; rows already done write nothing.
             h, new_cache = model.hidden(s.last[:, None], s.cache.lengths[:, None],
-                                        s.pending[:, None].astype(jnp.int32), s.cache)
+                                        s.pending[:, None].astype(jnp.int32), s.cache, fused)
             key, sub = jax.random.split(s.key)
             tok, lp = sample_tokens(sub, model.logits(h[:, 0]), sampling)
             gen = s.pending & ~s.finished  # rows that emit a new token this step

@@ -53,7 +53,10 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) ->
     scores = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    return jnp.einsum("bkgts,bksh->btkgh", probs, values)
+    # Output as [B, K, G, T, hd]: a plain batched (row-major) matmul over the cache, which
+    # the CPU backend runs far faster than the transposed form; the small result is moved.
+    out = jnp.einsum("bkgts,bksh->bkgth", probs, values)
+    return out.transpose(0, 3, 1, 2, 4)
 
 
 class Attention(nnx.Module):
@@ -77,13 +80,39 @@ class Attention(nnx.Module):
             out = out + getattr(self, f"{name}_bias")[...].astype(x.dtype)
         return out
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None):
-        """x [B,T,D]; mask [B,T,S]; cache_kv (keys, values) [B,K,S,hd] or None; slots [B,T]."""
+    def fused_weights(self) -> dict:
+        """q/k/v kernels concatenated to [D, (H + 2K) * hd] (and biases): one matmul a step."""
+        cfg = self.config
+        w = jnp.concatenate([getattr(self, f"{n}_proj")[...].reshape(cfg.hidden_size, -1)
+                             for n in ("q", "k", "v")], axis=1)
+        out = {"qkv": w}
+        if cfg.qkv_bias:
+            out["qkv_bias"] = jnp.concatenate(
+                [getattr(self, f"{n}_bias")[...].reshape(-1) for n in ("q", "k", "v")])
+        return out
+
+    def _project_fused(self, x, fused):
         cfg = self.config
         b, t, _ = x.shape
-        q = apply_rope(self._project(x, "q"), cos, sin) * (cfg.head_dim ** -0.5)
-        k = apply_rope(self._project(x, "k"), cos, sin)
-        v = self._project(x, "v")
+        out = x @ fused["qkv"].astype(x.dtype)
+        if cfg.qkv_bias:
+            out = out + fused["qkv_bias"].astype(x.dtype)
+        out = out.reshape(b, t, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
+        h, k = cfg.num_heads, cfg.num_kv_heads
+        return out[:, :, :h], out[:, :, h:h + k], out[:, :, h + k:]
+
+    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None):
+        """x [B,T,D]; mask [B,T,S]; cache_kv (keys, values) [B,K,S,hd] or None; slots [B,T].
+
+        ``fused``: optional output of ``fused_weights`` (same numbers, fewer matmuls)."""
+        cfg = self.config
+        b, t, _ = x.shape
+        if fused is None:
+            q, k, v = (self._project(x, n) for n in ("q", "k", "v"))
+        else:
+            q, k, v = self._project_fused(x, fused)
+        q = apply_rope(q, cos, sin) * (cfg.head_dim ** -0.5)
+        k = apply_rope(k, cos, sin)
         if cache_kv is None:
             keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, hd]
             new_kv = None
@@ -95,8 +124,11 @@ class Attention(nnx.Module):
             new_kv = (keys, values)
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
         out = attend(q, keys.astype(x.dtype), values.astype(x.dtype), mask)
-        out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
-        return jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype)), new_kv
+        # [B, T, H*hd] @ [H*hd, D]: both reshapes are free, so the (large) kernel is read in
+        # place every step instead of being transposed to fit a 3-index contraction.
+        out = out.reshape(b, t, cfg.num_heads * cfg.head_dim)
+        o_w = self.o_proj[...].reshape(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+        return out @ o_w.astype(x.dtype), new_kv
 
 
 class MLP(nnx.Module):
@@ -106,9 +138,17 @@ class MLP(nnx.Module):
         self.up_proj = _param(rngs, (d, f), pdt, ("embed", "mlp"))
         self.down_proj = _param(rngs, (f, d), pdt, ("mlp", "embed"))
 
-    def __call__(self, x):
-        gate = x @ self.gate_proj[...].astype(x.dtype)
-        up = x @ self.up_proj[...].astype(x.dtype)
+    def fused_weights(self) -> dict:
+        """gate and up kernels concatenated to [D, 2F]: one matmul a step."""
+        return {"gate_up": jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1)}
+
+    def __call__(self, x, fused=None):
+        if fused is None:
+            gate = x @ self.gate_proj[...].astype(x.dtype)
+            up = x @ self.up_proj[...].astype(x.dtype)
+        else:
+            gate_up = x @ fused["gate_up"].astype(x.dtype)
+            gate, up = jnp.split(gate_up, 2, axis=-1)
         return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(x.dtype)
 
 
@@ -120,10 +160,13 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dt, pdt)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None):
-        attn_out, new_kv = self.attn(self.input_norm(x), cos, sin, mask, cache_kv, slots)
+    def fused_weights(self) -> dict:
+        return {**self.attn.fused_weights(), **self.mlp.fused_weights()}
+
+    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None):
+        attn_out, new_kv = self.attn(self.input_norm(x), cos, sin, mask, cache_kv, slots, fused)
         x = x + attn_out
-        return x + self.mlp(self.post_attn_norm(x)), new_kv
+        return x + self.mlp(self.post_attn_norm(x), fused), new_kv
 
 
 class Transformer(nnx.Module):
@@ -145,12 +188,19 @@ class Transformer(nnx.Module):
     def layers(self):
         return [getattr(self, f"layer_{i}") for i in range(self.config.num_layers)]
 
-    def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None):
+    def fused_weights(self) -> tuple:
+        """Per-layer concatenated projection kernels for decoding (see ``hidden``)."""
+        return tuple(layer.fused_weights() for layer in self.layers())
+
+    def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None,
+               fused: tuple | None = None):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
         Without a cache, query t attends key s when s <= t and both share a nonzero segment
         id (causal, packed, padding-aware). With a cache, the chunk's real tokens are
         appended at each row's own length and attend to everything stored before them.
+        ``fused`` (from ``fused_weights``, computed once outside a decode loop) replaces the
+        separate q/k/v and gate/up matmuls by one each; results are the same.
         """
         cfg = self.config
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
@@ -167,7 +217,7 @@ class Transformer(nnx.Module):
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers()):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, new_kv = layer(x, cos, sin, mask, kv, slots)
+            x, new_kv = layer(x, cos, sin, mask, kv, slots, None if fused is None else fused[i])
             if new_kv is not None:
                 new_keys.append(new_kv[0])
                 new_values.append(new_kv[1])

@@ -1,0 +1,169 @@
+"""Sampler throughput: jaxagent's jitted sampler vs ``transformers.generate`` (PyTorch, CPU).
+
+Same random weights (a HF Llama saved with ``save_pretrained`` and loaded by jaxagent), same
+batch, 64-token prompts, 128 new tokens, plain sampling at temperature 1 (no top-k / top-p,
+no stop token), KV cache on for both. Reports tokens/s (median of repeats), the ratio, and the
+achieved FLOP/s and bytes/s of the decode against this machine's fp32 matmul peak and copy
+bandwidth measured in the same run. Ends with one JSON line.
+
+    python benchmarks/generate.py            # all configs
+    python benchmarks/generate.py --quick    # fewer repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from jaxagent.generate import Sampler, SamplingConfig  # noqa: E402
+from jaxagent.models import load_hf  # noqa: E402
+
+PROMPT, NEW = 64, 128
+CONFIGS = {
+    "tiny_b8": dict(batch=8, vocab=8192, hidden=256, layers=4, heads=4, kv=2, mlp=688),
+    "tiny_b32": dict(batch=32, vocab=8192, hidden=256, layers=4, heads=4, kv=2, mlp=688),
+    "big_b8": dict(batch=8, vocab=32000, hidden=768, layers=12, heads=12, kv=12, mlp=2048),
+}
+
+
+def measure_peaks(reps: int = 5) -> dict:
+    """fp32 matmul FLOP/s (jitted 1024^3 dot) and copy bandwidth (numpy, 256 MB)."""
+    n = 1024
+    a = jnp.asarray(np.random.rand(n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    flops = 2 * n**3 / min(times)
+    src = np.ones(64 * 2**20, np.float32)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return {"matmul_flop_s": flops, "copy_bytes_s": 2 * src.nbytes / min(times)}
+
+
+def build(spec: dict, path: str):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=spec["vocab"], hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"], num_key_value_heads=spec["kv"],
+        intermediate_size=spec["mlp"], max_position_embeddings=2048, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+def time_hf(model, prompts: np.ndarray, reps: int) -> list[float]:
+    ids = torch.tensor(prompts)
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                  top_p=1.0, max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None,
+                  pad_token_id=0, use_cache=True)
+    times = []
+    with torch.inference_mode():
+        model.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = model.generate(ids, **kwargs)
+            times.append(time.perf_counter() - t0)
+    assert out.shape[1] == PROMPT + NEW
+    return times
+
+
+def time_jax(path: str, prompts: np.ndarray, reps: int) -> tuple[list[float], float, Sampler]:
+    _, graphdef, params = load_hf(path)
+    sampler = Sampler(graphdef)
+    cfg = SamplingConfig(max_new_tokens=NEW, temperature=1.0)
+    rows = [list(r) for r in prompts]
+    t0 = time.perf_counter()
+    jax.block_until_ready(sampler(params, rows, cfg, jax.random.key(0)).tokens)
+    compile_s = time.perf_counter() - t0
+    times = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        out = sampler(params, rows, cfg, jax.random.key(i + 1))
+        jax.block_until_ready(out.tokens)
+        times.append(time.perf_counter() - t0)
+    assert int(np.asarray(out.lengths).min()) == NEW
+    return times, compile_s, sampler
+
+
+def decode_cost(spec: dict, batch: int) -> tuple[float, float]:
+    """FLOPs and bytes of one decode step (weights streamed once a step, plus the KV cache)."""
+    d, f, v, layers = spec["hidden"], spec["mlp"], spec["vocab"], spec["layers"]
+    hd = d // spec["heads"]
+    layer_params = d * hd * (2 * spec["heads"] + 2 * spec["kv"]) + 3 * d * f
+    streamed = layers * layer_params + d * v  # lm head; the embedding is a gather
+    context = PROMPT + NEW / 2
+    attn_flops = 4 * layers * spec["heads"] * hd * context * batch
+    cache_bytes = 2 * layers * spec["kv"] * hd * context * batch * 4
+    return 2 * streamed * batch + attn_flops, 4 * streamed + cache_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    args = parser.parse_args()
+    print(f"setup: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"transformers {transformers.__version__}, fp32, prompt {PROMPT}, new tokens {NEW}, "
+          "sampling T=1 (no top-k/top-p), median of repeats")
+    peaks = measure_peaks()
+    print(f"peaks: matmul {peaks['matmul_flop_s'] / 1e9:.1f} GFLOP/s, "
+          f"copy {peaks['copy_bytes_s'] / 1e9:.1f} GB/s")
+    results = {}
+    for name in args.configs.split(","):
+        spec = CONFIGS[name]
+        big = spec["hidden"] > 256
+        reps = 2 if (args.quick or big) else 5
+        prompts = np.random.RandomState(0).randint(3, spec["vocab"], (spec["batch"], PROMPT))
+        with tempfile.TemporaryDirectory() as path:
+            model = build(spec, path)
+            hf_times = time_hf(model, prompts, reps)
+            del model
+            jax_times, compile_s, sampler = time_jax(path, prompts, reps)
+        tokens = spec["batch"] * NEW
+        hf_tok_s = tokens / statistics.median(hf_times)
+        jax_s = statistics.median(jax_times)
+        jax_tok_s = tokens / jax_s
+        flops, step_bytes = decode_cost(spec, spec["batch"])
+        steps_s = NEW / jax_s
+        results[name] = {
+            "jaxagent_tok_s": round(jax_tok_s, 1), "hf_tok_s": round(hf_tok_s, 1),
+            "ratio_vs_hf": round(jax_tok_s / hf_tok_s, 2),
+            "flop_s_frac_of_peak": round(flops * steps_s / peaks["matmul_flop_s"], 3),
+            "bytes_s_frac_of_peak": round(step_bytes * steps_s / peaks["copy_bytes_s"], 3),
+            "compile_s": round(compile_s, 1), "recompiles": sampler.num_compiles}
+        print(f"{name}: batch {spec['batch']}, D {spec['hidden']} x {spec['layers']} layers, "
+              f"vocab {spec['vocab']}: transformers.generate {hf_tok_s:.0f} tok/s (anchor), "
+              f"jaxagent {jax_tok_s:.0f} tok/s, ratio {jax_tok_s / hf_tok_s:.2f}x; "
+              f"decode ~{flops * steps_s / 1e9:.1f} GFLOP/s "
+              f"({100 * flops * steps_s / peaks['matmul_flop_s']:.0f}% of peak), "
+              f"~{step_bytes * steps_s / 1e9:.1f} GB/s "
+              f"({100 * step_bytes * steps_s / peaks['copy_bytes_s']:.0f}% of copy bandwidth); "
+              f"compile {compile_s:.1f}s")
+    print(json.dumps({"benchmark": "generate", "peaks": peaks, **results}))
+
+
+if __name__ == "__main__":
+    main()
