@@ -69,7 +69,8 @@ def _episodes(config, policy, tasks, samples, temperature, seed):
         eps, _ = collect_episodes(
             sampler, params, tasks, samples_per_task=samples, runner=runner, chat=chat,
             system_prompt=spec.system_prompt,
-            budget=Budget(config.rollout.max_turns, config.rollout.max_new_tokens, max_len),
+            budget=Budget(config.rollout.max_turns, config.rollout.max_new_tokens, max_len,
+                          config.rollout.max_observation_chars),
             key=jax.random.key(seed))
     finally:
         runner.close()

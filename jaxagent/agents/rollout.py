@@ -25,7 +25,7 @@ import jax
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvReply, EnvRunner
 from jaxagent.agents.sampling import TurnSampler
-from jaxagent.envs.base import FailureMode, Task, Termination
+from jaxagent.envs.base import FailureMode, Task, Termination, truncate_observation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +35,11 @@ class Budget:
     max_turns: int = 6  # policy turns
     max_new_tokens: int = 32  # tokens per policy turn (the sampler's setting)
     max_total_tokens: int = 512  # prompt + all turns + observations
+    max_observation_chars: int = 0  # longer observations are cut with a visible marker; 0 = off
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if getattr(self, f.name) <= 0:
+            if f.name != "max_observation_chars" and getattr(self, f.name) <= 0:
                 raise ValueError(f"Budget.{f.name}={getattr(self, f.name)} must be > 0")
 
 
@@ -108,6 +109,11 @@ def collect_episodes(
       (episodes in input order, one per (task, sample); none is ever dropped), stats.
     """
     stats = RolloutStats()
+
+    def cut(text: str) -> str:
+        limit = budget.max_observation_chars
+        return truncate_observation(text, limit) if limit else text
+
     eps = [Episode(task=t, group=group_offset + i) for i, t in enumerate(tasks)
            for _ in range(samples_per_task)]
     slots = list(range(len(eps)))
@@ -120,8 +126,8 @@ def collect_episodes(
         if reply.error is not None:
             ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
         else:
-            ep.first_observation = reply.observation
-            ids = chat.prompt(system_prompt, reply.observation)
+            ep.first_observation = cut(reply.observation)
+            ids = chat.prompt(system_prompt, ep.first_observation)
             if len(ids) + budget.max_new_tokens > budget.max_total_tokens:
                 ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
             ep.append(ids, sampled=False)
@@ -145,7 +151,7 @@ def collect_episodes(
         chunks: list[Optional[list[int]]] = [None] * len(eps)
         for i, action, reply in zip(active, actions, replies):
             ep = eps[i]
-            turn = Turn(action=action, observation="" if reply.done else reply.observation,
+            turn = Turn(action=action, observation="" if reply.done else cut(reply.observation),
                         reward=float(reply.reward),
                         reward_terms=dict(reply.info.get("reward_terms", {}) or {}),
                         failure_mode=reply.info.get("failure_mode"),
@@ -163,7 +169,7 @@ def collect_episodes(
                 ep.info = reply.info
                 ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
                 continue
-            chunk = chat.observation(reply.observation)
+            chunk = chat.observation(turn.observation)
             if len(ep.tokens) + len(chunk) + budget.max_new_tokens > budget.max_total_tokens:
                 ep.info = reply.info
                 ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)

@@ -133,6 +133,7 @@ class RolloutSection:
     max_turns: int = 6  # policy turns per episode before truncation
     max_new_tokens: int = 40  # tokens per policy turn
     max_total_tokens: int = 0  # whole-episode token budget; 0 = model.max_seq_len
+    max_observation_chars: int = 0  # cut longer observations (visible marker); 0 = no limit
     temperature: float = 1.0  # sampling temperature (RL needs 1.0 for exact ratios)
     top_k: int = 0  # 0 disables top-k
     top_p: float = 1.0  # 1.0 disables nucleus sampling
@@ -142,6 +143,9 @@ class RolloutSection:
             _positive(f"rollout.{name}", getattr(self, name))
         _positive("rollout.samples_per_task", self.samples_per_task, allow_zero=True)
         _positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
+        if 0 < self.max_observation_chars < 64:
+            raise ConfigError(f"rollout.max_observation_chars={self.max_observation_chars} "
+                              "must be 0 (off) or >= 64 (room for the truncation marker)")
         _positive("rollout.temperature", self.temperature, allow_zero=True)
         _positive("rollout.top_k", self.top_k, allow_zero=True)
         if not 0.0 < self.top_p <= 1.0:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from jaxagent.envs.base import Task, TaskSource, TextEnv
 
-ENV_NAMES = ("quickstart", "bfcl")
+ENV_NAMES = ("quickstart", "bfcl", "code")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,26 +65,31 @@ def _quickstart(options: Mapping[str, Any]) -> EnvSpec:
 
 
 def _bfcl(options: Mapping[str, Any]) -> EnvSpec:
-    try:
-        from jaxagent.envs.tools import bfcl as B
-    except ImportError as err:
-        raise ImportError("env.name='bfcl' needs the BFCL adapter and `pip install --no-deps "
-                          f"bfcl-eval` ({err})") from err
-    return B.env_spec(options) if hasattr(B, "env_spec") else _bfcl_generic(B, options)
+    from jaxagent.envs.tools import bfcl as B
+
+    B.require_bfcl()  # raises with the install command when bfcl-eval is missing
+    src_fields = tuple(f.name for f in dataclasses.fields(B.BFCLSourceConfig))
+    env_fields = tuple(f.name for f in dataclasses.fields(B.BFCLEnvConfig))
+    src_opts, env_opts = _split_options("bfcl", options,
+                                        {"source": src_fields, "env": env_fields})
+    source = B.BFCLSource(**src_opts)
+    env_config = B.BFCLEnvConfig(**env_opts)
+    return EnvSpec(name="bfcl", make_source=lambda: source,
+                   make_env=lambda: B.BFCLEnv(env_config), system_prompt=B.system_prompt())
 
 
-def _bfcl_generic(B, options: Mapping[str, Any]) -> EnvSpec:
-    source_cls = getattr(B, "BFCLSource", None) or getattr(B, "BfclTaskSource")
-    env_cls = getattr(B, "BFCLEnv", None) or getattr(B, "BfclEnv")
-    source = source_cls(**dict(options))
-    system = B.system_prompt() if hasattr(B, "system_prompt") else ""
-    return EnvSpec(name="bfcl", make_source=lambda: source, make_env=env_cls,
-                   system_prompt=system)
+def _code(options: Mapping[str, Any]) -> EnvSpec:
+    from jaxagent.envs.code import suite
+
+    s = suite.build(options)
+    return EnvSpec(name="code", make_source=lambda: s.source, make_env=s.make_env,
+                   system_prompt=s.system_prompt, make_expert=s.make_expert)
 
 
 _BUILDERS: dict[str, Callable[[Mapping[str, Any]], EnvSpec]] = {
     "quickstart": _quickstart,
     "bfcl": _bfcl,
+    "code": _code,
 }
 
 

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.envs.base import FailureMode, Task, Termination
 from jaxagent.models import apply_model, token_logprobs
@@ -77,6 +76,47 @@ def expert_episodes(make_env: Callable, make_expert: Callable, tasks: Sequence[T
     return out
 
 
+def pack_dense(episodes: Sequence[Episode], *, row_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Pack several episodes per row (first-fit by decreasing length) for SFT.
+
+    Each episode keeps its own segment id and positions restarting at 0, so attention never
+    crosses episodes (``jaxagent.models.apply_model`` masks by segment). Fewer padding tokens
+    than one episode a row: the quickstart's episodes are ~75 tokens in rows of 128+.
+
+    Returns:
+      dict of [R, row_len] arrays: tokens, positions, segment_ids, loss_mask.
+    """
+    order = sorted(range(len(episodes)), key=lambda i: -len(episodes[i].tokens))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = len(episodes[i].tokens)
+        if n > row_len:
+            raise ValueError(f"an episode of {n} tokens does not fit rows of {row_len}")
+        for r, free in enumerate(room):
+            if free >= n:
+                rows[r].append(i)
+                room[r] -= n
+                break
+        else:
+            rows.append([i])
+            room.append(row_len - n)
+    shape = (len(rows), row_len)
+    out = {"tokens": np.full(shape, pad_id, np.int32), "positions": np.zeros(shape, np.int32),
+           "segment_ids": np.zeros(shape, np.int32), "loss_mask": np.zeros(shape, np.float32)}
+    for r, members in enumerate(rows):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            ep = episodes[i]
+            n = len(ep.tokens)
+            out["tokens"][r, at:at + n] = ep.tokens
+            out["positions"][r, at:at + n] = np.arange(n)
+            out["segment_ids"][r, at:at + n] = seg
+            out["loss_mask"][r, at:at + n] = ep.loss_mask
+            at += n
+    return out
+
+
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable:
     """Jitted ``(params, opt_state, tokens, positions, segment_ids, loss_mask) -> (params,
     opt_state, loss)``; params and optimizer state are donated."""
@@ -105,9 +145,12 @@ def sft_optimizer(learning_rate: float, steps: int) -> optax.GradientTransformat
 def run_sft(graphdef, params: Any, episodes: Sequence[Episode], *, steps: int, batch_size: int,
             learning_rate: float, seed: int, pad_id: int, max_len: int,
             on_step: Optional[Callable[[int, float], None]] = None) -> tuple[Any, list[float]]:
-    """Fit ``params`` to the demonstrations; returns (params, per-step losses)."""
-    batch, _ = pack_episodes(episodes, pad_id=pad_id, max_len=max_len, length_multiple=16)
-    n = batch.tokens.shape[0]
+    """Fit ``params`` to the demonstrations; returns (params, per-step losses).
+
+    ``batch_size`` counts packed rows of ``max_len`` tokens (several episodes each).
+    """
+    packed = pack_dense(episodes, row_len=max_len, pad_id=pad_id)
+    n = packed["tokens"].shape[0]
     if n == 0 or steps == 0:
         return params, []
     tx = sft_optimizer(learning_rate, steps)
@@ -126,8 +169,8 @@ def run_sft(graphdef, params: Any, episodes: Sequence[Episode], *, steps: int, b
         if len(idx) < batch_size:  # fewer demonstrations than a batch: sample with repeats
             idx = rng.choice(n, batch_size)
         params, opt_state, loss = step_fn(
-            params, opt_state, batch.tokens[idx], batch.positions[idx],
-            batch.segment_ids[idx], batch.loss_mask[idx])
+            params, opt_state, packed["tokens"][idx], packed["positions"][idx],
+            packed["segment_ids"][idx], packed["loss_mask"][idx])
         if on_step is not None or i == steps - 1:
             losses.append(float(loss))
             if on_step is not None:

@@ -105,10 +105,13 @@ class Trainer:
         self.max_len = min(config.max_total_tokens,
                            self.model_config.max_seq_len - config.rollout.max_new_tokens)
         self.budget = Budget(config.rollout.max_turns, config.rollout.max_new_tokens,
-                             self.max_len)
+                             self.max_len, config.rollout.max_observation_chars)
         r = config.rollout
         self.sampler = self._sampler(r.temperature, r.top_k, r.top_p)
-        self.eval_sampler = self._sampler(config.eval.temperature, 0, 1.0)
+        same = (config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0)
+        # One sampler for both when the settings agree: its compiled shapes are shared.
+        self.eval_sampler = self.sampler if same else self._sampler(config.eval.temperature,
+                                                                    0, 1.0)
         self.update_step = make_update_step(self.rl, model_apply_fn(self.graphdef))
         self.logprob_fn = make_logprob_fn(self.graphdef)
         self.runner = make_runner(config)
