@@ -104,4 +104,26 @@ def make_optimizer(config: RLConfig) -> optax.GradientTransformation:
                         weight_decay=config.weight_decay)
     if config.max_grad_norm is None:
         return adamw
-    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+    return optax.chain(clip_by_global_norm_scaled(config.max_grad_norm), adamw)
+
+
+def clip_by_global_norm_scaled(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` written as one multiply by a scalar.
+
+    Same maths (g * min(1, max_norm / ||g||)). optax's version divides elementwise, which
+    XLA will not duplicate into the two Adam-moment fusions, so it materialises a whole
+    clipped copy of the gradients (one extra model's worth of memory in the update); a
+    multiply is fused into both consumers.
+    """
+
+    def init_fn(params):
+        del params
+        return optax.EmptyState()
+
+    def update_fn(updates, state, params=None):
+        del params
+        norm = optax.global_norm(updates)
+        scale = jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-30))
+        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(init_fn, update_fn)

@@ -13,8 +13,11 @@ microbatch losses (and gradients) equal the loss of the whole minibatch: microba
 memory, not maths. With a mesh, the state and batch carry NamedShardings and XLA partitions
 the step (no pmap); the result equals the single-device step up to float reassociation.
 
-``apply_fn(params, tokens [B,T], positions [B,T], segment_ids [B,T]) -> (logits [B,T,V],
-values [B,T] or None)``; ``model_apply_fn(graphdef)`` adapts ``jaxagent.models.apply_model``.
+The model enters as ``apply_fn(params, tokens [B,T], positions [B,T], segment_ids [B,T]) ->
+(logits [B,T,V], values [B,T] or None)`` (``model_apply_fn(graphdef)`` adapts
+``jaxagent.models.apply_model``), or, leaner, as ``logprob_fn(...) -> (logp [B,T],
+entropy [B,T], values or None)``: ``model_logprob_fn(graphdef)`` rematerialises blocks and
+chunks the vocabulary head (see ``jaxagent.rl.model_fns``); use it for large models.
 Values: the model's value output at position t is V(tokens[:t+1]); the update aligns it as
 ``values[:, t] = V(tokens[:, :t])``, the value of the state in which token t is chosen, which
 is the convention ``TokenBatch.values`` must follow too.
@@ -32,6 +35,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxagent.rl import losses as L
 from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.lora import merge_lora
+from jaxagent.rl.model_fns import (LogprobFn, logits_logprob_fn, model_apply_fn,  # noqa: F401
+                                   model_logprob_fn)
 from jaxagent.rl.prepare import compute_advantages as _compute_advantages
 from jaxagent.rl.recipes import RLConfig
 from jaxagent.rl.train_state import TrainState, make_optimizer
@@ -40,25 +45,13 @@ from jaxagent.types import TokenBatch
 ApplyFn = Callable[..., tuple[jax.Array, Optional[jax.Array]]]
 
 
-def model_apply_fn(graphdef: Any) -> ApplyFn:
-    """``apply_fn`` for a jaxagent model: ``(params, tokens, positions, segment_ids) ->
-    (logits, values)``."""
-    from jaxagent.models import apply_model
-
-    def apply_fn(params, tokens, positions, segment_ids):
-        out = apply_model(graphdef, params, tokens, positions, segment_ids)
-        return out.logits, out.values
-
-    return apply_fn
-
-
 def _shift_values(values_bt: jax.Array) -> jax.Array:
     """Model value at t (state tokens[:t+1]) -> aligned value at t+1 (state before token t+1)."""
     pad = jnp.zeros((values_bt.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, values_bt[:, :-1].astype(jnp.float32)], axis=1)
 
 
-def make_loss_fn(config: RLConfig, apply_fn: ApplyFn) -> Callable:
+def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
     """``loss_fn(params, micro, num_tokens, num_seqs) -> (loss, metric_sums)``.
 
     ``params`` are the model parameters (LoRA already merged). ``metric_sums`` are normalised
@@ -66,8 +59,8 @@ def make_loss_fn(config: RLConfig, apply_fn: ApplyFn) -> Callable:
     """
 
     def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs):
-        logits, values_out = apply_fn(params, micro.tokens, micro.positions, micro.segment_ids)
-        logp, entropy = L.token_logprobs_and_entropy(logits, micro.tokens)
+        logp, entropy, values_out = logprob_fn(params, micro.tokens, micro.positions,
+                                               micro.segment_ids)
         mask = micro.loss_mask.astype(jnp.float32)
         agg = lambda x: L.aggregate(x, mask, config.aggregation, num_tokens=num_tokens,
                                     num_seqs=num_seqs, norm_constant=config.norm_constant)
@@ -120,14 +113,13 @@ def _split(tree: Any, n: int) -> Any:
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
 
 
-def _reference_logprobs(config, apply_fn, ref_params, batch: TokenBatch) -> jax.Array:
+def _reference_logprobs(config, logprob_fn, ref_params, batch: TokenBatch) -> jax.Array:
     """[B, T] reference log-probs, one microbatch at a time (no gradient)."""
     n = batch.tokens.shape[0] // min(config.microbatch, batch.tokens.shape[0])
     chunks = _split((batch.tokens, batch.positions, batch.segment_ids), n)
 
     def one(xs):
-        logits, _ = apply_fn(ref_params, *xs)
-        return L.token_logprobs_and_entropy(logits, xs[0])[0]
+        return logprob_fn(ref_params, *xs)[0]
 
     lp = jax.lax.map(one, chunks)
     return jax.lax.stop_gradient(lp.reshape(batch.tokens.shape))
@@ -153,9 +145,10 @@ def _advantage_metrics(batch: TokenBatch) -> dict:
 
 def make_update_step(
     config: RLConfig,
-    apply_fn: ApplyFn,
+    apply_fn: Optional[ApplyFn] = None,
     optimizer: Optional[optax.GradientTransformation] = None,
     *,
+    logprob_fn: Optional[LogprobFn] = None,
     compute_advantages: bool = True,
     mesh: Optional[Mesh] = None,
     state_sharding: Any = None,
@@ -166,7 +159,8 @@ def make_update_step(
 
     Args:
       config: the recipe (static).
-      apply_fn: the model function (see module docstring).
+      apply_fn: the model as a logits function (see module docstring), or
+      logprob_fn: the model as a log-prob function (exactly one of the two).
       optimizer: defaults to ``make_optimizer(config)``; must match the state's.
       compute_advantages: run ``jaxagent.rl.prepare.compute_advantages`` first; False to use
         ``batch.advantages`` (and ``returns``) as given.
@@ -180,7 +174,11 @@ def make_update_step(
       have ``B`` divisible by ``config.minibatch_size`` (B is static).
     """
     tx = optimizer or make_optimizer(config)
-    loss_fn = make_loss_fn(config, apply_fn)
+    if (apply_fn is None) == (logprob_fn is None):
+        raise TypeError("make_update_step: pass exactly one of apply_fn and logprob_fn")
+    if logprob_fn is None:
+        logprob_fn = logits_logprob_fn(apply_fn)
+    loss_fn = make_loss_fn(config, logprob_fn)
     grad_fn = jax.value_and_grad(
         lambda trainable, frozen, alpha_rank, *a: loss_fn(
             merge_lora(frozen, trainable, *alpha_rank) if alpha_rank[1] else trainable, *a),
@@ -212,7 +210,7 @@ def make_update_step(
                 raise ValueError(f"recipe {config.name!r} uses KL (kl_mode={config.kl_mode!r}) but "
                                  "the batch has no ref_logprobs and TrainState.ref_params is None")
             batch = batch.replace(ref_logprobs=_reference_logprobs(
-                config, apply_fn, state.ref_params, batch))
+                config, logprob_fn, state.ref_params, batch))
         if compute_advantages:
             batch = _compute_advantages(config, batch)
         batch = batch.replace(loss_mask=batch.loss_mask.astype(jnp.float32))
