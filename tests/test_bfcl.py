@@ -67,13 +67,15 @@ def test_dropping_a_state_changing_call_fails_sample():
 
 
 @pytest.mark.slow
-def test_every_multi_turn_category_replays_and_drop_check():
+def test_every_multi_turn_category_replays_and_every_drop_fails():
     for category in MULTI_TURN:
-        report = B.check_category(category, drop_check=category == "multi_turn_base")
+        report = B.check_category(category)
         assert report["ground_truth_success"] == 1.0 and not report["errors"], report
-    assert report["drop_tested"] >= 150  # set by the base category only
-    base = B.check_category("multi_turn_base", drop_check=True)
-    assert base["drop_failed"] == base["drop_tested"]
+    base = B.check_category("multi_turn_base", drop_check=True)  # last state-changing call
+    assert base["drop_tested"] >= 150 and base["drop_failed"] == base["drop_tested"]
+    for entry in D.load_entries("multi_turn_base"):  # and each state-changing call in turn
+        for drop in B.state_changing_calls(entry):
+            assert not B.replay(entry, drop=drop)["success"], (entry["id"], drop)
 
 
 def test_turn_failure_labels_and_scores():
