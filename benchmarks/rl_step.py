@@ -125,7 +125,8 @@ def run_jaxagent(steps: int) -> dict:
     config = get_recipe("grpo", minibatch_size=PROMPTS * SAMPLES, learning_rate=1e-6,
                         kl_mode="none", kl_beta=0.0)
     state = TrainState.create(jax.tree.map(jnp.copy, params), config, jax.random.key(1))
-    update = make_update_step(config, logprob_fn=model_logprob_fn(graphdef))
+    # The tiny model's activations are small: no rematerialisation (it would cost a forward).
+    update = make_update_step(config, logprob_fn=model_logprob_fn(graphdef, remat=False))
     sampler = Sampler(graphdef)
     # Sample every row to the full length (no stop tokens), like TRL with a fixed budget.
     sampling = SamplingConfig(max_new_tokens=NEW)

@@ -13,6 +13,7 @@ Settings (768 hidden x 12 layers, vocab 32000, fp32; batch of 8 sequences x 256 
 microbatches of 4 sequences, so gradients are accumulated over 2 microbatches):
 
 - loop: LOOP, full fine-tuning: one model copy (no critic, no reference).
+- loop_one_microbatch: the same with a batch of one microbatch (4 sequences): no accumulation.
 - loop_lora: LOOP with LoRA r=16, alpha=32 (ratio against the full model's bytes too).
 - grpo_ref: GRPO with the k3 KL in the loss and the reference model held in the state.
 - ppo_critic: PPO with a separate critic of the same size (value head on its own trunk).
@@ -114,15 +115,20 @@ def main():
     runs.append(("ppo_critic", get_recipe("ppo", kl_mode="none", **common),
                  critic_logprob_fn(graphdef, critic_graphdef), {"policy": params, "critic": critic},
                  None, True))
+    # The same LOOP update with one microbatch per optimiser step (batch = microbatch): no
+    # gradient accumulator, so no second gradient buffer.
+    runs.insert(1, ("loop_one_microbatch", get_recipe("loop", lora_rank=0, minibatch_size=args.micro,
+                                                      num_epochs=1), apply_fn, params, None, False))
     for name, cfg, fn, p, ref, values in runs:
-        r = measure(name, cfg, fn, p, abstract_batch(b, t, values), ref)
+        rows = args.micro if name == "loop_one_microbatch" else b
+        r = measure(name, cfg, fn, p, abstract_batch(rows, t, values), ref)
         ratio = r["peak"] / base
         results[name] = {"ratio": round(ratio, 4), "peak_mib": round(r["peak"] / 2**20, 1)}
         extra = ""
         if name == "loop_lora":
             results[name]["ratio_vs_one_model_copy"] = round(r["peak"] / p_bytes, 4)
             extra = f"  (vs one fp32 model copy: {r['peak'] / p_bytes:.3f})"
-        print(f"{name:11s} peak {r['peak'] / 2**20:8.1f} MiB = args {r['args'] / 2**20:.0f} + temp "
+        print(f"{name:19s} peak {r['peak'] / 2**20:8.1f} MiB = args {r['args'] / 2**20:.0f} + temp "
               f"{r['temp'] / 2**20:.0f} + out {r['out'] / 2**20:.0f} - alias {r['alias'] / 2**20:.0f}"
               f"  ratio vs params+grads+Adam {ratio:.3f}{extra}")
     print("target: loop ratio <= 1.15")

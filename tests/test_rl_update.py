@@ -10,6 +10,7 @@ from jaxagent.rl.lora import lora_param_count
 from jaxagent.rl.prepare import compute_advantages
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState, make_optimizer
+from jaxagent.rl.model_fns import logits_logprob_fn
 from jaxagent.rl.update import _reference_logprobs, make_loss_fn, make_update_step
 from test_rl_common import copy_tree, max_abs_diff, on_policy_batch, tiny_model
 
@@ -17,7 +18,7 @@ from test_rl_common import copy_tree, max_abs_diff, on_policy_batch, tiny_model
 def minibatch_grad(config, apply_fn, params, batch):
     """Gradient of one full-minibatch loss (one epoch, one minibatch, no optimiser)."""
     prepared = compute_advantages(config, batch)
-    loss_fn = make_loss_fn(config, apply_fn)
+    loss_fn = make_loss_fn(config, logits_logprob_fn(apply_fn))
     nt, ns = aggregation_denominators(prepared.loss_mask)
     return jax.jit(jax.grad(lambda p: loss_fn(p, prepared, nt, ns)[0]))(params), prepared
 
@@ -96,7 +97,8 @@ def test_reference_logprobs_from_ref_params_and_missing_reference_error():
     apply_fn, params = tiny_model(num_layers=1)
     batch = on_policy_batch(apply_fn, params, batch_size=8)
     cfg = get_recipe("grpo", minibatch_size=8, microbatch_size=4)
-    ref = jax.jit(lambda p, b: _reference_logprobs(cfg, apply_fn, p, b))(params, batch)
+    ref = jax.jit(lambda p, b: _reference_logprobs(cfg, logits_logprob_fn(apply_fn), p, b))(
+        params, batch)
     logits, _ = apply_fn(params, batch.tokens, batch.positions, batch.segment_ids)
     np.testing.assert_allclose(ref, token_logprobs_and_entropy(logits, batch.tokens)[0], atol=1e-5)
     state = TrainState.create(copy_tree(params), cfg, jax.random.key(0))
@@ -123,3 +125,29 @@ def test_ppo_with_critic_fits_values():
         losses.append(float(metrics["loss/value"]))
     # GAE targets of the terminal reward (values ~ 0 at sampling): the critic fits them.
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_lean_logprob_fn_matches_logits_path():
+    # Block remat + chunked vocabulary head (chunk 5 does not divide T - 1 = 11) must give the
+    # same log-probs, entropies, values and gradients as the plain logits path.
+    from jaxagent.models import ModelConfig, init_model
+    from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn
+
+    graphdef, params = init_model(ModelConfig.test(num_layers=2, value_head=True), jax.random.key(0))
+    plain = logits_logprob_fn(model_apply_fn(graphdef))
+    lean = model_logprob_fn(graphdef, remat=True, head_chunk=5)
+    batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=4)
+    args = (batch.tokens, batch.positions, batch.segment_ids)
+    m = batch.loss_mask
+
+    def objective(fn):
+        def f(p):
+            lp, ent, v = fn(p, *args)
+            return jnp.sum((lp + 0.1 * ent + 0.01 * v) * m), (lp, ent, v)
+        return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+    (_, out_a), g_a = objective(plain)(params)
+    (_, out_b), g_b = objective(lean)(params)
+    for a, b in zip(out_a, out_b):
+        np.testing.assert_allclose(np.asarray(b) * m, np.asarray(a) * m, atol=1e-5)
+    assert max_abs_diff(g_a, g_b) <= 1e-5
