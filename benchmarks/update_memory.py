@@ -54,11 +54,13 @@ def critic_logprob_fn(policy_graphdef, critic_graphdef):
     """Policy log-probs from the policy, values from a separate critic (same size, value head;
     its vocabulary head is unused)."""
     policy = model_logprob_fn(policy_graphdef)
-    critic = model_logprob_fn(critic_graphdef, head_chunk=1 << 30)
+    critic = model_logprob_fn(critic_graphdef)
 
-    def logprob_fn(params, tokens, positions, segment_ids):
-        logp, ent, _ = policy(params["policy"], tokens, positions, segment_ids)
-        _, _, values = critic(params["critic"], tokens, positions, segment_ids)
+    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
+        logp, ent, _ = policy(params["policy"], tokens, positions, segment_ids, loss_mask)
+        # An all-zero mask: the critic's vocabulary head is skipped, only values are used.
+        _, _, values = critic(params["critic"], tokens, positions, segment_ids,
+                              jnp.zeros(tokens.shape, jnp.float32))
         return logp, ent, values
 
     return logprob_fn

@@ -128,21 +128,22 @@ def test_ppo_with_critic_fits_values():
 
 
 def test_lean_logprob_fn_matches_logits_path():
-    # Block remat + chunked vocabulary head (chunk 5 does not divide T - 1 = 11) must give the
-    # same log-probs, entropies, values and gradients as the plain logits path.
+    # Block remat + chunked vocabulary head (chunk 3 does not divide T - 1 = 11; the first
+    # chunk holds prompt tokens only and is skipped) must give the same log-probs, entropies,
+    # values and gradients on the loss tokens as the plain logits path.
     from jaxagent.models import ModelConfig, init_model
     from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2, value_head=True), jax.random.key(0))
     plain = logits_logprob_fn(model_apply_fn(graphdef))
-    lean = model_logprob_fn(graphdef, remat=True, head_chunk=5)
+    lean = model_logprob_fn(graphdef, remat=True, head_chunk=3)
     batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=4)
     args = (batch.tokens, batch.positions, batch.segment_ids)
     m = batch.loss_mask
 
     def objective(fn):
         def f(p):
-            lp, ent, v = fn(p, *args)
+            lp, ent, v = fn(p, *args, loss_mask=m)
             return jnp.sum((lp + 0.1 * ent + 0.01 * v) * m), (lp, ent, v)
         return jax.jit(jax.value_and_grad(f, has_aux=True))
 

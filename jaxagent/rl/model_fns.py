@@ -44,7 +44,8 @@ def model_apply_fn(graphdef: Any) -> Callable:
 def logits_logprob_fn(apply_fn: Callable) -> LogprobFn:
     """Adapt an ``apply_fn`` returning logits into ``(logp, entropy, values)``."""
 
-    def logprob_fn(params, tokens, positions, segment_ids):
+    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
+        del loss_mask  # the full logits are computed anyway
         logits, values = apply_fn(params, tokens, positions, segment_ids)
         logp, entropy = token_logprobs_and_entropy(logits, tokens)
         return logp, entropy, values
@@ -67,12 +68,15 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32)
     Args:
       graphdef: from ``jaxagent.models.init_model`` / ``load_hf``.
       remat: recompute each block in the backward pass instead of storing its activations.
-      head_chunk: positions per vocabulary-head chunk (must divide T - 1 padded up; rows are
-        padded internally).
+      head_chunk: positions per vocabulary-head chunk (T - 1 is padded up to a multiple).
+
+    The returned function takes an optional ``loss_mask`` [B, T]: head chunks with no loss
+    token in any row are skipped at run time (``lax.cond``), and their log-probs and entropies
+    come back as 0. The update step passes it; leave it out to get every position.
     """
     from jaxagent.models.rope import rope_cos_sin
 
-    def logprob_fn(params, tokens, positions, segment_ids):
+    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
         model = nnx.merge(graphdef, params)
         cfg = model.config
         b, t = tokens.shape
@@ -98,6 +102,11 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32)
         targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
         hs = h_pred.reshape(b, -1, c, h.shape[-1]).swapaxes(0, 1)  # [n_chunks, B, C, D]
         ts = targets.reshape(b, -1, c).swapaxes(0, 1)  # [n_chunks, B, C]
+        if loss_mask is None:
+            needed = jnp.ones((ts.shape[0],), bool)
+        else:  # chunks without a loss token (prompt, observations) skip the vocabulary head
+            m = jnp.pad(loss_mask[:, 1:], ((0, 0), (0, pad))).reshape(b, -1, c)
+            needed = jnp.any(m > 0, axis=(0, 2))  # [n_chunks]
         # Only the head weight enters the chunked computation (mirrors Transformer.logits).
         tied = cfg.tie_embeddings
         w = model.embed[...] if tied else model.lm_head[...]
@@ -109,7 +118,13 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32)
             return _head_chunk_stats(logits_fn, hc, tc)
 
         chunk_fn = jax.checkpoint(chunk) if remat else chunk
-        lp, ent = jax.lax.map(lambda xs: chunk_fn(w, *xs), (hs, ts))
+
+        def one(xs):
+            hc, tc, need = xs
+            zeros = jnp.zeros(tc.shape, jnp.float32)
+            return jax.lax.cond(need, lambda: chunk_fn(w, hc, tc), lambda: (zeros, zeros))
+
+        lp, ent = jax.lax.map(one, (hs, ts, needed))
         lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
         ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
         zero = jnp.zeros((b, 1), jnp.float32)

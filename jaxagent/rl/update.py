@@ -60,7 +60,7 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
 
     def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs):
         logp, entropy, values_out = logprob_fn(params, micro.tokens, micro.positions,
-                                               micro.segment_ids)
+                                               micro.segment_ids, loss_mask=micro.loss_mask)
         mask = micro.loss_mask.astype(jnp.float32)
         agg = lambda x: L.aggregate(x, mask, config.aggregation, num_tokens=num_tokens,
                                     num_seqs=num_seqs, norm_constant=config.norm_constant)
@@ -116,10 +116,10 @@ def _split(tree: Any, n: int) -> Any:
 def _reference_logprobs(config, logprob_fn, ref_params, batch: TokenBatch) -> jax.Array:
     """[B, T] reference log-probs, one microbatch at a time (no gradient)."""
     n = batch.tokens.shape[0] // min(config.microbatch, batch.tokens.shape[0])
-    chunks = _split((batch.tokens, batch.positions, batch.segment_ids), n)
+    chunks = _split((batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask), n)
 
     def one(xs):
-        return logprob_fn(ref_params, *xs)[0]
+        return logprob_fn(ref_params, *xs[:3], loss_mask=xs[3])[0]
 
     lp = jax.lax.map(one, chunks)
     return jax.lax.stop_gradient(lp.reshape(batch.tokens.shape))
