@@ -73,23 +73,24 @@ def build(spec: dict, path: str):
     return model
 
 
-def time_hf(model, prompts: np.ndarray, reps: int) -> list[float]:
+def time_hf(model, prompts: np.ndarray, reps: int) -> tuple[list[float], list[float]]:
     ids = torch.tensor(prompts)
     kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
                   top_p=1.0, max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None,
                   pad_token_id=0, use_cache=True)
-    times = []
+    times, cpu = [], []
     with torch.inference_mode():
         model.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = model.generate(ids, **kwargs)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     assert out.shape[1] == PROMPT + NEW
-    return times
+    return times, cpu
 
 
-def time_jax(path: str, prompts: np.ndarray, reps: int) -> tuple[list[float], float, Sampler]:
+def time_jax(path: str, prompts: np.ndarray, reps: int):
     _, graphdef, params = load_hf(path)
     sampler = Sampler(graphdef)
     cfg = SamplingConfig(max_new_tokens=NEW, temperature=1.0)
@@ -97,14 +98,15 @@ def time_jax(path: str, prompts: np.ndarray, reps: int) -> tuple[list[float], fl
     t0 = time.perf_counter()
     jax.block_until_ready(sampler(params, rows, cfg, jax.random.key(0)).tokens)
     compile_s = time.perf_counter() - t0
-    times = []
+    times, cpu = [], []
     for i in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = sampler(params, rows, cfg, jax.random.key(i + 1))
         jax.block_until_ready(out.tokens)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     assert int(np.asarray(out.lengths).min()) == NEW
-    return times, compile_s, sampler
+    return times, cpu, compile_s, sampler
 
 
 def decode_cost(spec: dict, batch: int) -> tuple[float, float]:
@@ -129,6 +131,9 @@ def main() -> None:
           f"transformers {transformers.__version__}, fp32, prompt {PROMPT}, new tokens {NEW}, "
           "sampling T=1 (no top-k/top-p), median of repeats")
     peaks = measure_peaks()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average (1 min) before the run: {load:.1f} on {os.cpu_count()} CPUs"
+          + ("  [machine busy: wall-clock figures are noisy]" if load > 0.5 * os.cpu_count() else ""))
     print(f"peaks: matmul {peaks['matmul_flop_s'] / 1e9:.1f} GFLOP/s, "
           f"copy {peaks['copy_bytes_s'] / 1e9:.1f} GB/s")
     results = {}
@@ -139,9 +144,9 @@ def main() -> None:
         prompts = np.random.RandomState(0).randint(3, spec["vocab"], (spec["batch"], PROMPT))
         with tempfile.TemporaryDirectory() as path:
             model = build(spec, path)
-            hf_times = time_hf(model, prompts, reps)
+            hf_times, hf_cpu = time_hf(model, prompts, reps)
             del model
-            jax_times, compile_s, sampler = time_jax(path, prompts, reps)
+            jax_times, jax_cpu, compile_s, sampler = time_jax(path, prompts, reps)
         tokens = spec["batch"] * NEW
         hf_tok_s = tokens / statistics.median(hf_times)
         jax_s = statistics.median(jax_times)
@@ -153,6 +158,10 @@ def main() -> None:
             "ratio_vs_hf": round(jax_tok_s / hf_tok_s, 2),
             "flop_s_frac_of_peak": round(flops * steps_s / peaks["matmul_flop_s"], 3),
             "bytes_s_frac_of_peak": round(step_bytes * steps_s / peaks["copy_bytes_s"], 3),
+            # CPU time (all threads) is less sensitive than wall time to other processes
+            # sharing the machine; spin-waiting thread pools inflate it for both.
+            "jaxagent_tok_per_cpu_s": round(tokens / statistics.median(jax_cpu), 1),
+            "hf_tok_per_cpu_s": round(tokens / statistics.median(hf_cpu), 1),
             "compile_s": round(compile_s, 1), "recompiles": sampler.num_compiles}
         print(f"{name}: batch {spec['batch']}, D {spec['hidden']} x {spec['layers']} layers, "
               f"vocab {spec['vocab']}: transformers.generate {hf_tok_s:.0f} tok/s (anchor), "
@@ -161,8 +170,11 @@ def main() -> None:
               f"({100 * flops * steps_s / peaks['matmul_flop_s']:.0f}% of peak), "
               f"~{step_bytes * steps_s / 1e9:.1f} GB/s "
               f"({100 * step_bytes * steps_s / peaks['copy_bytes_s']:.0f}% of copy bandwidth); "
-              f"compile {compile_s:.1f}s")
-    print(json.dumps({"benchmark": "generate", "peaks": peaks, **results}))
+              f"compile {compile_s:.1f}s; per CPU-second: jaxagent "
+              f"{results[name]['jaxagent_tok_per_cpu_s']:.0f}, transformers "
+              f"{results[name]['hf_tok_per_cpu_s']:.0f} tok")
+    print(json.dumps({"benchmark": "generate", "load_avg_1min": round(load, 2), "peaks": peaks,
+                      **results}))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ multi-turn episode never re-encodes its history. After a call the cache holds ev
 the row has seen, including all tokens returned by that call (the last sampled token is fed
 through the model before the loop ends), so the next call passes only the new observation.
 
-Shapes are bucketed (chunk length to a power of two, cache capacity to a multiple of
-``capacity_block``) so that recompiles are rare; ``Sampler.num_compiles`` counts them.
+Shapes are bucketed (chunk length to a power of two, cache capacity to four sizes an octave,
+see ``bucket_capacity``) so that recompiles are rare; ``Sampler.num_compiles`` counts them.
 """
 
 from __future__ import annotations
@@ -27,9 +27,14 @@ from jaxagent.models.api import model_config
 
 @struct.dataclass
 class SampleOutput:
-    """tokens [B, N] int32 (pad_id after each row's length), logprobs [B, N] float32 (0 after
-    the length), lengths [B] int32 tokens generated (0 for rows given no new tokens), and
-    the cache holding each row's full context (pass it to the next call)."""
+    """Result of one sampler call.
+
+    tokens [B, N] int32 (pad_id after each row's length); logprobs [B, N] float32, the
+    log-prob of each sampled token under softmax(logits / temperature) before top-k / top-p
+    filtering (temperature 1 gives the teacher-forced log-prob; greedy reports temperature-1
+    log-probs), 0 after the length; lengths [B] int32 tokens generated, stop token included
+    (0 for rows given no new tokens); cache holding each row's full context, returned tokens
+    included (pass it to the next call)."""
 
     tokens: jax.Array
     logprobs: jax.Array
@@ -52,6 +57,16 @@ class _LoopState:
 
 def _next_pow2(n: int, minimum: int) -> int:
     return max(minimum, 1 << max(0, (n - 1).bit_length()))
+
+
+def bucket_capacity(needed: int, block: int) -> int:
+    """Round a cache size up to a multiple of max(block, largest power of two <= needed / 4).
+
+    Four buckets an octave: at most ~25% of slots are wasted, and a growing multi-turn
+    context triggers O(log length) recompiles rather than one per ``block`` tokens.
+    """
+    step = max(block, 1 << max(0, (needed // 4).bit_length() - 1))
+    return -(-needed // step) * step
 
 
 class Sampler:
@@ -116,7 +131,7 @@ class Sampler:
         if needed > self.config.max_seq_len:
             raise ValueError(f"context of {needed} tokens exceeds ModelConfig.max_seq_len="
                              f"{self.config.max_seq_len}; shorten the episode or max_new_tokens")
-        capacity = -(-needed // self.capacity_block) * self.capacity_block
+        capacity = bucket_capacity(needed, self.capacity_block)
         if cache is not None and cache.capacity < needed:
             cache = grow_cache(cache, capacity)
         return self._jit(params, cache, jnp.asarray(tokens), jnp.asarray(segs), key,
