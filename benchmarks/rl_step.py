@@ -126,7 +126,9 @@ def run_jaxagent(steps: int) -> dict:
                         kl_mode="none", kl_beta=0.0)
     state = TrainState.create(jax.tree.map(jnp.copy, params), config, jax.random.key(1))
     # The tiny model's activations are small: no rematerialisation (it would cost a forward).
-    update = make_update_step(config, logprob_fn=model_logprob_fn(graphdef, remat=False))
+    # The prompt half of each row carries no loss: skip its vocabulary-head chunks.
+    update = make_update_step(config, logprob_fn=model_logprob_fn(
+        graphdef, remat=False, skip_unmasked_chunks=True))
     sampler = Sampler(graphdef)
     # Sample every row to the full length (no stop tokens), like TRL with a fixed budget.
     sampling = SamplingConfig(max_new_tokens=NEW)

@@ -54,7 +54,7 @@ def critic_logprob_fn(policy_graphdef, critic_graphdef):
     """Policy log-probs from the policy, values from a separate critic (same size, value head;
     its vocabulary head is unused)."""
     policy = model_logprob_fn(policy_graphdef)
-    critic = model_logprob_fn(critic_graphdef)
+    critic = model_logprob_fn(critic_graphdef, skip_unmasked_chunks=True)
 
     def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
         logp, ent, _ = policy(params["policy"], tokens, positions, segment_ids, loss_mask)

@@ -136,7 +136,7 @@ def test_lean_logprob_fn_matches_logits_path():
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2, value_head=True), jax.random.key(0))
     plain = logits_logprob_fn(model_apply_fn(graphdef))
-    lean = model_logprob_fn(graphdef, remat=True, head_chunk=3)
+    lean = model_logprob_fn(graphdef, remat=True, head_chunk=3, skip_unmasked_chunks=True)
     batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=4)
     args = (batch.tokens, batch.positions, batch.segment_ids)
     m = batch.loss_mask
