@@ -171,3 +171,24 @@ def test_bad_inputs_raise():
         sampler(params, [[1, 2]], SamplingConfig(max_new_tokens=100), jax.random.key(0))
     with pytest.raises(ValueError, match="every row is empty"):
         sampler(params, [[], []], SamplingConfig(max_new_tokens=4), jax.random.key(0))
+
+
+def test_qwen_style_fused_decode_matches_teacher_forcing():
+    # QKV bias + tied embeddings exercise the fused q/k/v kernel and the hoisted [D, V] head.
+    cfg = ModelConfig.test(qkv_bias=True, tie_embeddings=True, model_type="qwen2")
+    graphdef, params = init_model(cfg, jax.random.key(5))
+    keys = iter(jax.random.split(jax.random.key(6), 8))
+    for layer in ("layer_0", "layer_1"):
+        for name in ("q_bias", "k_bias", "v_bias"):
+            attn = params[layer]["attn"]
+            attn[name] = 0.5 * jax.random.normal(next(keys), attn[name].shape)
+    prompts = _prompts([3, 8], seed=7)
+    cfg_s = SamplingConfig(max_new_tokens=10)
+    out = Sampler(graphdef)(params, prompts, cfg_s, jax.random.key(8))
+    plain = Sampler(graphdef, fuse_weights=False)(params, prompts, cfg_s, jax.random.key(8))
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(plain.tokens))
+    seqs = [p + list(np.asarray(out.tokens)[i]) for i, p in enumerate(prompts)]
+    ref, _ = _teacher_forced(graphdef, params, seqs)
+    for i, p in enumerate(prompts):
+        np.testing.assert_allclose(np.asarray(out.logprobs)[i], ref[i, len(p):len(p) + 10],
+                                   atol=1e-4)

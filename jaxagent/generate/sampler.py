@@ -151,7 +151,7 @@ class Sampler:
         fused = model.fused_weights() if self.fuse_weights else None
         h, cache = model.hidden(tokens, positions, segment_ids, cache, fused)
         last_index = jnp.max(jnp.where(valid, jnp.arange(t)[None], 0), axis=1)
-        logits = model.logits(h[jnp.arange(b), last_index])  # [B, V]: only the last token
+        logits = model.logits(h[jnp.arange(b), last_index], fused)  # [B, V]: last token only
         key, sub = jax.random.split(key)
         tok, lp = sample_tokens(sub, logits, sampling)
         active = jnp.any(valid, axis=1)
@@ -170,7 +170,7 @@ class Sampler:
             h, new_cache = model.hidden(s.last[:, None], s.cache.lengths[:, None],
                                         s.pending[:, None].astype(jnp.int32), s.cache, fused)
             key, sub = jax.random.split(s.key)
-            tok, lp = sample_tokens(sub, model.logits(h[:, 0]), sampling)
+            tok, lp = sample_tokens(sub, model.logits(h[:, 0], fused), sampling)
             gen = s.pending & ~s.finished  # rows that emit a new token this step
             col = jnp.where(gen, s.num_generated, n)  # column n is out of range: dropped
             rows = jnp.arange(b)

@@ -188,12 +188,20 @@ class Transformer(nnx.Module):
     def layers(self):
         return [getattr(self, f"layer_{i}") for i in range(self.config.num_layers)]
 
-    def fused_weights(self) -> tuple:
-        """Per-layer concatenated projection kernels for decoding (see ``hidden``)."""
-        return tuple(layer.fused_weights() for layer in self.layers())
+    def fused_weights(self) -> dict:
+        """Decode-friendly copies of the kernels, built once outside a decode loop.
+
+        ``layers``: per-layer concatenated q/k/v and gate/up kernels (see ``hidden``);
+        ``lm_head``: with tied embeddings, the embedding transposed to [D, V] so that each
+        step's head matmul reads its kernel row-major instead of transposing it.
+        """
+        out = {"layers": tuple(layer.fused_weights() for layer in self.layers())}
+        if self.config.tie_embeddings:
+            out["lm_head"] = self.embed[...].T
+        return out
 
     def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None,
-               fused: tuple | None = None):
+               fused: dict | None = None):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
         Without a cache, query t attends key s when s <= t and both share a nonzero segment
@@ -217,7 +225,8 @@ class Transformer(nnx.Module):
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers()):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, new_kv = layer(x, cos, sin, mask, kv, slots, None if fused is None else fused[i])
+            layer_fused = None if fused is None else fused["layers"][i]
+            x, new_kv = layer(x, cos, sin, mask, kv, slots, layer_fused)
             if new_kv is not None:
                 new_keys.append(new_kv[0])
                 new_values.append(new_kv[1])
@@ -227,8 +236,11 @@ class Transformer(nnx.Module):
         lengths = cache.lengths + jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
         return x, KVCache(keys=tuple(new_keys), values=tuple(new_values), lengths=lengths)
 
-    def logits(self, h: jax.Array) -> jax.Array:
-        """[..., D] -> [..., V] float32."""
+    def logits(self, h: jax.Array, fused: dict | None = None) -> jax.Array:
+        """[..., D] -> [..., V] float32 (``fused`` from ``fused_weights``, optional)."""
+        if fused is not None and "lm_head" in fused:
+            w = fused["lm_head"].astype(h.dtype)
+            return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
         if self.config.tie_embeddings:
             w = self.embed[...].astype(h.dtype)
             return jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
