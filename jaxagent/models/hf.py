@@ -196,7 +196,9 @@ def load_hf(path: str, *, param_dtype: str = "float32", dtype: Optional[str] = N
     if missing:
         raise ValueError(f"load_hf: checkpoint {path} lacks tensors {missing[:8]}"
                          f"{' ...' if len(missing) > 8 else ''} needed by its config.json")
-    unexpected = sorted(n for n in set(files) - set(layout) if not _IGNORED.search(n))
+    # Some tied checkpoints also store a copy of the head; the embedding is what is used.
+    ignored = {"lm_head.weight"} if config.tie_embeddings else set()
+    unexpected = sorted(n for n in set(files) - set(layout) - ignored if not _IGNORED.search(n))
     if unexpected:
         raise ValueError(f"load_hf: checkpoint {path} has tensors this architecture does not use: "
                          f"{unexpected[:8]}; check model_type / attention_bias / tie_word_embeddings")
