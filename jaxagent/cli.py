@@ -36,7 +36,7 @@ def _policy_for(args, overrides):
     return config, policy
 
 
-def _episodes(config, policy, tasks, samples, temperature, seed):
+def _episodes(config, policy, tasks, samples, temperature, seed, key=None):
     import jax
 
     from jaxagent.agents.rollout import Budget, collect_episodes
@@ -71,7 +71,7 @@ def _episodes(config, policy, tasks, samples, temperature, seed):
             system_prompt=spec.system_prompt,
             budget=Budget(config.rollout.max_turns, config.rollout.max_new_tokens, max_len,
                           config.rollout.max_observation_chars),
-            key=jax.random.key(seed))
+            key=jax.random.key(seed) if key is None else key)
     finally:
         runner.close()
     return eps
@@ -89,8 +89,12 @@ def _cmd_eval(args) -> int:
 
     config, policy = _policy_for(args, args.overrides)
     tasks = _split_tasks(config, config.env.eval_split)[: config.eval.num_tasks]
+    from jaxagent.train.trainer import eval_key
+
+    # The trainer's evaluation key for this checkpoint: same tasks, same samples.
     eps = _episodes(config, policy, tasks, config.eval.samples_per_task,
-                    config.eval.temperature, config.train.seed)
+                    config.eval.temperature, config.train.seed,
+                    key=eval_key(config.train.seed, int(policy.meta.get("iteration", 0))))
     report = summarize(eps)
     print(f"checkpoint {args.checkpoint} (step {policy.step}): {report.episodes} episodes on "
           f"{config.env.name}/{config.env.eval_split}")

@@ -96,12 +96,14 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
         assert "loss/value" in rec and np.isfinite(rec["loss/value"])
     assert set(summary) >= {"success_before_rl", "success_after_rl", "avg_steps", "wall_s"}
     assert trainer.checkpointer.all_steps()[-1] == 1
-    # The update changed the policy exactly when some sample carried loss (LOOP drops groups
-    # whose rewards are all equal; RFT keeps only successes).
+    # The update changed the policy exactly when some sample carried a gradient: kept tokens
+    # with a nonzero advantage (LOOP drops groups whose rewards are all equal), or an SFT / RFT
+    # target, or a critic to fit.
     from jaxagent.train.session import load_policy
 
     before = load_policy(tmp_path / "run", step=0).params
     after = load_policy(tmp_path / "run", step=1).params
     changed = any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
                                                             jax.tree.leaves(after)))
-    assert changed == (rec["tokens/policy"] > 0), rec["tokens/policy"]
+    signal = rl.policy_loss == "sft" or rl.use_critic or rec["adv/max"] != 0 or rec["adv/min"] != 0
+    assert changed == (rec["tokens/policy"] > 0 and signal), rec

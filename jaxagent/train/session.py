@@ -52,7 +52,9 @@ def load_policy(checkpoint: str | Path, step: Optional[int] = None) -> LoadedPol
     step = ckpt.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {str(run_dir / 'checkpoints')!r}")
-    template = TrainState.create(like, config.rl_config(), jax.random.key(0))
+    rl = config.rl_config()
+    template = TrainState.create(like, rl, jax.random.key(0),
+                                 ref_params=like if rl.needs_reference else None)
     state, meta = ckpt.restore(step, template)
     ckpt.close()
     return LoadedPolicy(config, tokenizer, graphdef, state.model_params(), model_config, step,

@@ -40,6 +40,17 @@ from jaxagent.train.tokenizer import ChatFormat, build_tokenizer, build_word_tok
 from jaxagent.train.tokenizer import load_tokenizer_dir
 
 
+def sample_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(model init key, train-state key, sampling key) of a run seed."""
+    return tuple(jax.random.split(jax.random.key(seed), 3))
+
+
+def eval_key(seed: int, iteration: int) -> jax.Array:
+    """The sampling key of the held-out evaluation after ``iteration`` RL iterations, so
+    ``jaxagent eval`` on a checkpoint reproduces the trainer's evaluation exactly."""
+    return jax.random.fold_in(sample_keys(seed)[2], 10**6 + iteration)
+
+
 class _MakeEnv:
     """Picklable ``env_fn(env_id)`` for the pool's process backend."""
 
@@ -95,8 +106,7 @@ class Trainer:
         self.tokenizer = self._tokenizer()
         self.chat = ChatFormat(self.tokenizer)
         self.rl = config.rl_config()
-        key = jax.random.key(config.train.seed)
-        self._model_key, self._state_key, self._sample_key = jax.random.split(key, 3)
+        self._model_key, self._state_key, self._sample_key = sample_keys(config.train.seed)
         self.graphdef, params, self.model_config = build_model(
             config.model, self.tokenizer, self._model_key)
         self._init_params = params
@@ -169,7 +179,7 @@ class Trainer:
             chat=self.chat, system_prompt=self.spec.system_prompt, budget=self.budget, key=key)
         report = summarize(eps)
         m = report.as_metrics("eval")
-        m["eval/time_s"] = time.perf_counter() - t0
+        m["time/eval_s"] = time.perf_counter() - t0
         self.echo(f"[{tag}] held-out success {report.success:.3f} over {report.episodes} "
                   f"episodes, avg steps {report.avg_steps:.2f}, env errors {report.env_errors}, "
                   f"failures {report.failure_modes}")
@@ -259,7 +269,7 @@ class Trainer:
                 eval_m = None
                 if done == cfg.train.iterations or (every and done % every == 0):
                     eval_m = self.evaluate(state.model_params(), f"iter {done}",
-                                           jax.random.fold_in(self._sample_key, 10**6 + done))
+                                           eval_key(cfg.train.seed, done))
                     m.update(eval_m)
                     history.append({"iteration": done, **_hist(eval_m)})
                 self.logger.log(done, m)
@@ -279,7 +289,7 @@ class Trainer:
         cfg = self.config
         latest = self.checkpointer.latest_step() if cfg.train.resume else None
         if latest is not None:
-            like = TrainState.create(self._init_params, self.rl, self._state_key)
+            like = self._new_state(self._init_params)
             state, meta = self.checkpointer.restore(latest, like)
             self.echo(f"[resume] from checkpoint {latest} in {self.checkpointer.directory}")
             extra = {k: v for k, v in meta.items()
@@ -294,12 +304,17 @@ class Trainer:
             params, sft_m = self.sft(params)
             self.logger.log(0, sft_m)
             extra["sft"] = sft_m
-        m0 = self.evaluate(params, "before RL", jax.random.fold_in(self._sample_key, 10**6))
+        m0 = self.evaluate(params, "before RL", eval_key(cfg.train.seed, 0))
         self.logger.log(0, m0)
         history = [{"iteration": 0, **_hist(m0)}]
-        state = TrainState.create(params, self.rl, self._state_key)
+        state = self._new_state(params)
         self.checkpointer.save(0, state, self._meta(0, history, extra), m0["eval/success"])
         return state, 0, history, extra
+
+    def _new_state(self, params) -> TrainState:
+        """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference."""
+        ref = jax.tree.map(jnp.copy, params) if self.rl.needs_reference else None
+        return TrainState.create(params, self.rl, self._state_key, ref_params=ref)
 
     def close(self) -> None:
         self.checkpointer.close()

@@ -1,0 +1,140 @@
+"""Trainer: exact resume after SIGKILL, CLI eval/export/rollout on the resulting checkpoint.
+
+A tiny quickstart run (1-layer model with a critic head, PPO so that every iteration trains
+even when no episode succeeds, 4 tasks an iteration) is run twice: once
+uninterrupted in-process, once as a ``jaxagent train`` subprocess killed with SIGKILL right
+after its iteration-2 checkpoint and then restarted. The restarted run must log exactly the
+same metrics (losses, rewards, clip fractions, eval success...) for iterations 3 and 4.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxagent.cli import main as cli_main
+from jaxagent.train.config import load_config
+from jaxagent.train.metrics_log import read_jsonl
+
+ROOT = Path(__file__).parent.parent
+TINY = [
+    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+    "model.intermediate_size=64", "model.max_seq_len=160", "env.options.num_train=40",
+    "env.options.num_test=4", "rl.recipe=ppo", "model.value_head=true",
+    "rollout.tasks_per_iteration=4", "rollout.samples_per_task=1",
+    "rollout.max_turns=2", "rollout.max_new_tokens=8", "rl.overrides.minibatch_size=4",
+    "rl.overrides.learning_rate=0.01", "sft.num_demos=8", "sft.steps=3", "sft.batch_size=2",
+    "eval.num_tasks=4", "eval.every=2", "train.iterations=4", "train.checkpoint_every=1",
+    "train.progress=none", "train.tensorboard=false", "train.plot=false",
+]
+# Wall-clock figures differ between runs; everything else must match exactly.
+NONDETERMINISTIC = ("time/", "tokens/per_s", "env_health/", "sampler/recompiles", "sft/time_s")
+
+
+def _deterministic(record):
+    return {k: v for k, v in record.items() if not k.startswith(NONDETERMINISTIC)}
+
+
+def _by_step(path):
+    out = {}
+    for r in read_jsonl(path):
+        out.setdefault(r["step"], {}).update(_deterministic(r))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from jaxagent.train.trainer import Trainer
+
+    base = tmp_path_factory.mktemp("runs")
+    ref_dir, killed_dir = base / "reference", base / "killed"
+    summary = Trainer(load_config(ROOT / "configs/quickstart.yaml",
+                                  TINY + [f"train.out_dir={ref_dir}"]),
+                      echo=lambda s: None).run()
+    cmd = [sys.executable, "-m", "jaxagent.cli", "train", str(ROOT / "configs/quickstart.yaml"),
+           *TINY, f"train.out_dir={killed_dir}"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    ckpt = killed_dir / "checkpoints" / "2"
+    deadline = time.time() + 600
+    while not ckpt.is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert ckpt.is_dir(), proc.communicate()[0].decode()[-3000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return ref_dir, killed_dir, summary, done.stdout
+
+
+def test_resume_after_sigkill_continues_exactly(runs):
+    ref_dir, killed_dir, summary, stdout = runs
+    assert "[resume] from checkpoint" in stdout
+    ref, resumed = _by_step(ref_dir / "metrics.jsonl"), _by_step(killed_dir / "metrics.jsonl")
+    assert sorted(resumed) == sorted(ref) == [0, 1, 2, 3, 4]
+    for step in (3, 4):
+        assert "loss/total" in ref[step] and "train/success" in ref[step]
+        assert ref[step]["tokens/policy"] > 0  # the update really trained on samples
+        assert resumed[step] == ref[step], step
+    assert "eval/success" in ref[4] and resumed[4]["eval/success"] == ref[4]["eval/success"]
+    # The final JSON line of the resumed run reports the same results.
+    last = json.loads(stdout.strip().splitlines()[-1])
+    assert last["success_after_rl"] == summary["success_after_rl"]
+    assert last["success_before_rl"] == summary["success_before_rl"]
+
+
+def test_cli_eval_reproduces_the_trainers_evaluation(runs, capsys):
+    ref_dir, _, summary, _ = runs
+    rc = cli_main(["eval", str(ROOT / "configs/quickstart.yaml"), *TINY,
+                   "--checkpoint", str(ref_dir)])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["step"] == 4 and out["episodes"] == 4
+    assert out["success"] == summary["success_after_rl"]
+
+
+def test_cli_export_loads_in_transformers_with_identical_logits(runs, tmp_path, capsys):
+    import jax.numpy as jnp
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from jaxagent.models import apply_model
+    from jaxagent.train.session import load_policy
+
+    ref_dir = runs[0]
+    out = tmp_path / "hf"
+    assert cli_main(["export", "--checkpoint", str(ref_dir), "--out", str(out)]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "task : what is the price of acme today ?"}],
+        add_generation_prompt=True, tokenize=False)
+    ids = tok.encode(text, add_special_tokens=False)
+    policy = load_policy(ref_dir)
+    assert ids == policy.tokenizer.encode(text, add_special_tokens=False)
+    t = len(ids)
+    ours = apply_model(policy.graphdef, policy.params, jnp.asarray([ids]),
+                       jnp.arange(t)[None], jnp.ones((1, t), jnp.int32)).logits
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids])).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
+
+
+def test_cli_rollout_prints_turns_and_config_errors_exit_2(runs, capsys):
+    ref_dir = runs[0]
+    assert cli_main(["rollout", str(ROOT / "configs/quickstart.yaml"), *TINY,
+                     "--checkpoint", str(ref_dir), "--n", "2"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("task quickstart-test-") == 2
+    assert "[turn 0] action:" in text and "reward" in text and "->" in text
+    assert cli_main(["train", str(ROOT / "configs/quickstart.yaml"), "model.hiden_size=3"]) == 2
+    err = capsys.readouterr().err
+    assert "model.hiden_size" in err and "hidden_size" in err
