@@ -98,7 +98,7 @@ class TokenizerSection:
 class EnvSection:
     """The environment suite and its pool."""
 
-    name: str = "quickstart"  # a registered env (see jaxagent.train.envs.ENV_NAMES)
+    name: str = "quickstart"  # a registered env (jaxagent.train.envs.env_names())
     train_split: str = "train"  # tasks for RL and SFT
     eval_split: str = "test"  # held-out tasks for evaluation
     options: Dict[str, Any] = dataclasses.field(default_factory=dict)  # env-specific kwargs
@@ -110,9 +110,9 @@ class EnvSection:
     fault_seed: int = 0  # fault injection seed
 
     def __post_init__(self):
-        from jaxagent.train.envs import ENV_NAMES  # local: keeps config import light
+        from jaxagent.train.envs import env_names  # local: keeps config import light
 
-        _choice("env.name", self.name, ENV_NAMES)
+        _choice("env.name", self.name, env_names())
         _choice("env.backend", self.backend, ("inline", "thread", "process"))
         _positive("env.num_workers", self.num_workers)
         _positive("env.step_timeout_s", self.step_timeout_s)

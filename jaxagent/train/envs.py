@@ -13,7 +13,6 @@ from typing import Any, Callable, Mapping, Optional
 
 from jaxagent.envs.base import Task, TaskSource, TextEnv
 
-ENV_NAMES = ("quickstart", "bfcl", "code")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +92,20 @@ _BUILDERS: dict[str, Callable[[Mapping[str, Any]], EnvSpec]] = {
 }
 
 
+def env_names() -> tuple[str, ...]:
+    """Names accepted by ``env.name``."""
+    return tuple(_BUILDERS)
+
+
+def register_env(name: str, builder: Callable[[Mapping[str, Any]], EnvSpec]) -> None:
+    """Add a suite: ``builder(options) -> EnvSpec``. Raises on a duplicate name."""
+    if name in _BUILDERS:
+        raise ValueError(f"env {name!r} is already registered")
+    _BUILDERS[name] = builder
+
+
 def get_env_spec(name: str, options: Optional[Mapping[str, Any]] = None) -> EnvSpec:
     """The ``EnvSpec`` of a registered suite; raises naming the known suites."""
     if name not in _BUILDERS:
-        raise KeyError(f"unknown env {name!r}; known envs: {list(ENV_NAMES)}")
+        raise KeyError(f"unknown env {name!r}; known envs: {list(env_names())}")
     return _BUILDERS[name](options or {})
