@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -33,9 +34,10 @@ def test_mesh_config_and_specs():
 @pytest.mark.parametrize("shape", [
     dict(data=4, fsdp=2),
     dict(data=8),
-    # Tensor parallelism reorders the reductions inside matmuls; after Adam (which turns tiny
-    # gradient differences into sign-like steps) the parameters differ by ~2e-5. Kept out of
-    # the default run; `pytest -m slow` runs it.
+    # Tensor parallelism reorders the reductions inside matmuls; Adam turns the tiny gradient
+    # differences of near-zero gradient entries into sign-like steps (~2e-5 apart after two
+    # steps), so this case compares SGD updates (the gradients themselves). Kept out of the
+    # default run; `pytest -m slow` runs it.
     pytest.param(dict(data=2, fsdp=2, tensor=2), marks=pytest.mark.slow),
 ])
 def test_sharded_update_equals_single_device(shape):
@@ -43,7 +45,7 @@ def test_sharded_update_equals_single_device(shape):
     config = get_recipe("loop", lora_rank=0, minibatch_size=8, microbatch_size=4, num_epochs=1,
                         learning_rate=1e-3, drop_advantage_below=0.0)
     batch = on_policy_batch(apply_fn, params, batch_size=16)
-    tx = make_optimizer(config)
+    tx = optax.sgd(1e-2) if shape.get("tensor", 1) > 1 else make_optimizer(config)
 
     single = TrainState.create(copy_tree(params), config, jax.random.key(7), optimizer=tx)
     single, m1 = make_update_step(config, apply_fn, tx)(single, batch)

@@ -58,5 +58,5 @@ def copy_tree(tree):
 
 
 def max_abs_diff(a, b):
-    return max(float(jnp.max(jnp.abs(x - y))) for x, y in
-               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return max((float(jnp.max(jnp.abs(x - y))) for x, y in
+                zip(jax.tree.leaves(a), jax.tree.leaves(b))), default=0.0)
