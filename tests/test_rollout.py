@@ -148,3 +148,41 @@ def test_budgets_and_env_errors_are_labelled_and_kept(setup):
                                             max_total_tokens=40), key=jax.random.key(3))
     assert eps[0].failure_mode == FailureMode.STEP_BUDGET.value
     assert len(eps[0].tokens) <= 40
+
+
+def test_fault_injection_through_the_pool_loses_no_episode(setup):
+    """10% hangs + 10% crashes per env call: every episode comes back, failures labelled."""
+    from jaxagent.agents.pool_runner import PoolRunner
+    from jaxagent.envs.faults import FaultConfig, FaultLog, FaultyEnvFactory
+    from jaxagent.pool import PoolConfig
+
+    tok, chat, graphdef, params, cfg = setup
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_ids=chat.stop_ids,
+                              pad_id=chat.pad_id)
+    sampler = make_turn_sampler(graphdef, sampling, 256, kind="cached")
+    log = FaultLog.create("fork")
+    env_fn = FaultyEnvFactory(lambda env_id: ScriptedEnv(),
+                              FaultConfig(hang=0.1, crash=0.1, hang_s=2.0, seed=3), log)
+    runner = PoolRunner(env_fn, PoolConfig(num_envs=4, backend="thread", step_timeout_s=0.3,
+                                           reset_timeout_s=0.3, max_retries=0, seed=1,
+                                           start_method="fork"))
+    tasks = [Task(id=f"t{i}", split="train", prompt="", data={"n": 1 + i % 4, "turns": 3})
+             for i in range(12)]
+    try:
+        eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=2, runner=runner,
+                                  chat=chat, system_prompt="", key=jax.random.key(4),
+                                  budget=Budget(max_turns=4, max_new_tokens=4,
+                                                max_total_tokens=256))
+        health = runner.health()
+    finally:
+        runner.close()
+    assert len(eps) == 24 and [ep.task.id for ep in eps[::2]] == [t.id for t in tasks]
+    failed = [ep for ep in eps if ep.env_failed]
+    faults = log.counts()
+    assert faults["hang"] + faults["crash"] > 0 and failed
+    # Every injected fault ended exactly one episode, labelled env_error with the reason.
+    assert len(failed) == faults["hang"] + faults["crash"]
+    assert all(ep.failure_mode == FailureMode.ENV_ERROR.value and ep.error for ep in failed)
+    assert all(ep.termination == Termination.TERMINATED and ep.success
+               for ep in eps if not ep.env_failed)
+    assert health.get("timeouts", 0) >= faults["hang"]
