@@ -46,7 +46,12 @@ def pack_episodes(
       rewards/group_ids [B] and zero advantages; row_valid [B] float32: 1 for episodes whose
       environment did not fail, 0 for failed episodes and padding rows).
     """
-    longest = max((len(ep.tokens) for ep in episodes), default=1)
+    # An episode cut before its first turn (prompt over budget) carries no loss: it keeps its
+    # row, truncated. Any other episode must fit.
+    def length(ep):
+        return len(ep.tokens) if ep.num_policy_tokens else min(len(ep.tokens), max_len)
+
+    longest = max((length(ep) for ep in episodes), default=1)
     if longest > max_len:
         raise ValueError(f"an episode has {longest} tokens > max_len={max_len}; lower "
                          "rollout.max_total_tokens or raise model.max_seq_len")
@@ -65,13 +70,13 @@ def pack_episodes(
     group_ids = np.arange(b, dtype=np.int32) + 1 + max((ep.group for ep in episodes), default=0)
     valid = np.zeros((b,), np.float32)
     for i, ep in enumerate(episodes):
-        n = len(ep.tokens)
-        tokens[i, :n] = ep.tokens
+        n = length(ep)
+        tokens[i, :n] = ep.tokens[:n]
         segment[i, :n] = 1
         ok = not ep.env_failed
-        loss[i, :n] = np.asarray(ep.loss_mask, np.float32) * ok
-        old_lp[i, :n] = ep.logprobs
-        turn_ids[i, :n] = ep.turn_ids
+        loss[i, :n] = np.asarray(ep.loss_mask[:n], np.float32) * ok
+        old_lp[i, :n] = ep.logprobs[:n]
+        turn_ids[i, :n] = ep.turn_ids[:n]
         rewards[i] = ep.reward
         group_ids[i] = ep.group
         valid[i] = float(ok)
