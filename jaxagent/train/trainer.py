@@ -93,6 +93,7 @@ class Trainer:
 
     def __init__(self, config: Config, echo: Callable[[str], None] = print):
         self.config, self.echo = config, echo
+        self._t_init = time.perf_counter()  # wall_s counts set-up (world, tokenizer, model) too
         self.run_dir = config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
@@ -258,7 +259,7 @@ class Trainer:
 
     def run(self) -> dict:
         cfg = self.config
-        self._t_run, self._wall_offset = time.perf_counter(), 0.0
+        self._t_run, self._wall_offset = self._t_init, 0.0
         state, start, history, extra = self._start_or_resume()
         self.logger.truncate_after(start)
         every, ck_every = cfg.eval.every, cfg.train.checkpoint_every
