@@ -195,7 +195,7 @@ class SFTSection:
 
     enabled: bool = False  # run SFT before RL
     num_demos: int = 1000  # demonstrations (episodes) from the expert on the train split
-    expert_error_rate: float = 0.3  # share of expert episodes that contain a mistake (the world derives the per-step rate)
+    expert_error_rate: float = 0.3  # share of expert episodes with a mistake
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # sequences per step
     learning_rate: float = 3e-3  # AdamW peak learning rate (cosine decay)
