@@ -104,18 +104,10 @@ TRL_ANCHOR_TOK_S = 654.0  # TRL 1.16 GRPOTrainer, same model and sizes, this mac
 
 
 def pack(prompts: np.ndarray, out) -> TokenBatch:
-    b = prompts.shape[0]
-    t = PROMPT_LEN + NEW
-    tokens = jnp.concatenate([jnp.asarray(prompts), out.tokens], axis=1)
-    gen = (jnp.arange(NEW)[None, :] < out.lengths[:, None]).astype(jnp.float32)
-    mask = jnp.concatenate([jnp.zeros((b, PROMPT_LEN)), gen], axis=1)
+    gen = jnp.arange(NEW)[None, :] < out.lengths[:, None]
     reward = jnp.mean((out.tokens % 2 == 0) * gen, axis=1)  # a rule reward: even token ids
-    return TokenBatch(
-        tokens=tokens, positions=jnp.broadcast_to(jnp.arange(t), (b, t)).astype(jnp.int32),
-        segment_ids=jnp.ones((b, t), jnp.int32), loss_mask=mask,
-        old_logprobs=jnp.concatenate([jnp.zeros((b, PROMPT_LEN)), out.logprobs], axis=1) * mask,
-        advantages=jnp.zeros((b, t)), rewards=reward.astype(jnp.float32),
-        group_ids=jnp.repeat(jnp.arange(PROMPTS), SAMPLES), turn_ids=jnp.zeros((b, t), jnp.int32))
+    return TokenBatch.from_completions(prompts, out.tokens, out.logprobs, out.lengths, reward,
+                                       jnp.repeat(jnp.arange(PROMPTS), SAMPLES))
 
 
 def run_jaxagent(steps: int) -> dict:

@@ -52,3 +52,38 @@ class TokenBatch:
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.tokens.shape)  # type: ignore[return-value]
+
+    @classmethod
+    def from_completions(
+        cls, prompts, completions, logprobs, lengths, rewards, group_ids
+    ) -> "TokenBatch":
+        """A single-turn batch: unpadded prompts followed by sampled completions.
+
+        Args:
+          prompts: [B, P] int32 prompt tokens (no padding).
+          completions: [B, N] int32 sampled tokens; entries at or past ``lengths`` are padding.
+          logprobs: [B, N] float32 sampler log-probs of ``completions``.
+          lengths: [B] number of valid completion tokens.
+          rewards: [B] float32 sequence rewards.
+          group_ids: [B] int32 task groups.
+
+        Returns:
+          A ``TokenBatch`` of shape [B, P + N] whose loss mask covers the valid completion tokens.
+        """
+        import jax.numpy as jnp
+
+        b, p = prompts.shape
+        n = completions.shape[1]
+        gen = (jnp.arange(n)[None, :] < lengths[:, None]).astype(jnp.float32)  # [B, N]
+        mask = jnp.concatenate([jnp.zeros((b, p)), gen], axis=1)  # [B, P + N]
+        return cls(
+            tokens=jnp.concatenate([jnp.asarray(prompts), completions], axis=1),
+            positions=jnp.broadcast_to(jnp.arange(p + n), (b, p + n)).astype(jnp.int32),
+            segment_ids=jnp.ones((b, p + n), jnp.int32),
+            loss_mask=mask,
+            old_logprobs=jnp.concatenate([jnp.zeros((b, p)), logprobs], axis=1) * mask,
+            advantages=jnp.zeros((b, p + n)),
+            rewards=jnp.asarray(rewards, jnp.float32),
+            group_ids=jnp.asarray(group_ids, jnp.int32),
+            turn_ids=jnp.zeros((b, p + n), jnp.int32),
+        )

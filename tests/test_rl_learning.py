@@ -22,18 +22,10 @@ VOCAB, TARGET, PROMPT, NEW, TASKS, K = 32, 5, 4, 8, 4, 8
 
 def pack(prompts, out):
     """Prompt [B, P] + sampled completion [B, N] -> TokenBatch [B, P + N]."""
-    b = prompts.shape[0]
-    tokens = jnp.concatenate([prompts, out.tokens], axis=1)
-    t = PROMPT + NEW
     gen = jnp.arange(NEW)[None, :] < out.lengths[:, None]
-    mask = jnp.concatenate([jnp.zeros((b, PROMPT)), gen.astype(jnp.float32)], axis=1)
     reward = jnp.sum((out.tokens == TARGET) * gen, axis=1) / NEW
-    return TokenBatch(
-        tokens=tokens, positions=jnp.broadcast_to(jnp.arange(t), (b, t)).astype(jnp.int32),
-        segment_ids=jnp.ones((b, t), jnp.int32), loss_mask=mask,
-        old_logprobs=jnp.concatenate([jnp.zeros((b, PROMPT)), out.logprobs], axis=1) * mask,
-        advantages=jnp.zeros((b, t)), rewards=reward.astype(jnp.float32),
-        group_ids=jnp.repeat(jnp.arange(TASKS), K), turn_ids=jnp.zeros((b, t), jnp.int32))
+    return TokenBatch.from_completions(prompts, out.tokens, out.logprobs, out.lengths, reward,
+                                       jnp.repeat(jnp.arange(TASKS), K))
 
 
 def train(recipe, iterations, **overrides):
