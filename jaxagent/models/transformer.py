@@ -201,14 +201,16 @@ class Transformer(nnx.Module):
         return out
 
     def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None,
-               fused: dict | None = None):
+               fused: dict | None = None, remat: bool = False):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
         Without a cache, query t attends key s when s <= t and both share a nonzero segment
         id (causal, packed, padding-aware). With a cache, the chunk's real tokens are
         appended at each row's own length and attend to everything stored before them.
         ``fused`` (from ``fused_weights``, computed once outside a decode loop) replaces the
-        separate q/k/v and gate/up matmuls by one each; results are the same.
+        separate q/k/v and gate/up matmuls by one each; results are the same. ``remat``
+        (no-cache only) recomputes each block in the backward pass instead of storing its
+        activations, for memory-lean training.
         """
         cfg = self.config
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
@@ -226,6 +228,9 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers()):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
             layer_fused = None if fused is None else fused["layers"][i]
+            if remat and cache is None:
+                x, new_kv = _remat_block(layer, x, cos, sin, mask), None
+                continue
             x, new_kv = layer(x, cos, sin, mask, kv, slots, layer_fused)
             if new_kv is not None:
                 new_keys.append(new_kv[0])
@@ -253,3 +258,13 @@ class Transformer(nnx.Module):
             return None
         w = self.value_kernel[...].astype(jnp.float32)
         return h.astype(jnp.float32) @ w + self.value_bias[...].astype(jnp.float32)
+
+
+def _remat_block(layer, x, cos, sin, mask):
+    """One block under ``jax.checkpoint``: only its input is kept for the backward pass."""
+    layer_def, layer_state = nnx.split(layer)
+
+    def block(state, x, cos, sin, mask):
+        return nnx.merge(layer_def, state)(x, cos, sin, mask)[0]
+
+    return jax.checkpoint(block)(layer_state, x, cos, sin, mask)

@@ -12,7 +12,7 @@ adapters:
   ``jax.checkpoint``, so at most one chunk of logits is alive. This is what lets an update
   of LOOP hold about one model's worth of memory (params + grads + Adam) and little more.
 
-The lean path mirrors the no-cache branch of ``jaxagent.models.transformer.Transformer.hidden``
+The lean path calls ``Transformer.hidden(..., remat=True)`` and chunks only the vocabulary head
 (a parity test checks it against ``apply_model``).
 """
 
@@ -79,25 +79,10 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32,
 
     The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it).
     """
-    from jaxagent.models.rope import rope_cos_sin
-
     def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
         model = nnx.merge(graphdef, params)
-        cfg = model.config
         b, t = tokens.shape
-        x = jnp.take(model.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
-        cos, sin = rope_cos_sin(cfg, positions)
-        causal = jnp.arange(t)[None, :, None] >= jnp.arange(t)[None, None, :]
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        mask = causal & same & (segment_ids[:, None, :] != 0)
-        for layer in model.layers():
-            layer_def, layer_state = nnx.split(layer)
-
-            def block(state, x, cos, sin, mask, layer_def=layer_def):
-                return nnx.merge(layer_def, state)(x, cos, sin, mask)[0]
-
-            x = (jax.checkpoint(block) if remat else block)(layer_state, x, cos, sin, mask)
-        h = model.final_norm(x)
+        h, _ = model.hidden(tokens, positions, segment_ids, remat=remat)
         values = model.values(h)
         # Position t predicts token t + 1: chunk the T - 1 predictions, padded to the chunk.
         n = t - 1
@@ -113,7 +98,7 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32,
             m = jnp.pad(loss_mask[:, 1:], ((0, 0), (0, pad))).reshape(b, -1, c)
             needed = jnp.any(m > 0, axis=(0, 2))  # [n_chunks]
         # Only the head weight enters the chunked computation (mirrors Transformer.logits).
-        tied = cfg.tie_embeddings
+        tied = model.config.tie_embeddings
         w = model.embed[...] if tied else model.lm_head[...]
 
         def chunk(w, hc, tc):
