@@ -71,7 +71,11 @@ def make_contenders():
         # EnvPool bundles its own MuJoCo build; loading it next to the mujoco package in one
         # process crashes, so it is measured in a child process (same actions, same timing).
         contenders["envpool_8env_2thr"] = (None, None)
-    for name, engine in (("jaxagent_pool_2thr", "exact"), ("jaxagent_rollout_2thr", "rollout")):
+    for name, engine in (
+        ("jaxagent_pool_2thr", "batch"),
+        ("jaxagent_threads_2thr", "threads"),
+        ("jaxagent_rollout_2thr", "rollout"),
+    ):
         pool = ArrayEnvPool(MujocoVectorEnv(TASK, N_ENVS, num_threads=2, engine=engine), seed=0)
         pool.async_reset()
         pool.recv()

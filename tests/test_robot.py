@@ -9,13 +9,21 @@ from jaxagent.envs.robot import MujocoVectorEnv
 
 
 @pytest.mark.parametrize(
-    "task, steps", [("HalfCheetah-v5", 300), ("Hopper-v5", 300), ("Ant-v5", 150)]
+    "task, engine, steps",
+    [
+        ("HalfCheetah-v5", "batch", 300),
+        ("HalfCheetah-v5", "threads", 300),
+        ("Hopper-v5", "batch", 300),
+        ("Hopper-v5", "threads", 300),
+        ("Ant-v5", "threads", 150),
+    ],
 )
-def test_matches_gymnasium_sync_vector_env(task, steps):
+def test_matches_gymnasium_sync_vector_env(task, engine, steps):
     # Same seeds and actions -> same observations, rewards and flags, through terminations,
     # Gymnasium's next-step autoreset and (with a short TimeLimit) truncations.
     n, limit = 3, 120
-    ours = MujocoVectorEnv(task, num_envs=n, num_threads=2, max_episode_steps=limit)
+    ours = MujocoVectorEnv(task, n, num_threads=2, max_episode_steps=limit, engine=engine)
+    assert ours.engine_name == engine
     ref = gym.vector.SyncVectorEnv(
         [lambda: gym.make(task, max_episode_steps=limit) for _ in range(n)]
     )
@@ -56,13 +64,14 @@ def test_bad_actions_shape_names_the_fix():
         MujocoVectorEnv("Walker", num_envs=1)
 
 
-def test_array_pool_steps_subsets_like_independent_gymnasium_envs():
+@pytest.mark.parametrize("engine", ["batch", "threads"])
+def test_array_pool_steps_subsets_like_independent_gymnasium_envs(engine):
     # send/recv with ragged subsets: each env's own trajectory must equal a Gymnasium env
     # stepped with the same actions (including its next-step autoreset).
     from jaxagent.pool.array_pool import ArrayEnvPool
 
     n = 3
-    pool = ArrayEnvPool(MujocoVectorEnv("Hopper-v5", num_envs=n), seed=7)
+    pool = ArrayEnvPool(MujocoVectorEnv("Hopper-v5", num_envs=n, engine=engine), seed=7)
     refs = [gym.make("Hopper-v5") for _ in range(n)]
     pool.async_reset()
     first = pool.recv()
@@ -111,9 +120,13 @@ def test_rollout_engine_matches_gymnasium_over_a_short_horizon():
         np.testing.assert_allclose(r, r_ref, rtol=0, atol=1e-8)
     ours.close()
     # Every env truncating at once leaves an empty batch for the next step (all autoreset).
-    short = MujocoVectorEnv("Hopper-v5", num_envs=2, engine="rollout", max_episode_steps=2)
-    short.reset(seed=0)
-    flags = [short.step(np.zeros((2, 3)))[3].tolist() for _ in range(6)]
-    assert flags == [[False, False], [True, True], [False, False]] * 2
-    with pytest.raises(ValueError, match="cfrc_ext.*engine='exact'"):
-        MujocoVectorEnv("Ant-v5", num_envs=1, engine="rollout")
+    for engine in ("rollout", "batch"):
+        short = MujocoVectorEnv("Hopper-v5", num_envs=2, engine=engine, max_episode_steps=2)
+        short.reset(seed=0)
+        flags = [short.step(np.zeros((2, 3)))[3].tolist() for _ in range(6)]
+        assert flags == [[False, False], [True, True], [False, False]] * 2
+    for engine in ("rollout", "batch"):
+        with pytest.raises(ValueError, match="cfrc_ext.*use engine='threads'"):
+            MujocoVectorEnv("Ant-v5", num_envs=1, engine=engine)
+    with pytest.raises(ValueError, match="engine='exact'; choose one of"):
+        MujocoVectorEnv("Hopper-v5", num_envs=1, engine="exact")
