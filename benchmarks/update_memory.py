@@ -125,7 +125,9 @@ def main():
         rows = args.micro if name == "loop_one_microbatch" else b
         r = measure(name, cfg, fn, p, abstract_batch(rows, t, values), ref)
         ratio = r["peak"] / base
-        results[name] = {"ratio": round(ratio, 4), "peak_mib": round(r["peak"] / 2**20, 1)}
+        results[name] = {"ratio": round(ratio, 4), "peak_mib": round(r["peak"] / 2**20, 1),
+                         "args_mib": round(r["args"] / 2**20, 1),
+                         "temp_mib": round(r["temp"] / 2**20, 1)}
         extra = ""
         if name == "loop_lora":
             results[name]["ratio_vs_one_model_copy"] = round(r["peak"] / p_bytes, 4)

@@ -201,7 +201,7 @@ class Transformer(nnx.Module):
         return out
 
     def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None,
-               fused: dict | None = None, remat: bool = False):
+               fused: dict | None = None, remat=False):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
         Without a cache, query t attends key s when s <= t and both share a nonzero segment
@@ -210,7 +210,8 @@ class Transformer(nnx.Module):
         ``fused`` (from ``fused_weights``, computed once outside a decode loop) replaces the
         separate q/k/v and gate/up matmuls by one each; results are the same. ``remat``
         (no-cache only) recomputes each block in the backward pass instead of storing its
-        activations, for memory-lean training.
+        activations, for memory-lean training; a callable ``remat`` replaces ``jax.checkpoint``
+        as the wrapper of ``block(layer_state, x, cos, sin, mask)``.
         """
         cfg = self.config
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
@@ -229,7 +230,8 @@ class Transformer(nnx.Module):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
             layer_fused = None if fused is None else fused["layers"][i]
             if remat and cache is None:
-                x, new_kv = _remat_block(layer, x, cos, sin, mask), None
+                wrap = remat if callable(remat) else jax.checkpoint
+                x, new_kv = _remat_block(layer, x, cos, sin, mask, wrap), None
                 continue
             x, new_kv = layer(x, cos, sin, mask, kv, slots, layer_fused)
             if new_kv is not None:
@@ -260,11 +262,11 @@ class Transformer(nnx.Module):
         return h.astype(jnp.float32) @ w + self.value_bias[...].astype(jnp.float32)
 
 
-def _remat_block(layer, x, cos, sin, mask):
+def _remat_block(layer, x, cos, sin, mask, wrap=jax.checkpoint):
     """One block under ``jax.checkpoint``: only its input is kept for the backward pass."""
     layer_def, layer_state = nnx.split(layer)
 
     def block(state, x, cos, sin, mask):
         return nnx.merge(layer_def, state)(x, cos, sin, mask)[0]
 
-    return jax.checkpoint(block)(layer_state, x, cos, sin, mask)
+    return wrap(block)(layer_state, x, cos, sin, mask)
