@@ -12,6 +12,7 @@ from jaxagent.envs.robot import MujocoVectorEnv
     "task, engine, steps",
     [
         ("HalfCheetah-v5", "batch", 300),
+        ("HalfCheetah-v5", "batch_one_chunk", 200),
         ("HalfCheetah-v5", "threads", 300),
         ("Hopper-v5", "batch", 300),
         ("Hopper-v5", "threads", 300),
@@ -22,8 +23,11 @@ def test_matches_gymnasium_sync_vector_env(task, engine, steps):
     # Same seeds and actions -> same observations, rewards and flags, through terminations,
     # Gymnasium's next-step autoreset and (with a short TimeLimit) truncations.
     n, limit = 3, 120
-    ours = MujocoVectorEnv(task, n, num_threads=2, max_episode_steps=limit, engine=engine)
-    assert ours.engine_name == engine
+    # "batch": two mujoco.batch chunks on two Python threads; "batch_one_chunk": one Batch on
+    # MuJoCo's own two C threads.
+    kw = dict(engine="batch", chunks=1) if engine == "batch_one_chunk" else dict(engine=engine)
+    ours = MujocoVectorEnv(task, n, num_threads=2, max_episode_steps=limit, **kw)
+    assert ours.engine_name == kw["engine"]
     ref = gym.vector.SyncVectorEnv(
         [lambda: gym.make(task, max_episode_steps=limit) for _ in range(n)]
     )
@@ -128,5 +132,7 @@ def test_rollout_engine_matches_gymnasium_over_a_short_horizon():
     for engine in ("rollout", "batch"):
         with pytest.raises(ValueError, match="cfrc_ext.*use engine='threads'"):
             MujocoVectorEnv("Ant-v5", num_envs=1, engine=engine)
+    with pytest.raises(ValueError, match="chunks=2 with engine='threads'"):
+        MujocoVectorEnv("Hopper-v5", num_envs=1, engine="threads", chunks=2)
     with pytest.raises(ValueError, match="engine='exact'; choose one of"):
         MujocoVectorEnv("Hopper-v5", num_envs=1, engine="exact")

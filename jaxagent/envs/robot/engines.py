@@ -34,39 +34,91 @@ _QPOS, _QVEL = mujoco.mjtState.mjSTATE_QPOS, mujoco.mjtState.mjSTATE_QVEL
 
 
 class BatchEngine:
-    """``mujoco.batch.Batch`` over N envs: one C call per step, no Python per env."""
+    """``mujoco.batch.Batch`` over N envs: one C call per chunk of envs, no Python per env.
+
+    ``chunks=1``: one ``Batch`` whose own C thread pool (``num_threads``) splits the envs.
+    ``chunks=K>1``: K ``Batch`` objects of ~N/K envs on one C thread each, claimed dynamically
+    by the caller and ``num_threads - 1`` Python helper threads (``_ThreadTeam``; the GIL is
+    released inside ``Batch.step``): on a busy machine the caller steps the chunks a helper has
+    not claimed yet instead of waiting for it to be scheduled.
+    """
 
     supports_cfrc_ext = False
 
-    def __init__(self, model: mujoco.MjModel, num_envs: int, num_threads: int, frame_skip: int):
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        num_envs: int,
+        num_threads: int,
+        frame_skip: int,
+        chunks: int = 1,
+    ):
         from mujoco import batch
 
         self.model, self.frame_skip = model, frame_skip
-        self.batch = batch.Batch(model, num_envs, nthread=max(1, num_threads))
-        (q0, nq), (v0, nv) = (self.batch._component(c) for c in (_QPOS, _QVEL))
+        chunks = max(1, min(chunks, num_envs))
+        bounds = np.linspace(0, num_envs, chunks + 1).round().astype(int)
+        self._spans = list(zip(bounds[:-1], bounds[1:]))
+        nthread = max(1, num_threads) if chunks == 1 else 1
+        self._batches = [batch.Batch(model, int(hi - lo), nthread=nthread) for lo, hi in self._spans]
+        (q0, nq), (v0, nv) = (self._batches[0]._component(c) for c in (_QPOS, _QVEL))
         if v0 != q0 + nq:  # qpos and qvel are adjacent in every mjSTATE layout so far
             raise RuntimeError(f"unexpected mujoco.batch state layout: qpos {q0}+{nq}, qvel {v0}")
-        self.qpv = self.batch.state[:, q0 : q0 + nq + nv]  # a view of the live state rows
-        self._ctrl = self.batch.bind("ctrl")
-        self.batch.reset()
+        self._views = [b.state[:, q0 : q0 + nq + nv] for b in self._batches]
+        self._ctrls = [b.bind("ctrl") for b in self._batches]
+        for b in self._batches:
+            b.reset()
+        if chunks == 1:  # a view of the live state rows: nothing to gather
+            self.qpv, self._team = self._views[0], None
+        else:
+            self.qpv = np.concatenate(self._views)
+            self._team = _ThreadTeam(min(num_threads, chunks))
+        self._actions = np.zeros((num_envs, model.nu))
+        self._chunk_ids: list[np.ndarray | None] = [None] * chunks
+
+    def _step_chunk(self, k: int) -> None:
+        (lo, hi), ids = self._spans[k], self._chunk_ids[k]
+        if ids is None:
+            self._ctrls[k][...] = self._actions[lo:hi]
+        elif len(ids):
+            self._ctrls[k][ids] = self._actions[lo:hi][ids]
+        else:
+            return
+        self._batches[k].step(ids, self.frame_skip)
+        self.qpv[lo:hi] = self._views[k]
 
     def step(self, actions: np.ndarray, ids: np.ndarray | None) -> None:
-        if ids is None:
-            self._ctrl[...] = actions
-            self.batch.step(None, self.frame_skip)
-        elif len(ids):
-            self._ctrl[ids] = actions[ids]
-            self.batch.step(ids.astype(np.int32), self.frame_skip)
+        if self._team is None:
+            if ids is None:
+                self._ctrls[0][...] = actions
+                self._batches[0].step(None, self.frame_skip)
+            elif len(ids):
+                self._ctrls[0][ids] = actions[ids]
+                self._batches[0].step(ids.astype(np.int32), self.frame_skip)
+            return
+        self._actions[...] = actions
+        for k, (lo, hi) in enumerate(self._spans):
+            self._chunk_ids[k] = (
+                None if ids is None else (ids[(ids >= lo) & (ids < hi)] - lo).astype(np.int32)
+            )
+        self._team.run(self._step_chunk, len(self._spans))
 
     def reset(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray) -> None:
-        ids = ids.astype(np.int32)
-        self.batch.reset(ids, stage=mujoco.mjtStage.mjSTAGE_NONE)
         nq = self.model.nq
-        self.qpv[ids, :nq], self.qpv[ids, nq:] = qpos, qvel
-        self.batch.forward(ids)
+        for k, ((lo, hi), b, view) in enumerate(zip(self._spans, self._batches, self._views)):
+            mine = (ids >= lo) & (ids < hi)
+            if not mine.any():
+                continue
+            local = (ids[mine] - lo).astype(np.int32)
+            b.reset(local, stage=mujoco.mjtStage.mjSTAGE_NONE)
+            view[local, :nq], view[local, nq:] = qpos[mine], qvel[mine]
+            b.forward(local)
+            if self._team is not None:
+                self.qpv[lo:hi] = view
 
     def close(self) -> None:
-        pass
+        if self._team is not None:
+            self._team.close()
 
 
 class _ThreadTeam:

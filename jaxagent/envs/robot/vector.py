@@ -45,6 +45,11 @@ class MujocoVectorEnv:
       num_threads: physics threads (the calling thread is one of them).
       max_episode_steps: truncation limit (Gymnasium's TimeLimit default: 1000).
       engine: one of ``ENGINES``; None picks "batch", or "threads" for tasks reading cfrc_ext.
+      chunks: "batch" engine only: split the envs into this many ``mujoco.batch`` chunks, each
+        stepped in one C call by one of ``num_threads`` Python threads (None: one chunk per
+        thread). 1: a single ``Batch`` on MuJoCo's own C thread pool, whose workers spin
+        between calls (the fastest hand-off on an idle machine, CPU taken from the policy and
+        from other processes on a busy one).
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class MujocoVectorEnv:
         num_threads: int = 2,
         max_episode_steps: int | None = None,
         engine: str | None = None,
+        chunks: int | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be >= 1")
@@ -64,6 +70,11 @@ class MujocoVectorEnv:
             raise ValueError(
                 f"engine={engine!r}; choose one of {ENGINES} ('batch' and 'threads' are "
                 "Gymnasium-identical, 'rollout' is not)"
+            )
+        if chunks is not None and (engine != "batch" or chunks < 1):
+            raise ValueError(
+                f"chunks={chunks} with engine={engine!r}: chunks is a positive int, and only "
+                "for engine='batch'"
             )
         if engine != "threads" and self.spec.needs_cfrc_ext:
             raise ValueError(
@@ -80,7 +91,8 @@ class MujocoVectorEnv:
         self.act_dim = m.nu
         fs = self.spec.frame_skip
         if engine == "batch":
-            self.engine = BatchEngine(m, num_envs, num_threads, fs)
+            chunks = max(1, num_threads) if chunks is None else chunks
+            self.engine = BatchEngine(m, num_envs, num_threads, fs, chunks)
         elif engine == "rollout":
             self.engine = RolloutEngine(m, num_envs, num_threads, fs)
         else:
