@@ -5,11 +5,13 @@
    Gymnasium SyncVectorEnv(8) and AsyncVectorEnv(8) (anchors), EnvPool (8 envs, 2 threads) if
    installed, and jaxagent ``MujocoVectorEnv`` through ``ArrayEnvPool`` send/recv with each
    engine (robot/engines.py):
-     ``jaxagent_pool_2thr`` (the headline, ``jaxagent_steps_s``): the default engine, "batch":
-       two ``mujoco.batch`` chunks of 4 envs stepped by two Python threads; bit-identical to
-       Gymnasium (tests/test_robot.py);
+     ``jaxagent_pool_2thr`` (the headline, ``jaxagent_steps_s``): the default engine, "batch",
+       bit-identical to Gymnasium (tests/test_robot.py), which picks the faster of the next
+       two layouts from timings as it runs;
      ``jaxagent_batch_mjpool_2thr``: "batch" with ``chunks=1``, one Batch on MuJoCo's own C
-       thread pool (bit-identical too; its workers spin between calls);
+       thread pool (its workers spin between calls);
+     ``jaxagent_batch_team_2thr``: "batch" with ``chunks=2``, two Batch chunks of 4 envs
+       stepped by two Python threads (nothing spins);
      ``jaxagent_threads_2thr``: "threads", ``mj_step`` per env on two Python threads
        (bit-identical; the engine Ant needs);
      ``jaxagent_rollout_2thr``: "rollout", one ``mujoco.rollout`` call per step (NOT bitwise
@@ -46,11 +48,13 @@ N_ENVS, TASK, ACT_DIM = 8, "HalfCheetah-v5", 6
 JAXAGENT = {  # contender -> MujocoVectorEnv arguments (the first is the headline)
     "jaxagent_pool_2thr": dict(num_threads=2),
     "jaxagent_batch_mjpool_2thr": dict(num_threads=2, engine="batch", chunks=1),
+    "jaxagent_batch_team_2thr": dict(num_threads=2, engine="batch", chunks=2),
     "jaxagent_threads_2thr": dict(num_threads=2, engine="threads"),
     "jaxagent_rollout_2thr": dict(num_threads=2, engine="rollout"),
     "jaxagent_batch_1thr": dict(num_threads=1),
 }
-BITWISE = ("jaxagent_pool_2thr", "jaxagent_batch_mjpool_2thr", "jaxagent_threads_2thr")
+_ENVS = {}  # contender -> its MujocoVectorEnv, for the report
+BITWISE = tuple(k for k in JAXAGENT if k != "jaxagent_rollout_2thr")
 
 
 def _actions(steps):
@@ -96,6 +100,7 @@ def make_contenders():
         pool.async_reset()
         pool.recv()
         contenders[name] = (_pool_stepper(pool), pool.close)
+        _ENVS[name] = pool.env
     return contenders
 
 
@@ -210,6 +215,13 @@ def main():
                 wall, cpu = _timed(step, args.seconds)
             rates[name].append(wall)
             cpu_rates[name].append(cpu)
+    engine = _ENVS["jaxagent_pool_2thr"].engine
+    layout = ("MuJoCo's pool (chunks=1)", "Python threads (chunks=2)")
+    choice = {
+        "final_layout": layout[engine.active],
+        "switches": engine.switches,
+        "last_window_median_us": [m and round(m / 1e3, 1) for m in engine.chooser.median],
+    }
     for _, close in contenders.values():
         if close is not None:
             close()
@@ -241,6 +253,11 @@ def main():
         f"{best_bitwise} {med[best_bitwise]:.0f}; best engine {best} {med[best]:.0f}. "
         f"The target means >= 0.70 of the bound (40k / 56.9k on an idle machine)."
     )
+    print(
+        f"default engine's layout choice: ended on {choice['final_layout']} after "
+        f"{choice['switches']} switches; last timed window per layout (median us per step: "
+        f"pool, threads): {choice['last_window_median_us']}"
+    )
     text_rate, ideal, snap = text_env_throughput(seconds=max(2.0, args.seconds))
     eff = text_rate / ideal
     print(
@@ -258,6 +275,7 @@ def main():
         **{k: round(v, 3) for k, v in ratios.items()},
         "fraction_of_physics_bound": round(ours / bound, 3),
         "best_bitwise_engine": best_bitwise,
+        "default_engine_layout": choice,
         "text_calls_s": round(text_rate),
         "text_ideal_calls_s": round(ideal),
         "text_concurrency_efficiency": round(eff, 3),

@@ -6,13 +6,15 @@ import pytest
 
 from jaxagent.envs.base import ArrayEnv
 from jaxagent.envs.robot import MujocoVectorEnv
+from jaxagent.envs.robot.engines import _Chooser
 
 
 @pytest.mark.parametrize(
     "task, engine, steps",
     [
         ("HalfCheetah-v5", "batch", 300),
-        ("HalfCheetah-v5", "batch_one_chunk", 200),
+        ("HalfCheetah-v5", "batch:1", 200),
+        ("HalfCheetah-v5", "batch:2", 200),
         ("HalfCheetah-v5", "threads", 300),
         ("Hopper-v5", "batch", 300),
         ("Hopper-v5", "threads", 300),
@@ -23,11 +25,15 @@ def test_matches_gymnasium_sync_vector_env(task, engine, steps):
     # Same seeds and actions -> same observations, rewards and flags, through terminations,
     # Gymnasium's next-step autoreset and (with a short TimeLimit) truncations.
     n, limit = 3, 120
-    # "batch": two mujoco.batch chunks on two Python threads; "batch_one_chunk": one Batch on
-    # MuJoCo's own two C threads.
-    kw = dict(engine="batch", chunks=1) if engine == "batch_one_chunk" else dict(engine=engine)
+    # "batch:1": one mujoco.batch Batch on MuJoCo's two C threads; "batch:2": two chunks on two
+    # Python threads; "batch": both, switching between them every few steps here (the state
+    # moves from one to the other), which must not change a bit.
+    engine, _, chunks = engine.partition(":")
+    kw = dict(engine=engine, chunks=int(chunks) if chunks else None)
     ours = MujocoVectorEnv(task, n, num_threads=2, max_episode_steps=limit, **kw)
-    assert ours.engine_name == kw["engine"]
+    assert ours.engine_name == engine
+    if engine == "batch" and not chunks:
+        ours.engine.chooser = _Chooser(window=4, period=8)
     ref = gym.vector.SyncVectorEnv(
         [lambda: gym.make(task, max_episode_steps=limit) for _ in range(n)]
     )
@@ -51,6 +57,8 @@ def test_matches_gymnasium_sync_vector_env(task, engine, steps):
         np.testing.assert_array_equal(trunc, trunc_ref)
         flags["terminated"] += term.sum()
         flags["truncated"] += trunc.sum()
+    if engine == "batch" and not chunks:
+        assert ours.engine.switches >= steps // 12  # full-batch steps only are timed
     if task != "HalfCheetah-v5":
         assert flags["terminated"] > 0  # the autoreset path was exercised
     else:
@@ -136,3 +144,15 @@ def test_rollout_engine_matches_gymnasium_over_a_short_horizon():
         MujocoVectorEnv("Hopper-v5", num_envs=1, engine="threads", chunks=2)
     with pytest.raises(ValueError, match="engine='exact'; choose one of"):
         MujocoVectorEnv("Hopper-v5", num_envs=1, engine="exact")
+
+
+def test_chooser_settles_on_the_faster_layout_and_follows_a_change_of_load():
+    # Synthetic step times: layout 1 is faster at first, then layout 0 (e.g. the machine got
+    # busy). The chooser must run mostly on the faster one and follow the change.
+    chooser, used = _Chooser(window=8, period=64), []
+    for phase_fast in (1, 0):
+        for _ in range(400):
+            used.append(chooser.current)
+            chooser.record(100 if chooser.current == phase_fast else 300)
+        assert sum(u == phase_fast for u in used[-300:]) >= 0.8 * 300
+    assert chooser.home == 0

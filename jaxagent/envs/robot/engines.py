@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 
 import mujoco
 import numpy as np
@@ -33,14 +34,130 @@ import numpy as np
 _QPOS, _QVEL = mujoco.mjtState.mjSTATE_QPOS, mujoco.mjtState.mjSTATE_QVEL
 
 
-class BatchEngine:
-    """``mujoco.batch.Batch`` over N envs: one C call per chunk of envs, no Python per env.
+class _Layout:
+    """N envs as K ``mujoco.batch.Batch`` chunks (rows ``lo:hi`` each).
 
-    ``chunks=1``: one ``Batch`` whose own C thread pool (``num_threads``) splits the envs.
-    ``chunks=K>1``: K ``Batch`` objects of ~N/K envs on one C thread each, claimed dynamically
-    by the caller and ``num_threads - 1`` Python helper threads (``_ThreadTeam``; the GIL is
-    released inside ``Batch.step``): on a busy machine the caller steps the chunks a helper has
-    not claimed yet instead of waiting for it to be scheduled.
+    K=1: one Batch on MuJoCo's own C thread pool (``nthread``), whose workers spin for a while
+    between calls: the cheapest hand-off when a core is free, CPU taken from everyone else
+    when none is. K>1: one C thread per chunk, the chunks claimed by the caller and helper
+    Python threads (``_ThreadTeam``; ``Batch.step`` releases the GIL); nothing spins, and on a
+    busy machine the caller steps the chunks a helper has not claimed yet.
+    """
+
+    def __init__(self, model, num_envs: int, chunks: int, num_threads: int, frame_skip: int):
+        from mujoco import batch
+
+        self.frame_skip, self.nq = frame_skip, model.nq
+        bounds = np.linspace(0, num_envs, chunks + 1).round().astype(int)
+        self.spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+        nthread = max(1, num_threads) if chunks == 1 else 1
+        self.batches = [batch.Batch(model, hi - lo, nthread=nthread) for lo, hi in self.spans]
+        (q0, nq), (v0, nv) = (self.batches[0]._component(c) for c in (_QPOS, _QVEL))
+        if v0 != q0 + nq:  # qpos and qvel are adjacent in every mjSTATE layout so far
+            raise RuntimeError(f"unexpected mujoco.batch state layout: qpos {q0}+{nq}, qvel {v0}")
+        self.views = [b.state[:, q0 : q0 + nq + nv] for b in self.batches]
+        self.ctrls = [b.bind("ctrl") for b in self.batches]
+        for b in self.batches:
+            b.reset()
+        self.team = _ThreadTeam(min(num_threads, chunks)) if chunks > 1 else None
+        self._actions = np.zeros((num_envs, model.nu))
+        self._ids: list[np.ndarray | None] = [None] * chunks
+
+    def _step_chunk(self, k: int) -> None:
+        lo, hi = self.spans[k]
+        ids = self._ids[k]
+        if ids is None:
+            self.ctrls[k][...] = self._actions[lo:hi]
+        elif len(ids):
+            self.ctrls[k][ids] = self._actions[lo:hi][ids]
+        else:
+            return
+        self.batches[k].step(ids, self.frame_skip)
+
+    def step(self, actions: np.ndarray, ids: np.ndarray | None) -> None:
+        if self.team is None:
+            if ids is None:
+                self.ctrls[0][...] = actions
+                self.batches[0].step(None, self.frame_skip)
+            elif len(ids):
+                self.ctrls[0][ids] = actions[ids]
+                self.batches[0].step(ids.astype(np.int32), self.frame_skip)
+            return
+        self._actions[...] = actions
+        for k, (lo, hi) in enumerate(self.spans):
+            self._ids[k] = (
+                None if ids is None else (ids[(ids >= lo) & (ids < hi)] - lo).astype(np.int32)
+            )
+        self.team.run(self._step_chunk, len(self.spans))
+
+    def reset(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray) -> None:
+        nq = self.nq
+        for (lo, hi), b, view in zip(self.spans, self.batches, self.views):
+            mine = (ids >= lo) & (ids < hi)
+            if mine.any():
+                local = (ids[mine] - lo).astype(np.int32)
+                b.reset(local, stage=mujoco.mjtStage.mjSTAGE_NONE)
+                view[local, :nq], view[local, nq:] = qpos[mine], qvel[mine]
+                b.forward(local)
+
+    def read_qpv(self, out: np.ndarray) -> None:
+        for (lo, hi), view in zip(self.spans, self.views):
+            out[lo:hi] = view
+
+    def copy_state_from(self, other: _Layout) -> None:
+        """Every env's full integration state (warm start, ctrl, time included): exact."""
+        rows = np.concatenate([b.state for b in other.batches])
+        for (lo, hi), b in zip(self.spans, self.batches):
+            b.state[...] = rows[lo:hi]
+
+    def close(self) -> None:
+        if self.team is not None:
+            self.team.close()
+
+
+class _Chooser:
+    """Picks the faster of two layouts from the wall time per full-batch step, re-checked.
+
+    Both layouts give bit-identical results, so only speed is at stake, and it depends on
+    whether cores are free (MuJoCo's spinning pool wins on an idle machine, Python threads on
+    a busy one). Each layout is timed over ``window`` steps (the first quarter discarded as
+    warm-up); the other one is tried again every ``period`` steps.
+    """
+
+    def __init__(self, window: int = 32, period: int = 2048):
+        self.window, self.period = window, period
+        self.home, self.current = 0, 0
+        self.median = [None, None]
+        self._times: list[int] = []
+        self._since_probe = 0
+
+    def record(self, ns: int) -> int:
+        """Record one full-batch step of ``current``; return the layout for the next step."""
+        self._times.append(ns)
+        if len(self._times) < self.window:
+            return self.current
+        med = float(np.median(self._times[self.window // 4 :]))
+        self._times.clear()
+        self.median[self.current] = med
+        other = 1 - self.home
+        if self.current != self.home:  # a probe of the other layout just ended
+            if med < 0.95 * self.median[self.home]:
+                self.home = self.current
+            self.current, self._since_probe = self.home, 0
+        else:
+            self._since_probe += self.window
+            if self.median[other] is None or self._since_probe >= self.period:
+                self.current = other
+        return self.current
+
+
+class BatchEngine:
+    """``mujoco.batch`` over N envs: one C call per chunk of envs, no Python per env.
+
+    ``chunks=K``: the ``_Layout`` with K chunks (1: MuJoCo's pool; K>1: Python threads).
+    ``chunks=None`` with ``num_threads > 1``: both layouts (1 chunk; ``num_threads`` chunks),
+    the faster one picked and re-checked as the machine's load changes (``_Chooser``); the
+    state moves between them exactly, so results never depend on the choice.
     """
 
     supports_cfrc_ext = False
@@ -51,74 +168,45 @@ class BatchEngine:
         num_envs: int,
         num_threads: int,
         frame_skip: int,
-        chunks: int = 1,
+        chunks: int | None = None,
     ):
-        from mujoco import batch
-
         self.model, self.frame_skip = model, frame_skip
-        chunks = max(1, min(chunks, num_envs))
-        bounds = np.linspace(0, num_envs, chunks + 1).round().astype(int)
-        self._spans = list(zip(bounds[:-1], bounds[1:]))
-        nthread = max(1, num_threads) if chunks == 1 else 1
-        self._batches = [batch.Batch(model, int(hi - lo), nthread=nthread) for lo, hi in self._spans]
-        (q0, nq), (v0, nv) = (self._batches[0]._component(c) for c in (_QPOS, _QVEL))
-        if v0 != q0 + nq:  # qpos and qvel are adjacent in every mjSTATE layout so far
-            raise RuntimeError(f"unexpected mujoco.batch state layout: qpos {q0}+{nq}, qvel {v0}")
-        self._views = [b.state[:, q0 : q0 + nq + nv] for b in self._batches]
-        self._ctrls = [b.bind("ctrl") for b in self._batches]
-        for b in self._batches:
-            b.reset()
-        if chunks == 1:  # a view of the live state rows: nothing to gather
-            self.qpv, self._team = self._views[0], None
+        if chunks is None and num_threads > 1 and num_envs > 1:
+            counts = [1, min(num_threads, num_envs)]
         else:
-            self.qpv = np.concatenate(self._views)
-            self._team = _ThreadTeam(min(num_threads, chunks))
-        self._actions = np.zeros((num_envs, model.nu))
-        self._chunk_ids: list[np.ndarray | None] = [None] * chunks
-
-    def _step_chunk(self, k: int) -> None:
-        (lo, hi), ids = self._spans[k], self._chunk_ids[k]
-        if ids is None:
-            self._ctrls[k][...] = self._actions[lo:hi]
-        elif len(ids):
-            self._ctrls[k][ids] = self._actions[lo:hi][ids]
-        else:
-            return
-        self._batches[k].step(ids, self.frame_skip)
-        self.qpv[lo:hi] = self._views[k]
+            counts = [max(1, min(chunks or 1, num_envs))]
+        self.layouts = [_Layout(model, num_envs, k, num_threads, frame_skip) for k in counts]
+        self.chooser = _Chooser() if len(self.layouts) == 2 else None
+        self.active, self.switches = 0, 0
+        self._last: int | None = None  # start of the last full-batch step (chooser timing)
+        self.qpv = np.zeros((num_envs, model.nq + model.nv))
+        self.layouts[0].read_qpv(self.qpv)
 
     def step(self, actions: np.ndarray, ids: np.ndarray | None) -> None:
-        if self._team is None:
-            if ids is None:
-                self._ctrls[0][...] = actions
-                self._batches[0].step(None, self.frame_skip)
-            elif len(ids):
-                self._ctrls[0][ids] = actions[ids]
-                self._batches[0].step(ids.astype(np.int32), self.frame_skip)
-            return
-        self._actions[...] = actions
-        for k, (lo, hi) in enumerate(self._spans):
-            self._chunk_ids[k] = (
-                None if ids is None else (ids[(ids >= lo) & (ids < hi)] - lo).astype(np.int32)
-            )
-        self._team.run(self._step_chunk, len(self._spans))
+        if self.chooser is not None:
+            # Timed: the cycle from one full-batch step to the next, which includes what the
+            # caller does in between (spinning pool workers slow that down on a busy machine).
+            now = time.perf_counter_ns()
+            if self._last is not None:
+                nxt = self.chooser.record(now - self._last)
+                if nxt != self.active:
+                    self.layouts[nxt].copy_state_from(self.layouts[self.active])
+                    self.active = nxt
+                    self.switches += 1
+            self._last = now if ids is None else None
+        layout = self.layouts[self.active]
+        layout.step(actions, ids)
+        layout.read_qpv(self.qpv)
 
     def reset(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray) -> None:
-        nq = self.model.nq
-        for k, ((lo, hi), b, view) in enumerate(zip(self._spans, self._batches, self._views)):
-            mine = (ids >= lo) & (ids < hi)
-            if not mine.any():
-                continue
-            local = (ids[mine] - lo).astype(np.int32)
-            b.reset(local, stage=mujoco.mjtStage.mjSTAGE_NONE)
-            view[local, :nq], view[local, nq:] = qpos[mine], qvel[mine]
-            b.forward(local)
-            if self._team is not None:
-                self.qpv[lo:hi] = view
+        layout = self.layouts[self.active]
+        layout.reset(ids, qpos, qvel)
+        layout.read_qpv(self.qpv)
+        self._last = None
 
     def close(self) -> None:
-        if self._team is not None:
-            self._team.close()
+        for layout in self.layouts:
+            layout.close()
 
 
 class _ThreadTeam:

@@ -45,11 +45,12 @@ class MujocoVectorEnv:
       num_threads: physics threads (the calling thread is one of them).
       max_episode_steps: truncation limit (Gymnasium's TimeLimit default: 1000).
       engine: one of ``ENGINES``; None picks "batch", or "threads" for tasks reading cfrc_ext.
-      chunks: "batch" engine only: split the envs into this many ``mujoco.batch`` chunks, each
-        stepped in one C call by one of ``num_threads`` Python threads (None: one chunk per
-        thread). 1: a single ``Batch`` on MuJoCo's own C thread pool, whose workers spin
-        between calls (the fastest hand-off on an idle machine, CPU taken from the policy and
-        from other processes on a busy one).
+      chunks: "batch" engine only. K>1: the envs as K ``mujoco.batch`` chunks, each stepped in
+        one C call by one of ``num_threads`` Python threads (nothing spins). 1: one ``Batch``
+        on MuJoCo's own C thread pool, whose workers spin between calls (the cheapest hand-off
+        when a core is free, CPU taken from everyone else when none is). None: both, the
+        faster one picked from timings and re-checked every ~2000 steps (engines.py); results
+        are bit-identical whichever runs.
     """
 
     def __init__(
@@ -91,7 +92,6 @@ class MujocoVectorEnv:
         self.act_dim = m.nu
         fs = self.spec.frame_skip
         if engine == "batch":
-            chunks = max(1, num_threads) if chunks is None else chunks
             self.engine = BatchEngine(m, num_envs, num_threads, fs, chunks)
         elif engine == "rollout":
             self.engine = RolloutEngine(m, num_envs, num_threads, fs)
