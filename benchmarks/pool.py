@@ -6,8 +6,8 @@
    installed, and jaxagent ``MujocoVectorEnv`` through ``ArrayEnvPool`` send/recv with each
    engine (robot/engines.py):
      ``jaxagent_pool_2thr`` (the headline, ``jaxagent_steps_s``): the default engine, "batch",
-       bit-identical to Gymnasium (tests/test_robot.py), which picks the faster of the next
-       two layouts from timings as it runs;
+       bit-identical to Gymnasium (tests/test_robot.py), which picks the fastest of the next
+       two layouts and the one-thread one from timings as it runs;
      ``jaxagent_batch_mjpool_2thr``: "batch" with ``chunks=1``, one Batch on MuJoCo's own C
        thread pool (its workers spin between calls);
      ``jaxagent_batch_team_2thr``: "batch" with ``chunks=2``, two Batch chunks of 4 envs
@@ -216,7 +216,7 @@ def main():
             rates[name].append(wall)
             cpu_rates[name].append(cpu)
     engine = _ENVS["jaxagent_pool_2thr"].engine
-    layout = ("MuJoCo's pool (chunks=1)", "Python threads (chunks=2)")
+    layout = ("MuJoCo's pool (chunks=1)", "Python threads (chunks=2)", "one thread")
     choice = {
         "final_layout": layout[engine.active],
         "switches": engine.switches,
@@ -256,7 +256,7 @@ def main():
     print(
         f"default engine's layout choice: ended on {choice['final_layout']} after "
         f"{choice['switches']} switches; last timed window per layout (median us per step: "
-        f"pool, threads): {choice['last_window_median_us']}"
+        f"MuJoCo's pool, Python threads, one thread): {choice['last_window_median_us']}"
     )
     text_rate, ideal, snap = text_env_throughput(seconds=max(2.0, args.seconds))
     eff = text_rate / ideal

@@ -33,7 +33,7 @@ def test_matches_gymnasium_sync_vector_env(task, engine, steps):
     ours = MujocoVectorEnv(task, n, num_threads=2, max_episode_steps=limit, **kw)
     assert ours.engine_name == engine
     if engine == "batch" and not chunks:
-        ours.engine.chooser = _Chooser(window=4, period=8)
+        ours.engine.chooser = _Chooser(3, window=4, period=8)
     ref = gym.vector.SyncVectorEnv(
         [lambda: gym.make(task, max_episode_steps=limit) for _ in range(n)]
     )
@@ -146,13 +146,14 @@ def test_rollout_engine_matches_gymnasium_over_a_short_horizon():
         MujocoVectorEnv("Hopper-v5", num_envs=1, engine="exact")
 
 
-def test_chooser_settles_on_the_faster_layout_and_follows_a_change_of_load():
-    # Synthetic step times: layout 1 is faster at first, then layout 0 (e.g. the machine got
-    # busy). The chooser must run mostly on the faster one and follow the change.
-    chooser, used = _Chooser(window=8, period=64), []
-    for phase_fast in (1, 0):
-        for _ in range(400):
+def test_chooser_settles_on_the_fastest_layout_and_follows_a_change_of_load():
+    # Synthetic step times for three layouts: layout 1 is fastest at first, then layout 2
+    # (e.g. the machine got busy). The chooser must run mostly on the fastest one and follow.
+    chooser, used = _Chooser(3, window=8, period=64), []
+    for fast in (1, 2):
+        for _ in range(600):
             used.append(chooser.current)
-            chooser.record(100 if chooser.current == phase_fast else 300)
-        assert sum(u == phase_fast for u in used[-300:]) >= 0.8 * 300
-    assert chooser.home == 0
+            chooser.record(100 if chooser.current == fast else 300)
+        assert sum(u == fast for u in used[-400:]) >= 0.8 * 400
+        assert chooser.home == fast
+    assert set(used) == {0, 1, 2}

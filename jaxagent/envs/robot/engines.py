@@ -116,20 +116,21 @@ class _Layout:
 
 
 class _Chooser:
-    """Picks the faster of two layouts from the wall time per full-batch step, re-checked.
+    """Picks the fastest of several layouts from the wall time per full-batch step, re-checked.
 
-    Both layouts give bit-identical results, so only speed is at stake, and it depends on
-    whether cores are free (MuJoCo's spinning pool wins on an idle machine, Python threads on
-    a busy one). Each layout is timed over ``window`` steps (the first quarter discarded as
-    warm-up); the other one is tried again every ``period`` steps.
+    All layouts give bit-identical results, so only speed is at stake, and it depends on how
+    many cores are free (MuJoCo's spinning pool wins on an idle machine, Python threads or a
+    single thread on a busy one). Each layout is timed over ``window`` steps (the first
+    quarter discarded as warm-up); every ``period`` steps the next other layout is tried
+    again, and kept if it is at least 5% faster than the current one's last window.
     """
 
-    def __init__(self, window: int = 32, period: int = 2048):
-        self.window, self.period = window, period
+    def __init__(self, num_layouts: int, window: int = 32, period: int = 2048):
+        self.num_layouts, self.window, self.period = num_layouts, window, period
         self.home, self.current = 0, 0
-        self.median = [None, None]
+        self.median: list[float | None] = [None] * num_layouts
         self._times: list[int] = []
-        self._since_probe = 0
+        self._since_probe, self._next = 0, 0
 
     def record(self, ns: int) -> int:
         """Record one full-batch step of ``current``; return the layout for the next step."""
@@ -139,15 +140,20 @@ class _Chooser:
         med = float(np.median(self._times[self.window // 4 :]))
         self._times.clear()
         self.median[self.current] = med
-        other = 1 - self.home
-        if self.current != self.home:  # a probe of the other layout just ended
+        if self.current != self.home:  # a probe just ended
             if med < 0.95 * self.median[self.home]:
                 self.home = self.current
             self.current, self._since_probe = self.home, 0
         else:
             self._since_probe += self.window
-            if self.median[other] is None or self._since_probe >= self.period:
-                self.current = other
+        if self.current == self.home:
+            untimed = [i for i, m in enumerate(self.median) if m is None]
+            if untimed:
+                self.current = untimed[0]
+            elif self._since_probe >= self.period:
+                others = [i for i in range(self.num_layouts) if i != self.home]
+                self._next = (self._next + 1) % len(others)
+                self.current = others[self._next]
         return self.current
 
 
@@ -155,9 +161,10 @@ class BatchEngine:
     """``mujoco.batch`` over N envs: one C call per chunk of envs, no Python per env.
 
     ``chunks=K``: the ``_Layout`` with K chunks (1: MuJoCo's pool; K>1: Python threads).
-    ``chunks=None`` with ``num_threads > 1``: both layouts (1 chunk; ``num_threads`` chunks),
-    the faster one picked and re-checked as the machine's load changes (``_Chooser``); the
-    state moves between them exactly, so results never depend on the choice.
+    ``chunks=None`` with ``num_threads > 1``: three layouts (1 chunk on MuJoCo's pool of
+    ``num_threads``; ``num_threads`` chunks on Python threads; 1 chunk on the calling thread
+    alone), the fastest picked and re-checked as the machine's load changes (``_Chooser``);
+    the state moves between them exactly, so results never depend on the choice.
     """
 
     supports_cfrc_ext = False
@@ -171,12 +178,13 @@ class BatchEngine:
         chunks: int | None = None,
     ):
         self.model, self.frame_skip = model, frame_skip
-        if chunks is None and num_threads > 1 and num_envs > 1:
-            counts = [1, min(num_threads, num_envs)]
+        if chunks is None and num_threads > 1 and num_envs > 1:  # (chunks, threads) each
+            plans = [(1, num_threads), (min(num_threads, num_envs), num_threads), (1, 1)]
         else:
-            counts = [max(1, min(chunks or 1, num_envs))]
-        self.layouts = [_Layout(model, num_envs, k, num_threads, frame_skip) for k in counts]
-        self.chooser = _Chooser() if len(self.layouts) == 2 else None
+            plans = [(max(1, min(chunks or 1, num_envs)), num_threads)]
+        self.layouts = [_Layout(model, num_envs, k, t, frame_skip) for k, t in plans]
+        self.plans = plans
+        self.chooser = _Chooser(len(plans)) if len(plans) > 1 else None
         self.active, self.switches = 0, 0
         self._last: int | None = None  # start of the last full-batch step (chooser timing)
         self.qpv = np.zeros((num_envs, model.nq + model.nv))
