@@ -1,7 +1,8 @@
 """``ArrayEnvPool``: the EnvPool-style ``send`` / ``recv`` API over a batched array env.
 
 The batched backend for MuJoCo: all pending envs are stepped in ONE call of the vector env
-(``MujocoVectorEnv`` steps them in parallel C threads), so there is no per-env IPC. ``send``
+(``MujocoVectorEnv`` steps them with one ``mujoco.batch`` call per chunk of envs, in C threads
+that release the GIL), so there is no per-env IPC and no Python per env. ``send``
 records actions; ``recv`` steps every env with a pending action and returns one ``ArrayBatch``
 (Gymnasium conventions: ``terminated`` and ``truncated`` apart, next-step autoreset).
 """
