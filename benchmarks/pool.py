@@ -18,13 +18,14 @@
        Gymnasium: the solver warm start is zeroed every step);
      ``jaxagent_batch_1thr``: "batch" on one thread (the serial reference);
    and the raw physics bound (``mujoco.rollout``, 2 threads, one long open-loop rollout: no
-   Python at all per step). Contenders are measured in interleaved rounds and the median round
-   is reported, because the machine may be shared; each also gets env steps per CPU-second of
-   this process, which hardly depends on what else the machine runs.
+   Python at all per step). Contenders are measured in many short interleaved rounds and the
+   median round is reported, so that on a shared machine every contender sees the same mix of
+   load; each also gets env steps per CPU-second of this process, which hardly depends on what
+   else the machine runs.
 2. Text envs: 256 fake tool envs with 50 ms latency each on the thread backend, driven with
    ``send``/``recv``; ideal concurrency is 256 / 0.05 s = 5120 calls/s.
 
-Usage: python benchmarks/pool.py [--seconds 1.5] [--rounds 5]   (about 2 minutes)
+Usage: python benchmarks/pool.py [--seconds 0.4] [--rounds 20]   (about 2 minutes)
 Prints the setup, each figure, ratios, and one final JSON line.
 """
 
@@ -57,20 +58,15 @@ _ENVS = {}  # contender -> its MujocoVectorEnv, for the report
 BITWISE = tuple(k for k in JAXAGENT if k != "jaxagent_rollout_2thr")
 
 
-def _actions(steps):
-    return np.random.default_rng(0).uniform(-1, 1, (steps, N_ENVS, ACT_DIM)).astype(np.float32)
-
-
-def _timed(step_fn, seconds):
-    """Step with fresh random actions until ``seconds`` pass.
+def _timed(step_fn, seconds, rng):
+    """Step with fresh random actions from ``rng`` until ``seconds`` pass.
 
     Returns (env steps per wall second, env steps per CPU second of this process). The second
     figure counts the work per step and hardly depends on what else the machine runs.
     """
-    rng = np.random.default_rng(0)
     k, start, cpu = 0, time.perf_counter(), time.process_time()
     while True:
-        for _ in range(50):
+        for _ in range(25):
             step_fn(rng.uniform(-1, 1, (N_ENVS, ACT_DIM)).astype(np.float32))
             k += 1
         elapsed = time.perf_counter() - start
@@ -79,28 +75,34 @@ def _timed(step_fn, seconds):
 
 
 def make_contenders():
+    """name -> (measure(seconds) -> (wall rate, CPU rate), close)."""
     import gymnasium as gym
 
     from jaxagent.envs.robot import MujocoVectorEnv
     from jaxagent.pool import ArrayEnvPool
 
+    def timed(step_fn):
+        rng = np.random.default_rng(0)
+        return lambda seconds: _timed(step_fn, seconds, rng)
+
     contenders = {}
     sync = gym.vector.SyncVectorEnv([lambda: gym.make(TASK) for _ in range(N_ENVS)])
     sync.reset(seed=0)
-    contenders["gymnasium_sync8"] = (sync.step, sync.close)
+    contenders["gymnasium_sync8"] = (timed(sync.step), sync.close)
     asyn = gym.vector.AsyncVectorEnv([lambda: gym.make(TASK) for _ in range(N_ENVS)])
     asyn.reset(seed=0)
-    contenders["gymnasium_async8"] = (asyn.step, asyn.close)
-    if _envpool_rate(0.2) is not None:
-        # EnvPool bundles its own MuJoCo build; loading it next to the mujoco package in one
-        # process crashes, so it is measured in a child process (same actions, same timing).
-        contenders["envpool_8env_2thr"] = (None, None)
+    contenders["gymnasium_async8"] = (timed(asyn.step), asyn.close)
+    child = _EnvPoolChild.start()
+    if child is not None:
+        contenders["envpool_8env_2thr"] = (child.measure, child.close)
     for name, kwargs in JAXAGENT.items():
         pool = ArrayEnvPool(MujocoVectorEnv(TASK, N_ENVS, **kwargs), seed=0)
         pool.async_reset()
         pool.recv()
-        contenders[name] = (_pool_stepper(pool), pool.close)
+        contenders[name] = (timed(_pool_stepper(pool)), pool.close)
         _ENVS[name] = pool.env
+    raw = _RawBound()
+    contenders["raw_rollout_bound_2thr"] = (raw.measure, raw.close)
     return contenders
 
 
@@ -116,54 +118,94 @@ def _pool_stepper(pool):
 
 _ENVPOOL_CHILD = """
 import json, sys, time, numpy as np, envpool
-seconds = float(sys.argv[1])
 env = envpool.make("{task}", env_type="gymnasium", num_envs={n}, num_threads=2, batch_size={n})
 env.reset()
 rng = np.random.default_rng(0)
-k, start, cpu = 0, time.perf_counter(), time.process_time()
-while time.perf_counter() - start < seconds:
-    for _ in range(50):
-        env.step(rng.uniform(-1, 1, ({n}, {a})).astype(np.float32)); k += 1
-wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-print(json.dumps([k * {n} / wall, k * {n} / cpu]))
+print("ready", flush=True)
+for line in sys.stdin:
+    seconds = float(line)
+    k, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        for _ in range(25):
+            env.step(rng.uniform(-1, 1, ({n}, {a})).astype(np.float32)); k += 1
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(json.dumps([k * {n} / wall, k * {n} / cpu]), flush=True)
 """
 
 
-def _envpool_rate(seconds):
-    """EnvPool's rate measured in a child process, or None if envpool is not installed."""
-    import subprocess
+class _EnvPoolChild:
+    """EnvPool in a child process, kept alive between rounds and timed there.
 
-    code = _ENVPOOL_CHILD.format(task=TASK, n=N_ENVS, a=ACT_DIM)
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(seconds)], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        print(f"envpool: unavailable ({proc.stderr.strip().splitlines()[-1:]})")
-        return None
-    return tuple(json.loads(proc.stdout.strip().splitlines()[-1]))
+    EnvPool bundles its own MuJoCo build; loading it next to the mujoco package in one process
+    crashes, so it runs in a child (same action draws, same timing loop).
+    """
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    @classmethod
+    def start(cls):
+        import subprocess
+
+        code = _ENVPOOL_CHILD.format(task=TASK, n=N_ENVS, a=ACT_DIM)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if proc.stdout.readline().strip() != "ready":
+            proc.wait()
+            print(f"envpool: unavailable ({proc.stderr.read().strip().splitlines()[-1:]})")
+            return None
+        return cls(proc)
+
+    def measure(self, seconds):
+        self.proc.stdin.write(f"{seconds}\n")
+        self.proc.stdin.flush()
+        return tuple(json.loads(self.proc.stdout.readline()))
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
-def raw_rollout_bound(seconds):
-    import mujoco
-    from mujoco import rollout
+class _RawBound:
+    """The physics bound: one open-loop ``mujoco.rollout`` of 8 envs on 2 threads, no Python."""
 
-    from jaxagent.envs.robot.tasks import get_task, gymnasium_asset
+    def __init__(self):
+        import mujoco
+        from mujoco import rollout
 
-    spec = get_task(TASK)
-    m = mujoco.MjModel.from_xml_path(gymnasium_asset(spec.xml))
-    d = mujoco.MjData(m)
-    full = mujoco.mjtState.mjSTATE_FULLPHYSICS
-    state = np.zeros((N_ENVS, mujoco.mj_stateSize(m, full)))
-    for i in range(N_ENVS):
-        mujoco.mj_getState(m, d, state[i], full)
-    steps = max(100, int(seconds * 8000))
-    ctrl = np.repeat(_actions(steps).transpose(1, 0, 2), spec.frame_skip, axis=1)
-    with rollout.Rollout(nthread=2) as r:
-        datas = [mujoco.MjData(m) for _ in range(2)]
+        from jaxagent.envs.robot.tasks import get_task, gymnasium_asset
+
+        spec = get_task(TASK)
+        self.frame_skip = spec.frame_skip
+        self.model = m = mujoco.MjModel.from_xml_path(gymnasium_asset(spec.xml))
+        full = mujoco.mjtState.mjSTATE_FULLPHYSICS
+        self.state = np.zeros((N_ENVS, mujoco.mj_stateSize(m, full)))
+        d = mujoco.MjData(m)
+        for i in range(N_ENVS):
+            mujoco.mj_getState(m, d, self.state[i], full)
+        self.rollout = rollout.Rollout(nthread=2)
+        self.datas = [mujoco.MjData(m) for _ in range(2)]
+        self.rng, self.rate = np.random.default_rng(0), 30000.0  # rate: sizes the next call
+
+    def measure(self, seconds):
+        steps = max(50, int(seconds * self.rate / N_ENVS))
+        ctrl = self.rng.uniform(-1, 1, (N_ENVS, steps, ACT_DIM))
+        ctrl = np.repeat(ctrl, self.frame_skip, axis=1)
         start, cpu = time.perf_counter(), time.process_time()
-        r.rollout([m] * N_ENVS, datas, state, ctrl, nstep=steps * spec.frame_skip)
+        self.rollout.rollout(
+            [self.model] * N_ENVS, self.datas, self.state, ctrl, nstep=steps * self.frame_skip
+        )
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        return N_ENVS * steps / wall, N_ENVS * steps / cpu
+        self.rate = N_ENVS * steps / wall
+        return self.rate, N_ENVS * steps / cpu
+
+    def close(self):
+        self.rollout.close()
 
 
 def text_env_throughput(num_envs=256, latency_s=0.05, seconds=3.0):
@@ -189,8 +231,8 @@ def text_env_throughput(num_envs=256, latency_s=0.05, seconds=3.0):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=1.5, help="per contender per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=0.4, help="per contender per round")
+    parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     import gymnasium
     import mujoco
@@ -202,17 +244,11 @@ def main():
         f"{args.rounds} interleaved rounds x {args.seconds}s, median reported"
     )
     contenders = make_contenders()
-    contenders["raw_rollout_bound_2thr"] = (None, None)  # no Python per step: physics only
     rates = {name: [] for name in contenders}
     cpu_rates = {name: [] for name in contenders}
     for _ in range(args.rounds):
-        for name, (step, _) in contenders.items():
-            if name == "raw_rollout_bound_2thr":
-                wall, cpu = raw_rollout_bound(args.seconds)
-            elif step is None:
-                wall, cpu = _envpool_rate(args.seconds)
-            else:
-                wall, cpu = _timed(step, args.seconds)
+        for name, (measure, _) in contenders.items():
+            wall, cpu = measure(args.seconds)
             rates[name].append(wall)
             cpu_rates[name].append(cpu)
     engine = _ENVS["jaxagent_pool_2thr"].engine
@@ -220,11 +256,10 @@ def main():
     choice = {
         "final_layout": layout[engine.active],
         "switches": engine.switches,
-        "last_window_median_us": [m and round(m / 1e3, 1) for m in engine.chooser.median],
+        "last_window_mean_us": [m and round(m / 1e3, 1) for m in engine.chooser.mean],
     }
     for _, close in contenders.values():
-        if close is not None:
-            close()
+        close()
     med = {name: statistics.median(v) for name, v in rates.items()}
     # AsyncVectorEnv works in child processes, invisible to process_time: no CPU figure.
     cpu_med = {n: statistics.median(v) for n, v in cpu_rates.items() if n != "gymnasium_async8"}
@@ -233,8 +268,8 @@ def main():
     for name, v in med.items():
         tag = " (bitwise Gymnasium)" if name in BITWISE else ""
         print(
-            f"{name:>26}: {v:8.0f} env steps/s{tag}; rounds: "
-            f"{', '.join(f'{x:.0f}' for x in rates[name])}; "
+            f"{name:>26}: {v:8.0f} env steps/s{tag}; rounds p10/p90: "
+            f"{np.percentile(rates[name], 10):.0f}/{np.percentile(rates[name], 90):.0f}; "
             + (f"{cpu_med[name]:.0f} per CPU-second" if name in cpu_med else "CPU: n/a")
         )
     ratios = {
@@ -242,8 +277,20 @@ def main():
         for k, v in med.items()
         if not k.startswith(("jaxagent", "raw"))
     }
+    # Per-round ratios: both sides of each measured seconds apart, under the same load.
+    per_round = {
+        "vs_gymnasium_sync8": np.divide(rates["jaxagent_pool_2thr"], rates["gymnasium_sync8"]),
+        "fraction_of_bound": np.divide(
+            rates["jaxagent_pool_2thr"], rates["raw_rollout_bound_2thr"]
+        ),
+    }
+    per_round = {k: float(np.median(v)) for k, v in per_round.items()}
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
+    print(
+        f"median per-round ratios: vs Sync8 {per_round['vs_gymnasium_sync8']:.2f}x, "
+        f"fraction of the raw bound {per_round['fraction_of_bound']:.2f}"
+    )
     best_bitwise = max(BITWISE, key=med.get)
     best = max((k for k in med if k.startswith("jaxagent")), key=med.get)
     print(
@@ -255,8 +302,8 @@ def main():
     )
     print(
         f"default engine's layout choice: ended on {choice['final_layout']} after "
-        f"{choice['switches']} switches; last timed window per layout (median us per step: "
-        f"MuJoCo's pool, Python threads, one thread): {choice['last_window_median_us']}"
+        f"{choice['switches']} switches; last timed window per layout (mean us per step: "
+        f"MuJoCo's pool, Python threads, one thread): {choice['last_window_mean_us']}"
     )
     text_rate, ideal, snap = text_env_throughput(seconds=max(2.0, args.seconds))
     eff = text_rate / ideal
@@ -274,6 +321,7 @@ def main():
         "raw_rollout_bound_steps_s": round(bound),
         **{k: round(v, 3) for k, v in ratios.items()},
         "fraction_of_physics_bound": round(ours / bound, 3),
+        "median_round_ratios": {k: round(v, 3) for k, v in per_round.items()},
         "best_bitwise_engine": best_bitwise,
         "default_engine_layout": choice,
         "text_calls_s": round(text_rate),
