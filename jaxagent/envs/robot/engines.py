@@ -10,10 +10,12 @@ Every engine exposes the same small surface to the vector env:
     then ``mj_forward``, as Gymnasium's ``MujocoEnv.reset``.
 
 ``BatchEngine`` (``mujoco.batch``, MuJoCo >= 4.0): every env's full integration state, solver
-  warm start included, is one row of a state table; one C call steps the selected rows on a C
-  thread pool (the GIL is released), bit-identical to ``mj_step`` on one ``MjData`` per env.
-  No Python per env. Gymnasium-exact for the tasks whose readings are state (HalfCheetah,
-  Hopper); not for Ant, whose ``cfrc_ext`` needs ``mj_rnePostConstraint`` after the step.
+  warm start included, is one row of a state table; one C call steps a chunk of rows (the GIL
+  is released), bit-identical to ``mj_step`` on one ``MjData`` per env. No Python per env.
+  The chunks run on MuJoCo's C pool, on Python threads, or on the calling thread alone
+  (``_Layout``), whichever is fastest on the machine as it is (``_Chooser``). Gymnasium-exact
+  for the tasks whose readings are state (HalfCheetah, Hopper); not for Ant, whose
+  ``cfrc_ext`` needs ``mj_rnePostConstraint`` after the step.
 ``ThreadEngine``: one ``MjData`` per env, ``mj_step`` per env on a small team of Python threads
   (the bindings release the GIL in ``mj_step``). Gymnasium-exact for every task, Ant included.
 ``RolloutEngine``: one ``mujoco.rollout`` call per step from a state vector WITHOUT the solver
