@@ -36,6 +36,14 @@ from jaxagent.envs.robot.tasks import TaskSpec, get_task, gymnasium_asset
 ENGINES = ("batch", "threads", "rollout")
 
 
+def _has_mujoco_batch() -> bool:
+    try:
+        from mujoco import batch  # noqa: F401  (MuJoCo >= 4.0)
+    except ImportError:
+        return False
+    return True
+
+
 class MujocoVectorEnv:
     """Batched Gymnasium-v5 locomotion (``ArrayEnv``): HalfCheetah-v5, Hopper-v5, Ant-v5.
 
@@ -44,7 +52,8 @@ class MujocoVectorEnv:
       num_envs: batch size N.
       num_threads: physics threads (the calling thread is one of them).
       max_episode_steps: truncation limit (Gymnasium's TimeLimit default: 1000).
-      engine: one of ``ENGINES``; None picks "batch", or "threads" for tasks reading cfrc_ext.
+      engine: one of ``ENGINES``; None picks "batch", or "threads" for tasks reading cfrc_ext
+        and where MuJoCo is older than 4.0 (no ``mujoco.batch``).
       chunks: "batch" engine only. K>1: the envs as K ``mujoco.batch`` chunks, each stepped in
         one C call by one of ``num_threads`` Python threads (nothing spins). 1: one ``Batch``
         on MuJoCo's own C thread pool, whose workers spin between calls (the cheapest hand-off
@@ -66,7 +75,8 @@ class MujocoVectorEnv:
             raise ValueError(f"num_envs={num_envs} must be >= 1")
         self.spec: TaskSpec = get_task(task)
         if engine is None:
-            engine = "threads" if self.spec.needs_cfrc_ext else "batch"
+            batch_ok = _has_mujoco_batch() and not self.spec.needs_cfrc_ext
+            engine = "batch" if batch_ok else "threads"
         if engine not in ENGINES:
             raise ValueError(
                 f"engine={engine!r}; choose one of {ENGINES} ('batch' and 'threads' are "
@@ -76,6 +86,11 @@ class MujocoVectorEnv:
             raise ValueError(
                 f"chunks={chunks} with engine={engine!r}: chunks is a positive int, and only "
                 "for engine='batch'"
+            )
+        if engine == "batch" and not _has_mujoco_batch():
+            raise ValueError(
+                f"engine='batch' needs mujoco.batch (MuJoCo >= 4.0; installed "
+                f"{mujoco.__version__}); upgrade mujoco or use engine='threads'"
             )
         if engine != "threads" and self.spec.needs_cfrc_ext:
             raise ValueError(
