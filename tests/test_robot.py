@@ -157,3 +157,14 @@ def test_chooser_settles_on_the_fastest_layout_and_follows_a_change_of_load():
         assert sum(u == fast for u in used[-400:]) >= 0.8 * 400
         assert chooser.home == fast
     assert set(used) == {0, 1, 2}
+
+
+def test_without_mujoco_batch_the_default_is_threads_and_batch_names_the_fix(monkeypatch):
+    import jaxagent.envs.robot.vector as vector
+
+    monkeypatch.setattr(vector, "_has_mujoco_batch", lambda: False)
+    env = MujocoVectorEnv("HalfCheetah-v5", num_envs=2)
+    assert env.engine_name == "threads"
+    env.close()
+    with pytest.raises(ValueError, match=r"MuJoCo >= 4.0.*engine='threads'"):
+        MujocoVectorEnv("HalfCheetah-v5", num_envs=2, engine="batch")
