@@ -157,6 +157,16 @@ def test_chooser_settles_on_the_fastest_layout_and_follows_a_change_of_load():
         assert sum(u == fast for u in used[-400:]) >= 0.8 * 400
         assert chooser.home == fast
     assert set(used) == {0, 1, 2}
+    # A pause of the caller (a training update between rollouts) in every window of layout 2
+    # is not a slow layout: it stays in use although the others are now as fast.
+    timed_on_2 = 0
+    for _ in range(400):
+        if chooser.current == 2:
+            timed_on_2 += 1
+            chooser.record(10**9 if timed_on_2 % 8 == 5 else 100)
+        else:
+            chooser.record(100)
+    assert chooser.home == 2
 
 
 def test_without_mujoco_batch_the_default_is_threads_and_batch_names_the_fix(monkeypatch):

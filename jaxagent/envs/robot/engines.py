@@ -123,7 +123,8 @@ class _Chooser:
     All layouts give bit-identical results, so only speed is at stake, and it depends on how
     many cores are free (MuJoCo's spinning pool wins on an idle machine, Python threads or a
     single thread on a busy one). Each layout is timed over ``window`` steps (the mean, since
-    throughput is what counts, of all but the first quarter, a warm-up); every ``period``
+    throughput is what counts, of all but the first quarter, a warm-up, leaving out pauses of
+    the caller); every ``period``
     steps the next other layout is tried again, and kept if it is at least 5% faster than the
     current one's last window.
     """
@@ -140,7 +141,10 @@ class _Chooser:
         self._times.append(ns)
         if len(self._times) < self.window:
             return self.current
-        mean = float(np.mean(self._times[self.window // 4 :]))
+        times = np.asarray(self._times[self.window // 4 :], np.float64)
+        # Cycles over 4x the median are pauses of the caller (a training update, a benchmark
+        # timing other contenders), not costs of this layout.
+        mean = float(times[times <= 4 * np.median(times)].mean())
         self._times.clear()
         self.mean[self.current] = mean
         if self.current != self.home:  # a probe just ended
