@@ -47,8 +47,9 @@ class TaskSpec:
 
 
 def _ctrl_cost(r, weight):
-    # Same dtype path as Gymnasium: np.square of the action as given, then sum.
-    return weight * np.sum(np.square(r["action"]), axis=1)
+    # Same dtype path as Gymnasium: np.square of the action as given, then sum (np.sum is
+    # np.add.reduce behind ~2 us of Python dispatch, a tenth of a batched step's overhead).
+    return weight * np.add.reduce(np.square(r["action"]), axis=1)
 
 
 def _velocity(r):
