@@ -7,8 +7,10 @@ whatever N is.
 
 Engines (``engine=``):
   ``"batch"`` (default where available): ``mujoco.batch`` steps every env's full integration
-    state, solver warm start included, in ONE C call on a C thread pool; bit-identical to
-    Gymnasium (tested step by step). HalfCheetah-v5 and Hopper-v5.
+    state, solver warm start included, in one C call per chunk of envs (no Python per env),
+    on MuJoCo's C pool, Python threads or the calling thread, whichever is fastest on the
+    machine as it is; bit-identical to Gymnasium (tested step by step). HalfCheetah-v5 and
+    Hopper-v5; needs MuJoCo >= 4.0.
   ``"threads"``: one ``MjData`` per env and ``mj_step`` per env on Python threads (the GIL is
     released inside); bit-identical to Gymnasium. Every task; the default for Ant-v5, whose
     observation reads ``cfrc_ext`` (computed by ``mj_rnePostConstraint`` after the step).
@@ -57,9 +59,9 @@ class MujocoVectorEnv:
       chunks: "batch" engine only. K>1: the envs as K ``mujoco.batch`` chunks, each stepped in
         one C call by one of ``num_threads`` Python threads (nothing spins). 1: one ``Batch``
         on MuJoCo's own C thread pool, whose workers spin between calls (the cheapest hand-off
-        when a core is free, CPU taken from everyone else when none is). None: both, the
-        faster one picked from timings and re-checked every ~2000 steps (engines.py); results
-        are bit-identical whichever runs.
+        when a core is free, CPU taken from everyone else when none is). None: those two and
+        the calling thread alone, the fastest picked from timings and re-checked every ~4000
+        steps (engines.py); results are bit-identical whichever runs.
     """
 
     def __init__(
