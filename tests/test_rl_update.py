@@ -128,9 +128,9 @@ def test_ppo_with_critic_fits_values():
 
 
 def test_lean_logprob_fn_matches_logits_path():
-    # Block remat + chunked vocabulary head (chunk 3 does not divide T - 1 = 11; the first
-    # chunk holds prompt tokens only and is skipped) must give the same log-probs, entropies,
-    # values and gradients on the loss tokens as the plain logits path.
+    # Block remat + the head over blocks of 3 loss positions (prompt positions skipped) must
+    # give the same log-probs, entropies, values and gradients on the loss tokens as the
+    # plain logits path.
     from jaxagent.models import ModelConfig, init_model
     from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.rl.vocab_head import checkpoint_in_backward, vocab_chunked_logprobs
+from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 from test_rl_common import max_abs_diff, on_policy_batch
 
 
@@ -16,8 +16,8 @@ def direct_logprobs(h, w, targets, tied):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("chunk", [7, 16, 37, 100])  # 7 and 16 do not divide V = 37
-def test_vocab_chunked_head_matches_log_softmax(tied, chunk):
+@pytest.mark.parametrize("chunk,rows", [(7, 5), (16, 13), (37, 4), (100, 64)])  # V = 37, N = 13
+def test_chunked_head_matches_log_softmax(tied, chunk, rows):
     k = jax.random.split(jax.random.key(0), 5)
     n, d, v = 13, 8, 37
     h = 2.0 * jax.random.normal(k[0], (n, d))
@@ -31,11 +31,36 @@ def test_vocab_chunked_head_matches_log_softmax(tied, chunk):
             return jnp.sum(a * lp + b * ent), (lp, ent)
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
 
-    (_, out_c), g_c = objective(lambda h, w: vocab_chunked_logprobs(h, w, targets, chunk, tied))(h, w)
+    (_, out_c), g_c = objective(lambda h, w: chunked_head_logprobs(h, w, targets, None, rows, chunk, tied))(h, w)
     (_, out_d), g_d = objective(lambda h, w: direct_logprobs(h, w, targets, tied))(h, w)
     for x, y in zip(out_c + g_c, out_d + g_d):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
     assert float(jnp.abs(g_d[1]).max()) > 1e-2  # the head gradient is not trivially zero
+
+
+def test_chunked_head_skips_masked_out_rows():
+    # Rows outside the mask: 0 out, no gradient; rows inside: exact, wherever they sit
+    # (blocks of 4 rows after the masked-in rows are gathered to the front).
+    k = jax.random.split(jax.random.key(2), 4)
+    n, d, v = 23, 8, 37
+    h, w = jax.random.normal(k[0], (n, d)), jax.random.normal(k[1], (d, v))
+    targets = jax.random.randint(k[2], (n,), 0, v)
+    mask = jax.random.uniform(k[3], (n,)) < 0.4
+    assert 0 < int(mask.sum()) < n
+
+    def f(fn):
+        def obj(h, w):
+            lp, ent = fn(h, w)
+            return jnp.sum(jnp.where(mask, lp + 0.5 * ent, 0.0)), (lp, ent)
+        return jax.jit(jax.value_and_grad(obj, argnums=(0, 1), has_aux=True))
+
+    (_, (lp, ent)), (gh, gw) = f(lambda h, w: chunked_head_logprobs(h, w, targets, mask, 4, 16))(h, w)
+    (_, (lp_d, ent_d)), (gh_d, gw_d) = f(lambda h, w: direct_logprobs(h, w, targets, False))(h, w)
+    np.testing.assert_allclose(lp, jnp.where(mask, lp_d, 0.0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ent, jnp.where(mask, ent_d, 0.0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gh, gh_d, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw, gw_d, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(gh[~mask]).max()) == 0.0
 
 
 def _mlp_block(params, x, scale):
@@ -69,16 +94,18 @@ def test_checkpoint_in_backward_gradients_and_memory():
 
 
 def test_lean_logprob_fn_vocab_chunks_match_logits_path():
-    # The default lean path (block remat, vocabulary-chunked head, 48 does not divide V =
-    # 128) against the plain logits path, tied and untied, values included.
+    # The lean path (block remat, head over blocks of 5 positions and chunks of 48 vocabulary
+    # entries, neither dividing) against the plain logits path, tied and untied, values
+    # included, with and without skipping the positions that carry no loss.
     from jaxagent.models import ModelConfig, init_model
     from jaxagent.rl.model_fns import logits_logprob_fn, model_apply_fn, model_logprob_fn
 
-    for tied in (False, True):
+    for tied, skip in ((False, False), (True, False), (False, True)):
         cfg = ModelConfig.test(num_layers=2, value_head=True, tie_embeddings=tied)
         graphdef, params = init_model(cfg, jax.random.key(0))
         plain = logits_logprob_fn(model_apply_fn(graphdef))
-        lean = model_logprob_fn(graphdef, vocab_chunk=48)
+        lean = model_logprob_fn(graphdef, head_chunk=5, vocab_chunk=48,
+                                skip_unmasked_chunks=skip)
         batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=4)
         args = (batch.tokens, batch.positions, batch.segment_ids)
         m = batch.loss_mask

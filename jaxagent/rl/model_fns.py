@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxagent.rl.losses import token_logprobs_and_entropy
-from jaxagent.rl.vocab_head import checkpoint_in_backward, vocab_chunked_logprobs
+from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
 LogprobFn = Callable[..., tuple[jax.Array, jax.Array, Optional[jax.Array]]]
 
@@ -56,15 +56,7 @@ def logits_logprob_fn(apply_fn: Callable) -> LogprobFn:
     return logprob_fn
 
 
-def _head_chunk_stats(logits_fn, h_chunk, next_tokens):
-    """log p and entropy of ``next_tokens`` [B, C] under ``logits_fn(h_chunk [B, C, D])``."""
-    logp_all = jax.nn.log_softmax(logits_fn(h_chunk).astype(jnp.float32), axis=-1)
-    lp = jnp.take_along_axis(logp_all, next_tokens[..., None], axis=-1)[..., 0]
-    ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-    return lp, ent
-
-
-def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32,
+def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 1024,
                      skip_unmasked_chunks: bool = False, vocab_chunk: int = 4096) -> LogprobFn:
     """Memory-lean ``logprob_fn(params, tokens, positions, segment_ids) -> (logp, entropy,
     values)`` for a jaxagent model (see module docstring).
@@ -73,15 +65,13 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32,
       graphdef: from ``jaxagent.models.init_model`` / ``load_hf``.
       remat: recompute each block in the backward pass instead of storing its activations
         (``checkpoint_in_backward``: the recomputation is ordered after the cotangent).
-      head_chunk: positions per head chunk, used only with ``skip_unmasked_chunks``.
-      skip_unmasked_chunks: with a ``loss_mask`` given, chunk the head over positions and
-        skip at run time (``lax.cond``) the chunks that hold no loss token in any row
-        (prompts, observations); their log-probs and entropies come back as 0. Saves compute
-        (the rl_step benchmark: prompts are half of each row) but keeps a whole head-gradient
-        accumulator per chunk, so it is off by default.
-      vocab_chunk: otherwise the head runs over all positions at once, over chunks of this
-        many vocabulary entries (``vocab_chunked_logprobs``: no [T, V] logits, the head's
-        gradient written in place).
+      head_chunk: predicted positions (over all rows) per block of the vocabulary head.
+      skip_unmasked_chunks: with a ``loss_mask`` given, the head runs only over the
+        positions that predict a loss token (blocks of them, selected at run time); the
+        others' log-probs and entropies come back as 0. Saves compute when prompts or
+        observations are a large part of each row (the rl_step benchmark: half).
+      vocab_chunk: vocabulary entries per head chunk (``chunked_head_logprobs``: no [T, V]
+        logits, the head's gradient written in place).
 
     The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it).
     """
@@ -94,47 +84,15 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 32,
         # Only the head weight enters the head computation (mirrors Transformer.logits).
         tied = model.config.tie_embeddings
         w = model.embed[...] if tied else model.lm_head[...]
-        if loss_mask is None or not skip_unmasked_chunks:
-            # Position t predicts token t + 1.
-            lp, ent = vocab_chunked_logprobs(h[:, :-1].reshape(b * (t - 1), -1), w,
-                                             tokens[:, 1:].reshape(-1), vocab_chunk, tied)
-            lp, ent = lp.reshape(b, t - 1), ent.reshape(b, t - 1)
-        else:
-            lp, ent = _skipping_position_chunks(h, w, tokens, loss_mask, head_chunk, tied, remat)
+        rows = None
+        if loss_mask is not None and skip_unmasked_chunks:
+            rows = (loss_mask[:, 1:] > 0).reshape(-1)
+        # Position t predicts token t + 1.
+        lp, ent = chunked_head_logprobs(h[:, :-1].reshape(b * (t - 1), -1), w,
+                                        tokens[:, 1:].reshape(-1), rows, head_chunk,
+                                        vocab_chunk, tied)
         zero = jnp.zeros((b, 1), jnp.float32)
-        return (jnp.concatenate([zero, lp], axis=1), jnp.concatenate([zero, ent], axis=1), values)
+        return (jnp.concatenate([zero, lp.reshape(b, t - 1)], axis=1),
+                jnp.concatenate([zero, ent.reshape(b, t - 1)], axis=1), values)
 
     return logprob_fn
-
-
-def _skipping_position_chunks(h, w, tokens, loss_mask, head_chunk, tied, remat):
-    """(logp, entropy) [B, T - 1] over chunks of ``head_chunk`` positions; chunks without a
-    loss token in any row skip the vocabulary head (``lax.cond``) and give 0."""
-    b, t = tokens.shape
-    n = t - 1
-    c = max(1, min(head_chunk, n))
-    pad = (-n) % c
-    h_pred = jnp.pad(h[:, :-1], ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
-    hs = h_pred.reshape(b, -1, c, h.shape[-1]).swapaxes(0, 1)  # [n_chunks, B, C, D]
-    ts = targets.reshape(b, -1, c).swapaxes(0, 1)  # [n_chunks, B, C]
-    m = jnp.pad(loss_mask[:, 1:], ((0, 0), (0, pad))).reshape(b, -1, c)
-    needed = jnp.any(m > 0, axis=(0, 2))  # [n_chunks]
-
-    def chunk(w, hc, tc):
-        eq = "bcd,vd->bcv" if tied else "bcd,dv->bcv"
-        logits_fn = lambda x: jnp.einsum(eq, x, w.astype(x.dtype),
-                                         preferred_element_type=jnp.float32)
-        return _head_chunk_stats(logits_fn, hc, tc)
-
-    chunk_fn = jax.checkpoint(chunk) if remat else chunk
-
-    def one(xs):
-        hc, tc, need = xs
-        zeros = jnp.zeros(tc.shape, jnp.float32)
-        return jax.lax.cond(need, lambda: chunk_fn(w, hc, tc), lambda: (zeros, zeros))
-
-    lp, ent = jax.lax.map(one, (hs, ts, needed))
-    lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
-    ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
-    return lp, ent
