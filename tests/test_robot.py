@@ -58,7 +58,7 @@ def test_matches_gymnasium_sync_vector_env(task, engine, steps):
         flags["terminated"] += term.sum()
         flags["truncated"] += trunc.sum()
     if engine == "batch" and not chunks:
-        assert ours.engine.switches >= steps // 12  # full-batch steps only are timed
+        assert ours.engine.switches >= steps // 8
     if task != "HalfCheetah-v5":
         assert flags["terminated"] > 0  # the autoreset path was exercised
     else:

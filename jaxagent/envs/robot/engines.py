@@ -118,7 +118,7 @@ class _Layout:
 
 
 class _Chooser:
-    """Picks the fastest of several layouts from the wall time per full-batch step, re-checked.
+    """Picks the fastest of several layouts from the wall time per step cycle, re-checked.
 
     All layouts give bit-identical results, so only speed is at stake, and it depends on how
     many cores are free (MuJoCo's spinning pool wins on an idle machine, Python threads or a
@@ -137,7 +137,7 @@ class _Chooser:
         self._since_probe, self._next = 0, 0
 
     def record(self, ns: int) -> int:
-        """Record one full-batch step of ``current``; return the layout for the next step."""
+        """Record one step cycle of ``current``; return the layout for the next step."""
         self._times.append(ns)
         if len(self._times) < self.window:
             return self.current
@@ -193,14 +193,15 @@ class BatchEngine:
         self.plans = plans
         self.chooser = _Chooser(len(plans)) if len(plans) > 1 else None
         self.active, self.switches = 0, 0
-        self._last: int | None = None  # start of the last full-batch step (chooser timing)
+        self._last: int | None = None  # start of the last step (chooser timing)
         self.qpv = np.zeros((num_envs, model.nq + model.nv))
         self.layouts[0].read_qpv(self.qpv)
 
     def step(self, actions: np.ndarray, ids: np.ndarray | None) -> None:
         if self.chooser is not None:
-            # Timed: the cycle from one full-batch step to the next, which includes what the
-            # caller does in between (spinning pool workers slow that down on a busy machine).
+            # Timed: the cycle from one step to the next, which includes what the caller does
+            # in between (spinning pool workers slow that down on a busy machine) and steps of
+            # a subset of envs (next-step autoresets), as the workload mixes them.
             now = time.perf_counter_ns()
             if self._last is not None:
                 nxt = self.chooser.record(now - self._last)
@@ -208,7 +209,7 @@ class BatchEngine:
                     self.layouts[nxt].copy_state_from(self.layouts[self.active])
                     self.active = nxt
                     self.switches += 1
-            self._last = now if ids is None else None
+            self._last = now
         layout = self.layouts[self.active]
         layout.step(actions, ids)
         layout.read_qpv(self.qpv)
