@@ -158,14 +158,20 @@ class RLSection:
 
     ``overrides`` takes any ``RLConfig`` field (learning_rate, num_epochs, minibatch_size,
     clip_eps_low, lora_rank, ...). The group size is ``rollout.samples_per_task`` when that is
-    set, else the recipe's ``group_size``.
+    set, else the recipe's ``group_size``. ``lr_schedule`` decays the recipe's learning rate
+    over the run's ``train.iterations`` (the trainer builds the optimiser; the recipes' own
+    optimiser is constant after warm-up).
     """
 
     recipe: str = "loop"  # loop, grpo, dr_grpo, dapo, ppo, rloo, reinforce, rft
     overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)  # RLConfig fields
+    lr_schedule: str = "constant"  # after the recipe's warm-up: constant, linear or cosine decay
+    lr_final_ratio: float = 0.1  # decayed schedules end at this fraction of the peak LR
 
     def __post_init__(self):
         self.build()  # validates the recipe name and every override
+        _choice("rl.lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
+        _prob("rl.lr_final_ratio", self.lr_final_ratio)
 
     def build(self, group_size: int = 0):
         """The recipe's ``RLConfig`` with the overrides (and the group size) applied."""
@@ -217,9 +223,14 @@ class EvalSection:
     num_tasks: int = 100  # held-out tasks per evaluation
     temperature: float = 1.0  # evaluation sampling temperature (0 = greedy)
     samples_per_task: int = 1  # samples per held-out task
+    # Validation tasks carved from the train split (never trained on) for model selection: when
+    # > 0 the periodic evaluations run on them, the test split is evaluated at the start, the
+    # end and on the best-validation checkpoint, and the summary reports both.
+    val_tasks: int = 0
 
     def __post_init__(self):
         _positive("eval.every", self.every, allow_zero=True)
+        _positive("eval.val_tasks", self.val_tasks, allow_zero=True)
         _positive("eval.num_tasks", self.num_tasks)
         _positive("eval.temperature", self.temperature, allow_zero=True)
         _positive("eval.samples_per_task", self.samples_per_task)

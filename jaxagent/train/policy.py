@@ -12,10 +12,13 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from jaxagent.agents.sampling import ReferenceSampler, SamplingParams, TurnSampler
 from jaxagent.models import ModelConfig, apply_model, init_model, load_hf, token_logprobs
-from jaxagent.train.config import ModelSection
+from jaxagent.rl.recipes import RLConfig
+from jaxagent.rl.train_state import clip_by_global_norm_scaled, make_optimizer
+from jaxagent.train.config import Config, ModelSection
 
 
 def model_config(section: ModelSection, tokenizer) -> ModelConfig:
@@ -77,3 +80,40 @@ def make_turn_sampler(graphdef, sampling: SamplingParams, max_len: int, kind: st
 
         return CachedTurnSampler(graphdef, sampling, max_len)
     return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len)
+
+
+def rl_optimizer(rl: RLConfig, schedule: str, total_steps: int,
+                 final_ratio: float = 0.1) -> optax.GradientTransformation:
+    """The recipe's optimiser (AdamW, global-norm clipping, linear warm-up) with the learning
+    rate decayed after the warm-up: "constant" is exactly ``jaxagent.rl.make_optimizer``;
+    "linear" / "cosine" reach ``final_ratio * learning_rate`` at ``total_steps`` (the run's
+    optimiser steps) and stay there.
+    """
+    if schedule == "constant":
+        return make_optimizer(rl)
+    if schedule not in ("linear", "cosine"):
+        raise ValueError(f"lr schedule {schedule!r}: choose constant, linear or cosine")
+    peak, warm = rl.learning_rate, rl.warmup_steps
+    decay_steps = max(1, total_steps - warm)
+    if schedule == "linear":
+        decay = optax.linear_schedule(peak, peak * final_ratio, decay_steps)
+    else:
+        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=final_ratio)
+    lr = decay if warm <= 0 else optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, warm), decay], [warm])
+    adamw = optax.adamw(lr, b1=rl.adam_b1, b2=rl.adam_b2, eps=rl.adam_eps,
+                        weight_decay=rl.weight_decay)
+    if rl.max_grad_norm is None:
+        return adamw
+    return optax.chain(clip_by_global_norm_scaled(rl.max_grad_norm), adamw)
+
+
+def run_optimizer(config: Config) -> optax.GradientTransformation:
+    """The RL optimiser of a run: ``rl_optimizer`` over the run's optimiser steps (every
+    iteration takes ``num_epochs * ceil(tasks * samples / minibatch_size)`` steps). The trainer
+    and ``load_policy`` build it alike, so checkpoints restore into the same state layout."""
+    rl = config.rl_config()
+    episodes = config.rollout.tasks_per_iteration * rl.group_size
+    steps_per_iteration = rl.num_epochs * -(-episodes // rl.minibatch_size)
+    return rl_optimizer(rl, config.rl.lr_schedule, steps_per_iteration * config.train.iterations,
+                        config.rl.lr_final_ratio)

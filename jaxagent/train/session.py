@@ -16,7 +16,7 @@ import jax
 from jaxagent.rl.train_state import TrainState
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.config import Config, load_config
-from jaxagent.train.policy import build_model
+from jaxagent.train.policy import build_model, run_optimizer
 from jaxagent.train.tokenizer import load_tokenizer_dir
 
 
@@ -53,7 +53,7 @@ def load_policy(checkpoint: str | Path, step: Optional[int] = None) -> LoadedPol
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {str(run_dir / 'checkpoints')!r}")
     rl = config.rl_config()
-    template = TrainState.create(like, rl, jax.random.key(0),
+    template = TrainState.create(like, rl, jax.random.key(0), optimizer=run_optimizer(config),
                                  ref_params=like if rl.needs_reference else None)
     state, meta = ckpt.restore(step, template)
     ckpt.close()

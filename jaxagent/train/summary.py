@@ -79,6 +79,14 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
     }
     if "sft" in extra:
         summary["expert_success"] = round(float(extra["sft"]["sft/expert_success"]), 4)
+    best = extra.get("best_val")
+    if best:  # model selection on the validation tasks (carved from train), tested once
+        summary.update({
+            "success_best_val": round(float(best["test"]["success"]), 4),
+            "best_val_iteration": int(best["iteration"]),
+            "best_val_success": round(float(best["val_success"]), 4),
+            "val_curve": [[int(v["iteration"]), round(float(v["success"]), 4)]
+                          for v in extra.get("val", [])]})
     rows = [
         ("held-out success", f"{before['success']:.3f}", f"{after['success']:.3f}"),
         ("avg steps (turns)", f"{before['avg_steps']:.2f}", f"{after['avg_steps']:.2f}"),
@@ -87,6 +95,10 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         ("env errors", str(int(before.get("env_errors", 0))),
          str(int(after.get("env_errors", 0)))),
     ]
+    if best:
+        rows.append((f"held-out success of the best-validation checkpoint (iter "
+                     f"{best['iteration']}, val {best['val_success']:.3f})", "",
+                     f"{best['test']['success']:.3f}"))
     title = (f"{cfg.name} (seed {cfg.train.seed}): {len(trainer.eval_tasks)} held-out "
              f"{cfg.env.name} tasks, {cfg.rl.recipe} for {after['iteration']} iterations")
     trainer.echo(_table(rows, title))
@@ -96,6 +108,6 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         trainer.echo(f"learning curve: {png}")
     (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     trainer.echo(json.dumps({k: summary[k] for k in (
-        "success_before_rl", "success_after_rl", "avg_steps", "wall_s", "seed",
-        "env_errors_after_rl")}))
+        "success_before_rl", "success_after_rl", "success_best_val", "best_val_iteration",
+        "avg_steps", "wall_s", "seed", "env_errors_after_rl") if k in summary}))
     return summary

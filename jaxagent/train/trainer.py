@@ -28,13 +28,13 @@ from jaxagent.agents.runner import InlineRunner
 from jaxagent.agents.sampling import SamplingParams
 from jaxagent.eval.report import summarize
 from jaxagent.rl.train_state import TrainState
-from jaxagent.rl.update import make_update_step, model_apply_fn
+from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train import progress as P
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
 from jaxagent.train.envs import get_env_spec
 from jaxagent.train.metrics_log import MetricsLogger
-from jaxagent.train.policy import build_model, make_logprob_fn, make_turn_sampler
+from jaxagent.train.policy import build_model, make_logprob_fn, make_turn_sampler, run_optimizer
 from jaxagent.train.sft import expert_episodes, run_sft
 from jaxagent.train.tokenizer import ChatFormat, build_tokenizer, build_word_tokenizer
 from jaxagent.train.tokenizer import load_tokenizer_dir
@@ -101,6 +101,18 @@ class Trainer:
         source = self.spec.make_source()
         self.train_tasks = list(source.tasks(config.env.train_split))
         self.eval_tasks = list(source.tasks(config.env.eval_split))[: config.eval.num_tasks]
+        # SFT draws its demonstrations in this seeded order of the train split; the validation
+        # tasks (model selection) are the order's last ones, so SFT never sees them (and its
+        # data is the same with or without them) and RL's tasks are the rest of the split.
+        n_val = config.eval.val_tasks
+        if n_val and n_val >= len(self.train_tasks):
+            raise ValueError(f"eval.val_tasks={n_val} leaves no training tasks (split "
+                             f"{config.env.train_split!r} has {len(self.train_tasks)}); use fewer")
+        order = np.random.default_rng([config.train.seed, 5]).permutation(len(self.train_tasks))
+        held = set(order[len(order) - n_val:].tolist()) if n_val else set()
+        self.val_tasks = [self.train_tasks[i] for i in order[len(order) - n_val:]] if n_val else []
+        self.sft_tasks = [self.train_tasks[i] for i in order[: len(order) - n_val]]
+        self.train_tasks = [t for i, t in enumerate(self.train_tasks) if i not in held]
         if not self.train_tasks or not self.eval_tasks:
             raise ValueError(f"env {config.env.name!r}: split {config.env.train_split!r} or "
                              f"{config.env.eval_split!r} is empty")
@@ -123,7 +135,12 @@ class Trainer:
         # One sampler for both when the settings agree: its compiled shapes are shared.
         self.eval_sampler = self.sampler if same else self._sampler(config.eval.temperature,
                                                                     0, 1.0)
-        self.update_step = make_update_step(self.rl, model_apply_fn(self.graphdef))
+        self.optimizer = run_optimizer(config)
+        # The memory-lean learner pass (block remat; the vocabulary head only over positions
+        # that carry loss): the function benchmarks/update_memory.py measures.
+        self.update_step = make_update_step(
+            self.rl, optimizer=self.optimizer,
+            logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True))
         self.logprob_fn = make_logprob_fn(self.graphdef)
         self.runner = make_runner(config)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints",
@@ -171,26 +188,27 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
 
-    def evaluate(self, params, tag: str, key) -> dict:
-        """Held-out evaluation; returns flat metrics prefixed ``eval/``."""
+    def evaluate(self, params, tag: str, key, split: str = "test") -> dict:
+        """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
+        evaluation; returns flat metrics."""
         t0 = time.perf_counter()
+        tasks, prefix = (self.eval_tasks, "eval") if split == "test" else (self.val_tasks, "val")
         eps, stats = collect_episodes(
-            self.eval_sampler, params, self.eval_tasks,
+            self.eval_sampler, params, tasks,
             samples_per_task=self.config.eval.samples_per_task, runner=self.runner,
             chat=self.chat, system_prompt=self.spec.system_prompt, budget=self.budget, key=key)
         report = summarize(eps)
-        m = report.as_metrics("eval")
-        m["time/eval_s"] = time.perf_counter() - t0
-        self.echo(f"[{tag}] held-out success {report.success:.3f} over {report.episodes} "
+        m = report.as_metrics(prefix)
+        m[f"time/{prefix}_s"] = time.perf_counter() - t0
+        what = "held-out" if split == "test" else "validation"
+        self.echo(f"[{tag}] {what} success {report.success:.3f} over {report.episodes} "
                   f"episodes, avg steps {report.avg_steps:.2f}, env errors {report.env_errors}, "
                   f"failures {report.failure_modes}")
         return m
 
     def sft(self, params):
         c = self.config.sft
-        n = min(c.num_demos, len(self.train_tasks))
-        tasks = [self.train_tasks[i] for i in np.random.default_rng(
-            [self.config.train.seed, 5]).permutation(len(self.train_tasks))[:n]]
+        tasks = self.sft_tasks[: c.num_demos]
         t0 = time.perf_counter()
         demos = expert_episodes(
             self.spec.make_env, self.spec.make_expert, tasks, error_rate=c.expert_error_rate,
@@ -267,8 +285,12 @@ class Trainer:
             for it in range(start, cfg.train.iterations):
                 state, m = self.iteration(state, it)
                 done = it + 1
-                eval_m = None
-                if done == cfg.train.iterations or (every and done % every == 0):
+                last, periodic = done == cfg.train.iterations, every and done % every == 0
+                val_m = eval_m = None
+                if self.val_tasks and (last or periodic):
+                    val_m = self._validate(state.model_params(), done, extra)
+                    m.update(val_m)
+                if last or (periodic and not self.val_tasks):
                     eval_m = self.evaluate(state.model_params(), f"iter {done}",
                                            eval_key(cfg.train.seed, done))
                     m.update(eval_m)
@@ -276,15 +298,42 @@ class Trainer:
                 self.logger.log(done, m)
                 bar.update(1, success=f"{m['train/success']:.2f}",
                            reward=f"{m['train/avg_reward']:.2f}")
-                if done == cfg.train.iterations or (ck_every and done % ck_every == 0):
-                    self.checkpointer.save(done, state, self._meta(done, history, extra),
-                                           eval_m and eval_m["eval/success"])
+                if last or val_m or (ck_every and done % ck_every == 0):
+                    best = val_m["val/success"] if val_m else eval_m and eval_m["eval/success"]
+                    self.checkpointer.save(done, state, self._meta(done, history, extra), best)
         self.checkpointer.wait()
+        if self.val_tasks:
+            self._test_best_val(history, extra)
         from jaxagent.train.summary import finish_run
 
         summary = finish_run(self, history, extra, self._wall_s())
         self.close()
         return summary
+
+    def _validate(self, params, iteration: int, extra: dict) -> dict:
+        """Validation evaluation; appends ``(iteration, success)`` to ``extra["val"]``."""
+        key = jax.random.fold_in(self._sample_key, 2 * 10**6 + iteration)
+        val_m = self.evaluate(params, f"iter {iteration}", key, split="val")
+        extra.setdefault("val", []).append({"iteration": iteration,
+                                            "success": val_m["val/success"]})
+        return val_m
+
+    def _test_best_val(self, history: list, extra: dict) -> None:
+        """Test-split success of the checkpoint with the best validation success (ties: the
+        later one), stored in ``extra["best_val"]``; reuses a test evaluation of that
+        iteration when there is one (the start, or the end)."""
+        best = max(extra["val"], key=lambda v: (v["success"], v["iteration"]))
+        it = best["iteration"]
+        done = [h for h in history if h["iteration"] == it]
+        if done:
+            test = done[0]
+        else:
+            state, _ = self.checkpointer.restore(it, self._new_state(self._init_params))
+            m = self.evaluate(state.model_params(), f"best val iter {it}",
+                              eval_key(self.config.train.seed, it))
+            test = {"iteration": it, **_hist(m)}
+        extra["best_val"] = {"iteration": it, "val_success": best["success"],
+                             "test": {k: v for k, v in test.items() if k != "iteration"}}
 
     def _start_or_resume(self):
         cfg = self.config
@@ -306,16 +355,22 @@ class Trainer:
             self.logger.log(0, sft_m)
             extra["sft"] = sft_m
         m0 = self.evaluate(params, "before RL", eval_key(cfg.train.seed, 0))
+        best = m0["eval/success"]
+        if self.val_tasks:
+            val_m = self._validate(params, 0, extra)
+            m0.update(val_m)
+            best = val_m["val/success"]
         self.logger.log(0, m0)
         history = [{"iteration": 0, **_hist(m0)}]
         state = self._new_state(params)
-        self.checkpointer.save(0, state, self._meta(0, history, extra), m0["eval/success"])
+        self.checkpointer.save(0, state, self._meta(0, history, extra), best)
         return state, 0, history, extra
 
     def _new_state(self, params) -> TrainState:
         """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference."""
         ref = jax.tree.map(jnp.copy, params) if self.rl.needs_reference else None
-        return TrainState.create(params, self.rl, self._state_key, ref_params=ref)
+        return TrainState.create(params, self.rl, self._state_key, optimizer=self.optimizer,
+                                 ref_params=ref)
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -327,5 +382,5 @@ def _hist(eval_m: dict) -> dict:
     keep = {k.split("/", 1)[1]: v for k, v in eval_m.items()
             if k.startswith("eval/") and "/failure/" not in k}
     keep["failure_modes"] = {k.split("/failure/", 1)[1]: v for k, v in eval_m.items()
-                             if "/failure/" in k}
+                             if k.startswith("eval/") and "/failure/" in k}
     return keep
