@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jaxagent.generate.sampling import SamplingConfig, sample_tokens
+from jaxagent.generate.sampling import SamplingConfig, sample_tokens_from_uniform, uniforms
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
 from jaxagent.models.api import model_config
 
@@ -45,7 +45,6 @@ class SampleOutput:
 @struct.dataclass
 class _LoopState:
     step: jax.Array  # scalar int32
-    key: jax.Array
     last: jax.Array  # [B] last sampled token, not yet in the cache while pending
     pending: jax.Array  # [B] bool: ``last`` still has to be written to the cache
     finished: jax.Array  # [B] bool: the row samples no more tokens
@@ -152,12 +151,13 @@ class Sampler:
         h, cache = model.hidden(tokens, positions, segment_ids, cache, fused)
         last_index = jnp.max(jnp.where(valid, jnp.arange(t)[None], 0), axis=1)
         logits = model.logits(h[jnp.arange(b), last_index], fused)  # [B, V]: last token only
-        key, sub = jax.random.split(key)
-        tok, lp = sample_tokens(sub, logits, sampling)
+        # Every uniform the call needs, drawn at once: [n, B] (row i feeds the i-th token).
+        us = None if sampling.greedy else uniforms(key, (n, b))
+        tok, lp = sample_tokens_from_uniform(None if us is None else us[0], logits, sampling)
         active = jnp.any(valid, axis=1)
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
         state = _LoopState(
-            step=jnp.zeros((), jnp.int32), key=key, last=tok, pending=active,
+            step=jnp.zeros((), jnp.int32), last=tok, pending=active,
             finished=~active | jnp.isin(tok, stop) | (n == 1),
             num_generated=active.astype(jnp.int32),
             tokens=jnp.full((b, n), self.pad_id, jnp.int32).at[:, 0].set(
@@ -169,14 +169,16 @@ class Sampler:
             # Feed the last sampled token of pending rows; rows already done write nothing.
             h, new_cache = model.hidden(s.last[:, None], s.cache.lengths[:, None],
                                         s.pending[:, None].astype(jnp.int32), s.cache, fused)
-            key, sub = jax.random.split(s.key)
-            tok, lp = sample_tokens(sub, model.logits(h[:, 0], fused), sampling)
+            # Token num_generated of each row; the last step's draw (all rows done) is unused.
+            u = None if us is None else jax.lax.dynamic_index_in_dim(
+                us, jnp.minimum(s.step + 1, n - 1), keepdims=False)
+            tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)
             gen = s.pending & ~s.finished  # rows that emit a new token this step
             col = jnp.where(gen, s.num_generated, n)  # column n is out of range: dropped
             rows = jnp.arange(b)
             num_generated = s.num_generated + gen
             return _LoopState(
-                step=s.step + 1, key=key, last=jnp.where(gen, tok, s.last), pending=gen,
+                step=s.step + 1, last=jnp.where(gen, tok, s.last), pending=gen,
                 finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),
                 num_generated=num_generated,
                 tokens=s.tokens.at[rows, col].set(tok, mode="drop"),

@@ -52,8 +52,7 @@ def categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arra
 
     Equivalent in distribution to ``jax.random.categorical`` but draws one uniform per row
     instead of a Gumbel variate per vocabulary entry: on CPU, generating B x V random numbers
-    costs more than a whole decode step of a small model. The CDF is built in two levels
-    (block sums, then one block) so no full-vocabulary cumulative sum is needed.
+    costs more than a whole decode step of a small model. See ``categorical_from_uniform``.
 
     Args:
       key: PRNG key.
@@ -63,21 +62,47 @@ def categorical(key: jax.Array, logits: jax.Array, block: int = 128) -> jax.Arra
     Returns:
       [B] int32 indices.
     """
+    return categorical_from_uniform(uniforms(key, (logits.shape[0],)), logits, block)[0]
+
+
+def uniforms(key: jax.Array, shape) -> jax.Array:
+    """Uniform draws in (0, 1) (never exactly 0), the input of ``categorical_from_uniform``."""
+    return jax.random.uniform(key, shape, minval=jnp.finfo(jnp.float32).tiny)
+
+
+def categorical_from_uniform(u: jax.Array, logits: jax.Array, block: int = 128):
+    """Invert the CDF of softmax(logits) at ``u``; also return logsumexp(logits).
+
+    The CDF is built in two levels (block sums, then one block) so no full-vocabulary
+    cumulative sum is needed; the same exponentials give the log-normaliser, so a caller
+    needing log-probs does not make a second pass over the vocabulary.
+
+    Args:
+      u: [B] uniforms in (0, 1) (see ``uniforms``).
+      logits: [B, V] float32; -inf entries are never drawn.
+      block: block width of the two-level CDF.
+
+    Returns:
+      [B] int32 indices and [B] float32 logsumexp of each row.
+    """
     b, v = logits.shape
     nb = -(-v // block)
-    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))  # [B, V] in [0, 1]
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    weights = jnp.exp(logits - top)  # [B, V] in [0, 1]
     weights = jnp.pad(weights, ((0, 0), (0, nb * block - v))).reshape(b, nb, block)
     block_sums = jnp.sum(weights, axis=-1)  # [B, nb]
     block_cdf = jnp.cumsum(block_sums, axis=-1)
-    u = jax.random.uniform(key, (b,), minval=jnp.finfo(jnp.float32).tiny) * block_cdf[:, -1]
+    total = block_cdf[:, -1]
+    u = u * total
     blk = jnp.minimum(jnp.sum(block_cdf < u[:, None], axis=-1), nb - 1)  # [B]
     rows = jnp.arange(b)
     u_in = u - (block_cdf[rows, blk] - block_sums[rows, blk])
-    inner_cdf = jnp.cumsum(weights[rows, blk], axis=-1)  # [B, block]
+    inner = weights[rows, blk]  # [B, block]
+    inner_cdf = jnp.cumsum(inner, axis=-1)
     # Rounding can leave u_in just above the block total: clamp to the last drawable entry.
-    last = block - 1 - jnp.argmax(weights[rows, blk][:, ::-1] > 0, axis=-1)
+    last = block - 1 - jnp.argmax(inner[:, ::-1] > 0, axis=-1)
     idx = jnp.minimum(jnp.sum(inner_cdf < u_in[:, None], axis=-1), last)
-    return (blk * block + idx).astype(jnp.int32)
+    return (blk * block + idx).astype(jnp.int32), top[:, 0] + jnp.log(total)
 
 
 def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig):
@@ -91,20 +116,29 @@ def sample_tokens(key: jax.Array, logits: jax.Array, cfg: SamplingConfig):
     Returns:
       tokens [B] int32 and their log-probs [B] float32 (see module docstring).
     """
+    u = None if cfg.greedy else uniforms(key, (logits.shape[0],))
+    return sample_tokens_from_uniform(u, logits, cfg)
+
+
+def sample_tokens_from_uniform(u, logits: jax.Array, cfg: SamplingConfig):
+    """``sample_tokens`` with the randomness given: ``u`` [B] from ``uniforms`` (None if greedy).
+
+    A decode loop draws all its uniforms once before the loop and indexes them per step,
+    instead of running the PRNG (a chain of small ops) inside every step.
+    """
     logits = logits.astype(jnp.float32)
     if cfg.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        scaled = logits
+        picked = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+        return tokens, picked - jax.nn.logsumexp(logits, axis=-1)
+    scaled = logits / cfg.temperature if cfg.temperature != 1.0 else logits
+    if cfg.top_k or cfg.top_p < 1.0:
+        k = min(cfg.top_k or logits.shape[-1], logits.shape[-1])
+        values, indices = jax.lax.top_k(scaled, k)  # sorted descending
+        choice, _ = categorical_from_uniform(u, _filter_sorted(values, cfg.top_p))
+        tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+        lse = jax.nn.logsumexp(scaled, axis=-1)
     else:
-        scaled = logits / cfg.temperature
-        if cfg.top_k or cfg.top_p < 1.0:
-            k = cfg.top_k or logits.shape[-1]
-            k = min(k, logits.shape[-1])
-            values, indices = jax.lax.top_k(scaled, k)  # sorted descending
-            choice = categorical(key, _filter_sorted(values, cfg.top_p))
-            tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
-        else:
-            tokens = categorical(key, scaled)
-        tokens = tokens.astype(jnp.int32)
+        tokens, lse = categorical_from_uniform(u, scaled)
     picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
-    return tokens, picked - jax.nn.logsumexp(scaled, axis=-1)
+    return tokens, picked - lse

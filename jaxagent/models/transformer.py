@@ -39,17 +39,21 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
 
 
-def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
+           keys_minor_slots: bool = False) -> jax.Array:
     """Grouped-query attention.
 
     Args:
       q: [B, T, K, G, hd] queries, already scaled by hd**-0.5.
-      keys, values: [B, K, S, hd].
+      keys: [B, K, S, hd], or [B, K, hd, S] with ``keys_minor_slots`` (the cache layout).
+      values: [B, K, S, hd].
       mask: [B, T, S] bool, True where query t may attend slot s.
 
     Returns:
       [B, T, K, G, hd] attention output.
     """
+    if keys_minor_slots:
+        return _attend_cache(q, keys, values, mask)
     scores = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
@@ -57,6 +61,23 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) ->
     # the CPU backend runs far faster than the transposed form; the small result is moved.
     out = jnp.einsum("bkgts,bksh->bkgth", probs, values)
     return out.transpose(0, 3, 1, 2, 4)
+
+
+def _attend_cache(q, keys, values, mask):
+    """``attend`` over the cache layout: keys [B, K, hd, S], values [B, K, S, hd].
+
+    Queries are laid out [B, K, T*G, hd] (a free reshape when T = 1) so both products are
+    row-major batched matmuls, ``q @ keys`` and ``p @ values``, each of output width S or hd.
+    """
+    b, t, k, g, hd = q.shape
+    q = q.transpose(0, 2, 1, 3, 4).reshape(b, k, t * g, hd)
+    dims = (((3,), (2,)), ((0, 1), (0, 1)))
+    scores = jax.lax.dot_general(q, keys, dims, preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, k, t, g, -1)
+    scores = jnp.where(mask[:, None, :, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(b, k, t * g, -1)
+    out = jax.lax.dot_general(probs, values, dims)  # [B, K, T*G, hd]
+    return out.reshape(b, k, t, g, hd).transpose(0, 2, 1, 3, 4)
 
 
 class Attention(nnx.Module):
@@ -102,7 +123,8 @@ class Attention(nnx.Module):
         return out[:, :, :h], out[:, :, h:h + k], out[:, :, h + k:]
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None):
-        """x [B,T,D]; mask [B,T,S]; cache_kv (keys, values) [B,K,S,hd] or None; slots [B,T].
+        """x [B,T,D]; mask [B,T,S]; cache_kv (keys [B,K,hd,S], values [B,K,S,hd]) or None;
+        slots [B,T].
 
         ``fused``: optional output of ``fused_weights`` (same numbers, fewer matmuls)."""
         cfg = self.config
@@ -119,11 +141,13 @@ class Attention(nnx.Module):
         else:
             cache_k, cache_v = cache_kv
             rows = jnp.arange(b)[:, None]
-            keys = cache_k.at[rows, :, slots].set(k.astype(cache_k.dtype), mode="drop")
+            # keys [B, K, hd, S], values [B, K, S, hd]: both index [B, T, K, hd] per token.
+            keys = cache_k.at[rows, :, :, slots].set(k.astype(cache_k.dtype), mode="drop")
             values = cache_v.at[rows, :, slots].set(v.astype(cache_v.dtype), mode="drop")
             new_kv = (keys, values)
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
-        out = attend(q, keys.astype(x.dtype), values.astype(x.dtype), mask)
+        out = attend(q, keys.astype(x.dtype), values.astype(x.dtype), mask,
+                     keys_minor_slots=cache_kv is not None)
         # [B, T, H*hd] @ [H*hd, D]: both reshapes are free, so the (large) kernel is read in
         # place every step instead of being transposed to fit a 3-index contraction.
         out = out.reshape(b, t, cfg.num_heads * cfg.head_dim)
