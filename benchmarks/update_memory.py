@@ -9,6 +9,10 @@ weights are allocated) and read ``compiled.memory_analysis()``:
 is divided by the bytes of (params + grads + two Adam moments) = 4 x the policy's fp32 bytes,
 the memory of plain fine-tuning of one model with Adam.
 
+The model enters as ``model_logprob_fn(graphdef, skip_unmasked_chunks=True)``, the learner
+pass ``jaxagent.train.Trainer`` builds (block remat ordered after the cotangent, vocabulary head
+over chunks and over loss positions only, see ``jaxagent.rl.vocab_head``).
+
 Settings (768 hidden x 12 layers, vocab 32000, fp32; batch of 8 sequences x 256 tokens,
 microbatches of 4 sequences, so gradients are accumulated over 2 microbatches):
 
@@ -104,7 +108,7 @@ def main():
     print(f"batch {b} x {t} tokens, microbatches of {args.micro}; anchor (params + grads + Adam "
           f"moments) = {base / 2**20:.0f} MiB; backend {jax.default_backend()}")
 
-    apply_fn = model_logprob_fn(graphdef)
+    apply_fn = model_logprob_fn(graphdef, skip_unmasked_chunks=True)
     results = {}
     runs = [
         ("loop", get_recipe("loop", lora_rank=0, **common), apply_fn, params, None, False),
