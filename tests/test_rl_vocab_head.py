@@ -63,6 +63,26 @@ def test_chunked_head_skips_masked_out_rows():
     assert float(jnp.abs(gh[~mask]).max()) == 0.0
 
 
+def test_chunked_head_memory_is_one_block_of_logits():
+    # N = 1024 rows x V = 8192: the full logits are 32 MiB (and their gradient as much); the
+    # head in blocks of 256 rows x 1024 columns holds 1 MiB of logits at a time, and its
+    # gradient is one copy of the 2 MiB head kernel.
+    n, d, v = 1024, 64, 8192
+    h = jax.ShapeDtypeStruct((n, d), jnp.float32)
+    w = jax.ShapeDtypeStruct((d, v), jnp.float32)
+    targets = jnp.zeros((n,), jnp.int32)
+
+    def grad_of(fn):
+        return jax.jit(jax.grad(lambda h, w: jnp.sum(sum(fn(h, w))), argnums=(0, 1)))
+
+    chunked = grad_of(lambda h, w: chunked_head_logprobs(h, w, targets, None, 256, 1024))
+    direct = grad_of(lambda h, w: direct_logprobs(h, w, targets, False))
+    temp = lambda f: f.lower(h, w).compile().memory_analysis().temp_size_in_bytes
+    logits_bytes = n * v * 4
+    assert temp(direct) > logits_bytes
+    assert temp(chunked) < logits_bytes / 4, temp(chunked) / logits_bytes
+
+
 def _mlp_block(params, x, scale):
     w1, w2 = params
     return x + scale * (jnp.tanh(x @ w1) @ w2)
