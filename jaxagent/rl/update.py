@@ -6,7 +6,8 @@ jitted with ``state`` donated. Inside, everything is ``lax.scan``:
     prepare (advantages, reference log-probs)        once per call
     scan over epochs (a fresh shuffle each)
       scan over minibatches (one optimiser step each)
-        scan over microbatches (gradient accumulation)
+        scan over microbatches (gradient accumulation; without LoRA the first microbatch's
+        gradient is the accumulator, so no zero-filled copy of the model exists)
 
 Loss denominators are computed per minibatch and passed to every microbatch, so the summed
 microbatch losses (and gradients) equal the loss of the whole minibatch: microbatching changes
@@ -220,20 +221,29 @@ def make_update_step(
             params, opt_state = carry
             num_tokens, num_seqs = L.aggregation_denominators(mb.loss_mask)
             micro = constrain(_split(mb, n_micro))
-            if n_micro == 1:
-                (_, sums), grads = grad_fn(params, state.frozen_params, lora,
-                                           jax.tree.map(lambda x: x[0], micro), num_tokens, num_seqs)
-            else:
-                def micro_step(acc, x):
-                    (_, s), g = grad_fn(params, state.frozen_params, lora, x, num_tokens, num_seqs)
-                    return jax.tree.map(jnp.add, acc, (g, s)), None
 
-                zero_s = jax.eval_shape(lambda: grad_fn(params, state.frozen_params, lora,
-                                                        jax.tree.map(lambda x: x[0], micro),
-                                                        num_tokens, num_seqs)[0][1])
-                init = (jax.tree.map(jnp.zeros_like, params),
-                        jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_s))
-                (grads, sums), _ = jax.lax.scan(micro_step, init, micro)
+            def micro_grad(x):
+                (_, s), g = grad_fn(params, state.frozen_params, lora, x, num_tokens, num_seqs)
+                return g, s
+
+            def accumulate(init, xs):
+                def micro_step(acc, x):
+                    return jax.tree.map(jnp.add, acc, micro_grad(x)), None
+                return jax.lax.scan(micro_step, init, xs)[0]
+
+            first = jax.tree.map(lambda x: x[0], micro)
+            if n_micro == 1:
+                grads, sums = micro_grad(first)
+            elif state.lora_rank:
+                # Adapter-sized gradients: a zero-filled accumulator costs nothing, and the
+                # model is traced once (peeling the first microbatch measured +138 MiB here).
+                shapes = jax.eval_shape(micro_grad, first)
+                grads, sums = accumulate(
+                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), micro)
+            else:
+                # The first microbatch's gradient is the accumulator (no zero-filled model
+                # copy); the others are added into it as the backward pass produces them.
+                grads, sums = accumulate(micro_grad(first), jax.tree.map(lambda x: x[1:], micro))
             sums = dict(sums, **{"optim/grad_norm": optax.global_norm(grads)})
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
