@@ -61,7 +61,7 @@ SHRINK = [
     "env.backend=inline",
 ]
 ENV_SHRINK = {
-    "quickstart": ["env.options.num_train=20", "env.options.num_test=4"],
+    "quickstart": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "bfcl": ["env.options.limit=6"],
     "code": ["env.options.num_train=4"],
 }

@@ -30,8 +30,9 @@ TINY = [
     "rollout.tasks_per_iteration=4", "rollout.samples_per_task=1",
     "rollout.max_turns=2", "rollout.max_new_tokens=8", "rl.overrides.minibatch_size=4",
     "rl.overrides.learning_rate=0.01", "sft.num_demos=8", "sft.steps=3", "sft.batch_size=2",
-    "eval.num_tasks=4", "eval.every=2", "train.iterations=4", "train.checkpoint_every=1",
-    "train.progress=none", "train.tensorboard=false", "train.plot=false",
+    "eval.num_tasks=4", "eval.every=2", "eval.val_tasks=4", "train.iterations=4",
+    "train.checkpoint_every=1", "train.progress=none", "train.tensorboard=false",
+    "train.plot=false",
 ]
 # Wall-clock figures differ between runs; everything else must match exactly.
 NONDETERMINISTIC = ("time/", "tokens/per_s", "env_health/", "sampler/recompiles", "sft/time_s")

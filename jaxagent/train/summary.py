@@ -34,8 +34,10 @@ def _modes(modes: dict) -> str:
                      ) or "-"
 
 
-def plot_learning_curve(run_dir: Path, history: Sequence[dict], path: Path) -> Path:
-    """Held-out success at each evaluation, and train success per iteration."""
+def plot_learning_curve(run_dir: Path, history: Sequence[dict], path: Path,
+                        val: Sequence[dict] = ()) -> Path:
+    """Held-out success at each evaluation, validation success (when there is a validation
+    set) and train success per iteration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,6 +48,9 @@ def plot_learning_curve(run_dir: Path, history: Sequence[dict], path: Path) -> P
     train = [(r["step"], r["train/success"]) for r in records if "train/success" in r]
     if train:
         ax.plot(*zip(*train), color="tab:gray", alpha=0.6, label="train success (sampled)")
+    if val:
+        ax.plot([v["iteration"] for v in val], [v["success"] for v in val], "s--",
+                color="tab:orange", label="validation success (selection)")
     ax.plot([h["iteration"] for h in history], [h["success"] for h in history], "o-",
             color="tab:blue", label="held-out success")
     ax.set_xlabel("RL iteration (0 = after SFT)")
@@ -103,7 +108,8 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
              f"{cfg.env.name} tasks, {cfg.rl.recipe} for {after['iteration']} iterations")
     trainer.echo(_table(rows, title))
     if cfg.train.plot:
-        png = plot_learning_curve(trainer.run_dir, history, trainer.run_dir / "learning_curve.png")
+        png = plot_learning_curve(trainer.run_dir, history,
+                                  trainer.run_dir / "learning_curve.png", extra.get("val", ()))
         summary["learning_curve"] = str(png)
         trainer.echo(f"learning curve: {png}")
     (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
