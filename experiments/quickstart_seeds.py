@@ -17,9 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jaxagent.eval.report import seed_summary
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # works from a checkout without `pip install -e .` too
+
+from jaxagent.eval.report import seed_summary  # noqa: E402
 
 
 def _load() -> str:
@@ -41,8 +42,10 @@ def main() -> int:
     for seed in args.seeds:
         cmd = [sys.executable, "-m", "jaxagent.cli", "train", args.config, f"train.seed={seed}",
                f"train.out_dir={args.out}/seed{seed}", "train.progress=none", *args.overrides]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}
         procs[seed] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True)
+                                       text=True, env=env)
         if not args.parallel:
             print(procs[seed].communicate()[0], flush=True)
             print(f"seed {seed} done; {_load()}", flush=True)
