@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 # Number of leading "input" axes of a kernel, by its name (default 1).
 LORA_INPUT_AXES = {"o_proj": 2}
@@ -98,3 +99,19 @@ def merge_lora(params: Any, adapters: dict, alpha: float, rank: int) -> Any:
 
 def lora_param_count(adapters: dict) -> int:
     return sum(int(x.size) for x in jax.tree_util.tree_leaves(adapters))
+
+
+@struct.dataclass
+class LoraParams:
+    """Base parameters and adapters, not merged: a log-prob function that accepts them (it
+    says so with ``accepts_lora_params = True``, e.g. ``model_logprob_fn``) merges each
+    block's kernels inside the block's rematerialisation, so that no merged copy of the
+    model is kept for the backward pass."""
+
+    base: Any
+    adapters: dict
+    alpha: float = struct.field(pytree_node=False)
+    rank: int = struct.field(pytree_node=False)
+
+    def merged(self) -> Any:
+        return merge_lora(self.base, self.adapters, self.alpha, self.rank)

@@ -12,7 +12,9 @@ adapters:
   vocabulary head runs over vocabulary chunks with an online log-sum-exp and a hand-written
   backward pass, so neither the [T, V] logits nor their gradient ever exist. This is what
   lets a LOOP update hold about one model's worth of memory (params + grads + Adam) and
-  little more (``benchmarks/update_memory.py``).
+  little more (``benchmarks/update_memory.py``). Under LoRA it takes ``LoraParams`` (base and
+  adapters unmerged) and merges each block's kernels inside the block's rematerialisation,
+  so no merged copy of the model is kept for the backward pass.
 
 The lean path calls ``Transformer.hidden(..., remat=checkpoint_in_backward)``; parity tests
 check it against ``apply_model``.
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxagent.rl.lora import LoraParams, merge_lora, path_name
 from jaxagent.rl.losses import token_logprobs_and_entropy
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
@@ -76,9 +79,11 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 102
     The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it).
     """
     def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
+        wrap = checkpoint_in_backward if remat else False
+        if isinstance(params, LoraParams):
+            params, wrap = (_lazy_lora(params) if remat else (params.merged(), False))
         model = nnx.merge(graphdef, params)
         b, t = tokens.shape
-        wrap = checkpoint_in_backward if remat else False
         h, _ = model.hidden(tokens, positions, segment_ids, remat=wrap)
         values = model.values(h)
         # Only the head weight enters the head computation (mirrors Transformer.logits).
@@ -95,4 +100,42 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 102
         return (jnp.concatenate([zero, lp.reshape(b, t - 1)], axis=1),
                 jnp.concatenate([zero, ent.reshape(b, t - 1)], axis=1), values)
 
+    logprob_fn.accepts_lora_params = True
     return logprob_fn
+
+
+def _lazy_lora(params: LoraParams):
+    """(base params, block wrapper) that merge each block's adapters inside the block's
+    ``checkpoint_in_backward``: the merged kernels are recomputed in the backward pass
+    instead of being kept. Adapters outside the blocks (none by default) merge eagerly.
+
+    A block receives its own slice of the base parameters; its adapters are found by the
+    identity of those arrays (the model is built from ``base`` in the same trace)."""
+    in_blocks = {k: v for k, v in params.adapters.items() if k.startswith("layer_")}
+    eager = {k: v for k, v in params.adapters.items() if k not in in_blocks}
+    base = merge_lora(params.base, eager, params.alpha, params.rank) if eager else params.base
+    owner = {id(x): path_name(k) for k, x in jax.tree_util.tree_flatten_with_path(base)[0]
+             if path_name(k) in in_blocks}
+
+    def wrap(block):
+        # The merge depends on x through a zero term: otherwise XLA hoists it out of the
+        # microbatch loop (it is loop-invariant) and keeps every merged kernel alive, and in
+        # the backward pass (where x is tied to the cotangent) it would be merged with the
+        # forward's copy.
+        def merged_block(state, x_and_adapters, *consts):
+            x, adapters = x_and_adapters
+            tie = jnp.ravel(x)[0] * 0
+            adapters = jax.tree.map(lambda a: a + tie.astype(a.dtype), adapters)
+            return block(merge_lora(state, adapters, params.alpha, params.rank), x, *consts)
+
+        lazy = checkpoint_in_backward(merged_block)
+
+        def call(state, x, *consts):
+            adapters = {path_name(k): in_blocks[owner[id(leaf)]]
+                        for k, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+                        if id(leaf) in owner}
+            return lazy(state, (x, adapters), *consts)
+
+        return call
+
+    return base, wrap

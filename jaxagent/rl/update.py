@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxagent.rl import losses as L
 from jaxagent.rl.kl import kl_estimate
-from jaxagent.rl.lora import merge_lora
+from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.rl.model_fns import (LogprobFn, logits_logprob_fn, model_apply_fn,  # noqa: F401
                                    model_logprob_fn)
 from jaxagent.rl.prepare import compute_advantages as _compute_advantages
@@ -180,10 +180,18 @@ def make_update_step(
     if logprob_fn is None:
         logprob_fn = logits_logprob_fn(apply_fn)
     loss_fn = make_loss_fn(config, logprob_fn)
+    lazy_lora = getattr(logprob_fn, "accepts_lora_params", False)
+
+    def with_adapters(trainable, frozen, alpha_rank):
+        if not alpha_rank[1]:
+            return trainable
+        if lazy_lora:  # merged inside each rematerialised block (no merged model copy kept)
+            return LoraParams(frozen, trainable, *alpha_rank)
+        return merge_lora(frozen, trainable, *alpha_rank)
+
     grad_fn = jax.value_and_grad(
         lambda trainable, frozen, alpha_rank, *a: loss_fn(
-            merge_lora(frozen, trainable, *alpha_rank) if alpha_rank[1] else trainable, *a),
-        has_aux=True)
+            with_adapters(trainable, frozen, alpha_rank), *a), has_aux=True)
     batch_axes = None
     if mesh is not None:
         batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
