@@ -92,14 +92,28 @@ class TrainState:
         )
 
 
-def make_optimizer(config: RLConfig) -> optax.GradientTransformation:
-    """AdamW with global-norm gradient clipping and a constant LR after linear warm-up."""
-    if config.warmup_steps > 0:
-        lr = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
-        lr = optax.join_schedules([lr, optax.constant_schedule(config.learning_rate)],
-                                  [config.warmup_steps])
+def make_optimizer(config: RLConfig, schedule: str = "constant", total_steps: int | None = None,
+                   final_ratio: float = 0.1) -> optax.GradientTransformation:
+    """AdamW with global-norm gradient clipping and a linear warm-up of the learning rate.
+
+    After the warm-up the rate stays constant (``schedule="constant"``) or decays
+    ("linear" / "cosine") to ``final_ratio * learning_rate`` at ``total_steps`` optimiser steps
+    and stays there.
+    """
+    peak, warm = config.learning_rate, config.warmup_steps
+    if schedule == "constant":
+        decay = optax.constant_schedule(peak) if warm > 0 else peak
+    elif schedule in ("linear", "cosine"):
+        if total_steps is None:
+            raise ValueError(f"make_optimizer: schedule={schedule!r} needs total_steps")
+        decay_steps = max(1, total_steps - warm)
+        decay = (optax.linear_schedule(peak, peak * final_ratio, decay_steps)
+                 if schedule == "linear"
+                 else optax.cosine_decay_schedule(peak, decay_steps, alpha=final_ratio))
     else:
-        lr = config.learning_rate
+        raise ValueError(f"lr schedule {schedule!r}: choose constant, linear or cosine")
+    lr = decay if warm <= 0 else optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, warm), decay], [warm])
     adamw = optax.adamw(lr, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
                         weight_decay=config.weight_decay)
     if config.max_grad_norm is None:

@@ -17,7 +17,7 @@ import optax
 from jaxagent.agents.sampling import ReferenceSampler, SamplingParams, TurnSampler
 from jaxagent.models import ModelConfig, apply_model, init_model, load_hf, token_logprobs
 from jaxagent.rl.recipes import RLConfig
-from jaxagent.rl.train_state import clip_by_global_norm_scaled, make_optimizer
+from jaxagent.rl.train_state import make_optimizer
 from jaxagent.train.config import Config, ModelSection
 
 
@@ -84,28 +84,11 @@ def make_turn_sampler(graphdef, sampling: SamplingParams, max_len: int, kind: st
 
 def rl_optimizer(rl: RLConfig, schedule: str, total_steps: int,
                  final_ratio: float = 0.1) -> optax.GradientTransformation:
-    """The recipe's optimiser (AdamW, global-norm clipping, linear warm-up) with the learning
-    rate decayed after the warm-up: "constant" is exactly ``jaxagent.rl.make_optimizer``;
-    "linear" / "cosine" reach ``final_ratio * learning_rate`` at ``total_steps`` (the run's
-    optimiser steps) and stay there.
-    """
-    if schedule == "constant":
-        return make_optimizer(rl)
-    if schedule not in ("linear", "cosine"):
-        raise ValueError(f"lr schedule {schedule!r}: choose constant, linear or cosine")
-    peak, warm = rl.learning_rate, rl.warmup_steps
-    decay_steps = max(1, total_steps - warm)
-    if schedule == "linear":
-        decay = optax.linear_schedule(peak, peak * final_ratio, decay_steps)
-    else:
-        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=final_ratio)
-    lr = decay if warm <= 0 else optax.join_schedules(
-        [optax.linear_schedule(0.0, peak, warm), decay], [warm])
-    adamw = optax.adamw(lr, b1=rl.adam_b1, b2=rl.adam_b2, eps=rl.adam_eps,
-                        weight_decay=rl.weight_decay)
-    if rl.max_grad_norm is None:
-        return adamw
-    return optax.chain(clip_by_global_norm_scaled(rl.max_grad_norm), adamw)
+    """The recipe's optimiser (``jaxagent.rl.make_optimizer``: AdamW, global-norm clipping,
+    linear warm-up) with the learning rate after the warm-up "constant", or "linear" /
+    "cosine" decayed to ``final_ratio * learning_rate`` at ``total_steps`` (the run's optimiser
+    steps)."""
+    return make_optimizer(rl, schedule, total_steps, final_ratio)
 
 
 def run_optimizer(config: Config) -> optax.GradientTransformation:
