@@ -4,6 +4,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.rl.losses import token_logprobs_and_entropy
@@ -60,3 +61,26 @@ def copy_tree(tree):
 def max_abs_diff(a, b):
     return max((float(jnp.max(jnp.abs(x - y))) for x, y in
                 zip(jax.tree.leaves(a), jax.tree.leaves(b))), default=0.0)
+
+
+def assert_logprob_fns_match(graphdef, params, lean, atol=1e-5):
+    """``lean`` (a ``model_logprob_fn``) gives the plain logits path's log-probs, entropies,
+    values and gradients on the loss tokens of an on-policy batch (to ``atol``)."""
+    from jaxagent.rl.model_fns import logits_logprob_fn
+
+    plain = logits_logprob_fn(model_apply_fn(graphdef))
+    batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=4)
+    args = (batch.tokens, batch.positions, batch.segment_ids)
+    m = batch.loss_mask
+
+    def objective(fn):
+        def f(p):
+            lp, ent, v = fn(p, *args, loss_mask=m)
+            return jnp.sum((lp + 0.1 * ent + 0.01 * v) * m), (lp, ent, v)
+        return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+    (_, out_a), g_a = objective(plain)(params)
+    (_, out_b), g_b = objective(lean)(params)
+    for a, b in zip(out_a, out_b):
+        np.testing.assert_allclose(np.asarray(b) * m, np.asarray(a) * m, atol=atol)
+    assert max_abs_diff(g_a, g_b) <= atol

@@ -9,10 +9,10 @@ from jaxagent.rl.losses import aggregation_denominators, token_logprobs_and_entr
 from jaxagent.rl.lora import lora_param_count
 from jaxagent.rl.prepare import compute_advantages
 from jaxagent.rl.recipes import get_recipe
-from jaxagent.rl.train_state import TrainState, make_optimizer
+from jaxagent.rl.train_state import TrainState
 from jaxagent.rl.model_fns import logits_logprob_fn
 from jaxagent.rl.update import _reference_logprobs, make_loss_fn, make_update_step
-from test_rl_common import copy_tree, max_abs_diff, on_policy_batch, tiny_model
+from test_rl_common import assert_logprob_fns_match, copy_tree, max_abs_diff, on_policy_batch, tiny_model
 
 
 def minibatch_grad(config, apply_fn, params, batch):
@@ -132,23 +132,8 @@ def test_lean_logprob_fn_matches_logits_path():
     # give the same log-probs, entropies, values and gradients on the loss tokens as the
     # plain logits path.
     from jaxagent.models import ModelConfig, init_model
-    from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn
+    from jaxagent.rl.model_fns import model_logprob_fn
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2, value_head=True), jax.random.key(0))
-    plain = logits_logprob_fn(model_apply_fn(graphdef))
     lean = model_logprob_fn(graphdef, remat=True, head_chunk=3, skip_unmasked_chunks=True)
-    batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=4)
-    args = (batch.tokens, batch.positions, batch.segment_ids)
-    m = batch.loss_mask
-
-    def objective(fn):
-        def f(p):
-            lp, ent, v = fn(p, *args, loss_mask=m)
-            return jnp.sum((lp + 0.1 * ent + 0.01 * v) * m), (lp, ent, v)
-        return jax.jit(jax.value_and_grad(f, has_aux=True))
-
-    (_, out_a), g_a = objective(plain)(params)
-    (_, out_b), g_b = objective(lean)(params)
-    for a, b in zip(out_a, out_b):
-        np.testing.assert_allclose(np.asarray(b) * m, np.asarray(a) * m, atol=1e-5)
-    assert max_abs_diff(g_a, g_b) <= 1e-5
+    assert_logprob_fns_match(graphdef, params, lean)

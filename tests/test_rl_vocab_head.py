@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
-from test_rl_common import max_abs_diff, on_policy_batch
+from test_rl_common import assert_logprob_fns_match, max_abs_diff, on_policy_batch
 
 
 def direct_logprobs(h, w, targets, tied):
@@ -118,29 +118,14 @@ def test_lean_logprob_fn_vocab_chunks_match_logits_path():
     # entries, neither dividing) against the plain logits path, tied and untied, values
     # included, with and without skipping the positions that carry no loss.
     from jaxagent.models import ModelConfig, init_model
-    from jaxagent.rl.model_fns import logits_logprob_fn, model_apply_fn, model_logprob_fn
+    from jaxagent.rl.model_fns import model_logprob_fn
 
     for tied, skip in ((False, False), (True, False), (False, True)):
         cfg = ModelConfig.test(num_layers=2, value_head=True, tie_embeddings=tied)
         graphdef, params = init_model(cfg, jax.random.key(0))
-        plain = logits_logprob_fn(model_apply_fn(graphdef))
         lean = model_logprob_fn(graphdef, head_chunk=5, vocab_chunk=48,
                                 skip_unmasked_chunks=skip)
-        batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=4)
-        args = (batch.tokens, batch.positions, batch.segment_ids)
-        m = batch.loss_mask
-
-        def objective(fn):
-            def f(p):
-                lp, ent, v = fn(p, *args, loss_mask=m)
-                return jnp.sum((lp + 0.1 * ent + 0.01 * v) * m), (lp, ent, v)
-            return jax.jit(jax.value_and_grad(f, has_aux=True))
-
-        (_, out_a), g_a = objective(plain)(params)
-        (_, out_b), g_b = objective(lean)(params)
-        for a, b in zip(out_a, out_b):
-            np.testing.assert_allclose(np.asarray(b) * m, np.asarray(a) * m, atol=1e-5)
-        assert max_abs_diff(g_a, g_b) <= 1e-5
+        assert_logprob_fns_match(graphdef, params, lean)
 
 
 def test_lean_update_on_8_device_mesh_equals_single_device():
