@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxagent.envs.base import FailureMode, SplitLeakageError, Task, TaskSource, TextEnv
+from jaxagent.envs.base import FailureMode, SplitLeakageError, TaskSource, TextEnv
 from jaxagent.envs.tools import quickstart as Q
 from jaxagent.envs.tools.quickstart import world as W
 from jaxagent.envs.tools.quickstart.expert import run_episode

@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from safetensors import safe_open
 from safetensors.flax import save_file
 

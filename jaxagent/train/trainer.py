@@ -15,8 +15,7 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
