@@ -39,21 +39,17 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
 
 
-def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
-           keys_minor_slots: bool = False) -> jax.Array:
+def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention.
 
     Args:
       q: [B, T, K, G, hd] queries, already scaled by hd**-0.5.
-      keys: [B, K, S, hd], or [B, K, hd, S] with ``keys_minor_slots`` (the cache layout).
-      values: [B, K, S, hd].
+      keys, values: [B, K, S, hd] (the cache's layout has its own ``attend_cache``).
       mask: [B, T, S] bool, True where query t may attend slot s.
 
     Returns:
       [B, T, K, G, hd] attention output.
     """
-    if keys_minor_slots:
-        return _attend_cache(q, keys, values, mask)
     scores = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
@@ -63,7 +59,7 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
     return out.transpose(0, 3, 1, 2, 4)
 
 
-def _attend_cache(q, keys, values, mask):
+def attend_cache(q, keys, values, mask):
     """``attend`` over the cache layout: keys [B, K, hd, S], values [B, K, S, hd].
 
     Queries are laid out [B, K, T*G, hd] (a free reshape when T = 1) so both products are
@@ -146,8 +142,8 @@ class Attention(nnx.Module):
             values = cache_v.at[rows, :, slots].set(v.astype(cache_v.dtype), mode="drop")
             new_kv = (keys, values)
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
-        out = attend(q, keys.astype(x.dtype), values.astype(x.dtype), mask,
-                     keys_minor_slots=cache_kv is not None)
+        attend_fn = attend if cache_kv is None else attend_cache
+        out = attend_fn(q, keys.astype(x.dtype), values.astype(x.dtype), mask)
         # [B, T, H*hd] @ [H*hd, D]: both reshapes are free, so the (large) kernel is read in
         # place every step instead of being transposed to fit a 3-index contraction.
         out = out.reshape(b, t, cfg.num_heads * cfg.head_dim)

@@ -108,9 +108,10 @@ class Trainer:
             raise ValueError(f"eval.val_tasks={n_val} leaves no training tasks (split "
                              f"{config.env.train_split!r} has {len(self.train_tasks)}); use fewer")
         order = np.random.default_rng([config.train.seed, 5]).permutation(len(self.train_tasks))
-        held = set(order[len(order) - n_val:].tolist()) if n_val else set()
-        self.val_tasks = [self.train_tasks[i] for i in order[len(order) - n_val:]] if n_val else []
-        self.sft_tasks = [self.train_tasks[i] for i in order[: len(order) - n_val]]
+        cut = len(order) - n_val
+        held = set(order[cut:].tolist())
+        self.val_tasks = [self.train_tasks[i] for i in order[cut:]]
+        self.sft_tasks = [self.train_tasks[i] for i in order[:cut]]
         self.train_tasks = [t for i, t in enumerate(self.train_tasks) if i not in held]
         if not self.train_tasks or not self.eval_tasks:
             raise ValueError(f"env {config.env.name!r}: split {config.env.train_split!r} or "

@@ -77,20 +77,15 @@ class _Layout:
         self.batches[k].step(ids, self.frame_skip)
 
     def step(self, actions: np.ndarray, ids: np.ndarray | None) -> None:
-        if self.team is None:
-            if ids is None:
-                self.ctrls[0][...] = actions
-                self.batches[0].step(None, self.frame_skip)
-            elif len(ids):
-                self.ctrls[0][ids] = actions[ids]
-                self.batches[0].step(ids.astype(np.int32), self.frame_skip)
-            return
         self._actions[...] = actions
         for k, (lo, hi) in enumerate(self.spans):
             self._ids[k] = (
                 None if ids is None else (ids[(ids >= lo) & (ids < hi)] - lo).astype(np.int32)
             )
-        self.team.run(self._step_chunk, len(self.spans))
+        if self.team is None:
+            self._step_chunk(0)
+        else:
+            self.team.run(self._step_chunk, len(self.spans))
 
     def reset(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray) -> None:
         nq = self.nq
