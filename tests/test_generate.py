@@ -173,8 +173,10 @@ def test_bad_inputs_raise():
         sampler(params, [[], []], SamplingConfig(max_new_tokens=4), jax.random.key(0))
 
 
-def test_qwen_style_fused_decode_matches_teacher_forcing():
-    # QKV bias + tied embeddings exercise the fused q/k/v kernel and the hoisted [D, V] head.
+@pytest.mark.parametrize("layout", ["row_major", "output_major"])
+def test_qwen_style_fused_decode_matches_teacher_forcing(layout):
+    # QKV bias + tied embeddings exercise the fused q/k/v kernel and the hoisted head, in
+    # both decode layouts (row-major [in, out] and output-major [out, in] kernels).
     cfg = ModelConfig.test(qkv_bias=True, tie_embeddings=True, model_type="qwen2")
     graphdef, params = init_model(cfg, jax.random.key(5))
     keys = iter(jax.random.split(jax.random.key(6), 8))
@@ -184,7 +186,7 @@ def test_qwen_style_fused_decode_matches_teacher_forcing():
             attn[name] = 0.5 * jax.random.normal(next(keys), attn[name].shape)
     prompts = _prompts([3, 8], seed=7)
     cfg_s = SamplingConfig(max_new_tokens=10)
-    out = Sampler(graphdef)(params, prompts, cfg_s, jax.random.key(8))
+    out = Sampler(graphdef, decode_layout=layout)(params, prompts, cfg_s, jax.random.key(8))
     plain = Sampler(graphdef, fuse_weights=False)(params, prompts, cfg_s, jax.random.key(8))
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(plain.tokens))
     seqs = [p + list(np.asarray(out.tokens)[i]) for i, p in enumerate(prompts)]
@@ -192,3 +194,39 @@ def test_qwen_style_fused_decode_matches_teacher_forcing():
     for i, p in enumerate(prompts):
         np.testing.assert_allclose(np.asarray(out.logprobs)[i], ref[i, len(p):len(p) + 10],
                                    atol=1e-4)
+
+
+def test_output_major_decode_keeps_kernels_per_params_version():
+    """Output-major decode kernels are built once per parameter version: reused across calls
+    (turns) with the same params, rebuilt when params change; a continued multi-turn cache
+    gives the same tokens and log-probs as the row-major layout."""
+    graphdef, params = init_model(ModelConfig.test(), jax.random.key(0))
+    om = Sampler(graphdef, decode_layout="output_major")
+    rm = Sampler(graphdef, decode_layout="row_major")
+    prompts, obs = _prompts([5, 9, 3], seed=1), _prompts([2, 4, 1], seed=2)
+    cfg = SamplingConfig(max_new_tokens=6)
+    outs = {}
+    for name, sampler in (("om", om), ("rm", rm)):
+        first = sampler(params, prompts, cfg, jax.random.key(3))
+        toks = np.asarray(first.tokens)
+        second = sampler(params, obs, cfg, jax.random.key(4), cache=first.cache)
+        outs[name] = (toks, np.asarray(second.tokens), np.asarray(second.logprobs))
+    for a, b in zip(outs["om"], outs["rm"]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    kept = om._prepared[1]
+    om(params, prompts, cfg, jax.random.key(5))
+    assert om._prepared[1] is kept  # same params arrays: not rebuilt
+    new_params = jax.tree.map(lambda x: x * 1.01, params)
+    om(new_params, prompts, cfg, jax.random.key(5))
+    assert om._prepared[1] is not kept
+    np.testing.assert_allclose(np.asarray(om._prepared[1]["lm_head_t"]),
+                               np.asarray(new_params["lm_head"]).T, rtol=1e-6)
+    om.release()
+    assert om._prepared is None and rm._prepared is None  # row-major keeps nothing
+    with pytest.raises(ValueError, match="decode_layout"):
+        Sampler(graphdef, decode_layout="column")
+    # "auto" on CPU: output-major only for models too big for cache, at small batch.
+    auto = Sampler(graphdef)
+    big = {"w": jax.ShapeDtypeStruct((16 * 2**20,), jnp.float32)}  # 64 MiB
+    assert not auto.output_major(params, 8)
+    assert auto.output_major(big, 8) and not auto.output_major(big, 64)
