@@ -1,0 +1,58 @@
+"""Machine peaks and the arithmetic of a dense decoder, shared by the benchmarks.
+
+A benchmark's throughput means little without the best figure the machine allows for the
+same work. ``measure_peaks`` times this machine's fp32 matmul rate and copy bandwidth in the
+running process; the ``*_flops`` functions count the multiply-adds a Llama-style decoder
+must do (the embedding is a gather and costs none). ``ceiling_s`` turns both into the least
+time a piece of work can take: ``max(flops / peak, bytes / bandwidth)``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def measure_peaks(reps: int = 20) -> dict:
+    """fp32 matmul FLOP/s (jitted 1024^3 dot) and copy bandwidth (numpy, 256 MB): the best
+    of ``reps`` timings each, so that a moment of contention on a shared machine does not
+    lower the peak (a lower peak would flatter every fraction-of-peak figure)."""
+    n = 1024
+    a = jnp.asarray(np.random.rand(n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        times.append(time.perf_counter() - t0)
+    flops = 2 * n**3 / min(times)
+    src = np.ones(64 * 2**20, np.float32)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return {"matmul_flop_s": flops, "copy_bytes_s": 2 * src.nbytes / min(times)}
+
+
+def layer_params(hidden: int, heads: int, kv_heads: int, mlp: int, head_dim: int) -> int:
+    """Weights of one block's matmuls: q/k/v/o projections and the SwiGLU MLP."""
+    return hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * mlp
+
+
+def forward_flops(*, layers: int, layer_p: int, hidden: int, vocab: int, heads: int,
+                  head_dim: int, tokens: int, mean_context: float, head_positions: int) -> float:
+    """One forward pass over ``tokens`` tokens, each attending ``mean_context`` keys on
+    average, with vocabulary logits at ``head_positions`` positions."""
+    attention = 4 * layers * heads * head_dim * mean_context * tokens
+    return 2 * layers * layer_p * tokens + attention + 2 * hidden * vocab * head_positions
+
+
+def ceiling_s(flops: float, nbytes: float, peaks: dict) -> float:
+    """Least time for work of ``flops`` and ``nbytes`` of memory traffic at the peaks."""
+    return max(flops / peaks["matmul_flop_s"], nbytes / peaks["copy_bytes_s"])
