@@ -30,7 +30,7 @@ import transformers  # noqa: E402
 
 from jaxagent.generate import Sampler, SamplingConfig  # noqa: E402
 from jaxagent.models import load_hf  # noqa: E402
-from roofline import ceiling_s, forward_flops, layer_params, measure_peaks  # noqa: E402
+from roofline import ceiling_s, decoder_shape, forward_flops, measure_peaks  # noqa: E402
 
 PROMPT, NEW = 64, 128
 CONFIGS = {
@@ -87,28 +87,28 @@ def time_jax(path: str, prompts: np.ndarray, reps: int):
     return times, cpu, compile_s, sampler
 
 
+def _shape(spec: dict) -> dict:
+    return decoder_shape(layers=spec["layers"], hidden=spec["hidden"], heads=spec["heads"],
+                         kv_heads=spec["kv"], mlp=spec["mlp"],
+                         head_dim=spec["hidden"] // spec["heads"], vocab=spec["vocab"])
+
+
 def decode_cost(spec: dict, batch: int) -> tuple[float, float]:
     """FLOPs and bytes of one decode step (weights streamed once a step, plus the KV cache)."""
-    d, v, layers = spec["hidden"], spec["vocab"], spec["layers"]
-    hd = d // spec["heads"]
-    lp = layer_params(d, spec["heads"], spec["kv"], spec["mlp"], hd)
-    streamed = layers * lp + d * v  # lm head; the embedding is a gather
+    shape = _shape(spec)
+    streamed = shape["layers"] * shape["layer_p"] + shape["hidden"] * shape["vocab"]  # + head
     context = PROMPT + NEW / 2
-    flops = forward_flops(layers=layers, layer_p=lp, hidden=d, vocab=v, heads=spec["heads"],
-                          head_dim=hd, tokens=batch, mean_context=context, head_positions=batch)
-    cache_bytes = 2 * layers * spec["kv"] * hd * context * batch * 4
+    flops = forward_flops(**shape, tokens=batch, mean_context=context, head_positions=batch)
+    cache_bytes = 2 * shape["layers"] * spec["kv"] * shape["head_dim"] * context * batch * 4
     return flops, 4 * streamed + cache_bytes
 
 
 def call_ceiling_s(spec: dict, peaks: dict) -> float:
     """Least time for one sampler call at this machine's peaks: the prompt's prefill (FLOPs)
     plus NEW - 1 decode steps (each the larger of its FLOP time and its weight + KV reads)."""
-    b, d = spec["batch"], spec["hidden"]
-    hd = d // spec["heads"]
-    lp = layer_params(d, spec["heads"], spec["kv"], spec["mlp"], hd)
-    prefill = forward_flops(layers=spec["layers"], layer_p=lp, hidden=d, vocab=spec["vocab"],
-                            heads=spec["heads"], head_dim=hd, tokens=b * PROMPT,
-                            mean_context=PROMPT / 2, head_positions=b)
+    b = spec["batch"]
+    prefill = forward_flops(**_shape(spec), tokens=b * PROMPT, mean_context=PROMPT / 2,
+                            head_positions=b)
     step_flops, step_bytes = decode_cost(spec, b)
     return ceiling_s(prefill, 0, peaks) + (NEW - 1) * ceiling_s(step_flops, step_bytes, peaks)
 

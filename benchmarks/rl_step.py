@@ -99,7 +99,7 @@ from jaxagent.rl.recipes import get_recipe  # noqa: E402
 from jaxagent.rl.train_state import TrainState  # noqa: E402
 from jaxagent.rl.update import make_update_step, model_logprob_fn  # noqa: E402
 from jaxagent.types import TokenBatch  # noqa: E402
-from roofline import ceiling_s, forward_flops, layer_params, measure_peaks  # noqa: E402
+from roofline import ceiling_s, decoder_shape, forward_flops, measure_peaks  # noqa: E402
 
 TRL_ANCHOR_TOK_S = 654.0  # TRL 1.16 GRPOTrainer, same model and sizes, this machine (issue text)
 
@@ -172,10 +172,9 @@ def step_flops(cfg) -> dict:
     the update's forward + backward (backward = 2 x forward) over prompt + completion, with
     vocabulary logits at the completion positions only (no recomputation counted)."""
     rows = PROMPTS * SAMPLES
-    lp = layer_params(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
-                      cfg.head_dim)
-    common = dict(layers=cfg.num_layers, layer_p=lp, hidden=cfg.hidden_size,
-                  vocab=cfg.vocab_size, heads=cfg.num_heads, head_dim=cfg.head_dim)
+    common = decoder_shape(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads,
+                           kv_heads=cfg.num_kv_heads, mlp=cfg.intermediate_size,
+                           head_dim=cfg.head_dim, vocab=cfg.vocab_size)
     prefill = forward_flops(**common, tokens=rows * PROMPT_LEN, mean_context=PROMPT_LEN / 2,
                             head_positions=rows)
     decode = (NEW - 1) * forward_flops(**common, tokens=rows, mean_context=PROMPT_LEN + NEW / 2,

@@ -115,12 +115,14 @@ class Sampler:
 
     def output_major(self, params, batch_size: int) -> bool:
         """Whether decode steps use output-major kernels (``decode_layout``, see ``dense_t``)."""
+        return self._output_major(jax.tree.leaves(params), batch_size)
+
+    def _output_major(self, leaves, batch_size: int) -> bool:
         if self.decode_layout != "auto":
             return self.decode_layout == "output_major"
         if jax.default_backend() != "cpu" or batch_size > _OUTPUT_MAJOR_MAX_ROWS:
             return False
-        nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-        return nbytes >= _OUTPUT_MAJOR_MIN_BYTES
+        return sum(x.size * x.dtype.itemsize for x in leaves) >= _OUTPUT_MAJOR_MIN_BYTES
 
     def _fused_weights(self, params, output_major):
         return nnx.merge(self.graphdef, params).fused_weights(output_major=output_major)
@@ -134,9 +136,9 @@ class Sampler:
         extra copy of the kernels until params change or ``release()``. Row-major kernels
         are cheap concatenations, built inside each call instead (None here).
         """
-        if not self.fuse_weights or not self.output_major(params, batch_size):
-            return None
         leaves = jax.tree.leaves(params)
+        if not self.fuse_weights or not self._output_major(leaves, batch_size):
+            return None
         kept = self._prepared
         if kept is not None and len(kept[0]) == len(leaves) and all(
                 a is b for a, b in zip(kept[0], leaves)):

@@ -249,11 +249,11 @@ class Transformer(nnx.Module):
         cache; slower for wide chunks.
         """
         out = {"layers": tuple(layer.fused_weights(output_major) for layer in self.layers())}
-        head = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
-        if output_major:
-            out["lm_head_t"] = head.T
+        tied = self.config.tie_embeddings
+        if output_major:  # [V, D]: the embedding itself when tied
+            out["lm_head_t"] = self.embed[...] if tied else self.lm_head[...].T
         else:
-            out["lm_head"] = head
+            out["lm_head"] = self.embed[...].T if tied else self.lm_head[...]
         return out
 
     def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None,
