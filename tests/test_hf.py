@@ -151,3 +151,35 @@ def test_layout_covers_every_parameter():
         flat = {"/".join(str(k.key) for k in path)
                 for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
         assert mapped == flat
+
+
+@pytest.mark.parametrize("rope", [None, {"rope_type": "llama3", "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 16}])
+def test_export_config_reads_the_same_in_transformers_4_and_5_forms(tmp_path, rope):
+    """An exported config.json carries both spellings of RoPE and dtype: the transformers-5
+    ``rope_parameters``/``dtype`` and the 4.x ``rope_theta``/``rope_scaling``/``torch_dtype``.
+    Each form alone gives the same model, and transformers 5 reads the file as written."""
+    _, path = _llama(tmp_path, rope=rope)
+    config, graphdef, params = load_hf(path)
+    out = str(tmp_path / "export")
+    save_hf(out, config, graphdef, params)
+    with open(os.path.join(out, "config.json")) as fh:
+        written = json.load(fh)
+    assert written["rope_theta"] == 5000.0
+    assert written["torch_dtype"] == written["dtype"] == "float32"
+    if rope is None:
+        assert written["rope_scaling"] is None
+    else:
+        assert written["rope_scaling"]["type"] == written["rope_scaling"]["rope_type"] == "llama3"
+        assert written["rope_scaling"]["factor"] == 8.0
+    # Each form alone (what a 4.x reader sees / what a 5.x-only writer leaves) is the same model.
+    v4 = {k: v for k, v in written.items() if k not in ("rope_parameters", "dtype")}
+    v5 = {k: v for k, v in written.items() if k not in ("rope_theta", "rope_scaling",
+                                                         "torch_dtype")}
+    from jaxagent.models.hf import config_from_hf
+
+    assert config_from_hf(v4) == config_from_hf(v5) == config
+    reread = transformers.AutoConfig.from_pretrained(out)
+    expect = {"rope_type": "default", "rope_theta": 5000.0, **(rope or {})}
+    assert {k: reread.rope_parameters[k] for k in expect} == expect

@@ -42,8 +42,9 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         raise ValueError("config.json use_sliding_window=true is not supported; set it to false")
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = rope.pop("rope_theta", None) or hf.get("rope_theta", 10000.0)
-    if "type" in rope and "rope_type" not in rope:
-        rope["rope_type"] = rope.pop("type")
+    if "type" in rope:  # the transformers-4 name; 4.x writes it beside (or instead of) rope_type
+        kind = rope.pop("type")
+        rope.setdefault("rope_type", kind)
     if rope.get("rope_type", "default") == "default":
         rope = {}
     heads = hf["num_attention_heads"]
@@ -88,6 +89,29 @@ def config_to_hf(config: ModelConfig):
         return transformers.Qwen2Config(**common, use_sliding_window=False)
     return transformers.LlamaConfig(**common, head_dim=config.head_dim,
                                     attention_bias=config.qkv_bias, mlp_bias=False)
+
+
+def _add_legacy_keys(config_path: str) -> None:
+    """Write the transformers-4 spellings of the RoPE and dtype settings beside the
+    transformers-5 ones, so every release that reads the checkpoint sees the same model.
+
+    transformers 5 writes ``rope_parameters`` (theta inside) and ``dtype``; 4.x reads the
+    top-level ``rope_theta``, ``rope_scaling`` (``None`` for plain RoPE, with the older ``type``
+    key beside ``rope_type``) and ``torch_dtype``, and would silently use theta 10000 and no
+    scaling without them. transformers 5 reads ``rope_scaling`` first when present, so both
+    keys must describe the same RoPE.
+    """
+    with open(config_path) as fh:
+        hf = json.load(fh)
+    rope = dict(hf.get("rope_parameters") or {})
+    hf["rope_theta"] = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    kind = rope.get("rope_type", "default")
+    hf["rope_scaling"] = None if kind == "default" else {**rope, "type": kind}
+    if "dtype" in hf and "torch_dtype" not in hf:
+        hf["torch_dtype"] = hf["dtype"]
+    with open(config_path, "w") as fh:
+        json.dump(hf, fh, indent=2, sort_keys=True)
+        fh.write("\n")
 
 
 # --- name and layout mapping -------------------------------------------------------------
@@ -266,6 +290,7 @@ def save_hf(path: str, config: ModelConfig, graphdef, params: Params, *,
     hf_config = config_to_hf(config if dtype is None else config.replace(param_dtype=dtype))
     hf_config.architectures = ["Qwen2ForCausalLM" if config.model_type == "qwen2" else "LlamaForCausalLM"]
     hf_config.save_pretrained(path)
+    _add_legacy_keys(os.path.join(path, "config.json"))
     store = jnp.dtype(dtype or config.param_dtype)
     tensors = {name: jnp.asarray(_to_hf(_get(params, target), kind, shape)).astype(store)
                for name, (target, shape, kind) in _hf_layout(config).items()}
