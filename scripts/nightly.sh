@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The slow tests (marked `slow`, kept out of scripts/test.sh's default run): the larger mesh
+# layouts, whole-split BFCL and HumanEval checks. Same install as the default run.
+#   bash scripts/nightly.sh            # slow tests only
+#   bash scripts/nightly.sh --all      # slow and default tests together
+set -euo pipefail
+cd "$(dirname "$0")/.."
+marker="slow"
+if [ "${1:-}" = "--all" ]; then
+  marker="slow or not slow"
+  shift
+fi
+exec bash scripts/test.sh -m "$marker" "$@"
