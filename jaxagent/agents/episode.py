@@ -26,6 +26,7 @@ class Turn:
     num_action_tokens: int = 0  # policy tokens of this turn (incl. the stop token)
     num_observation_tokens: int = 0  # tokens appended after it (user turn + header)
     hit_token_limit: bool = False  # the turn ended at max_new_tokens without a stop token
+    dangerous: list[str] = dataclasses.field(default_factory=list)  # step info["dangerous"]
 
 
 @dataclasses.dataclass

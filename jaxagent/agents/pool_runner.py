@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from jaxagent.agents.runner import EnvReply
-from jaxagent.envs.base import Task
+from jaxagent.envs.base import Task, env_error_message
 from jaxagent.pool import EnvPool, PoolConfig, PoolStep
 
 
 def _reply(step: PoolStep) -> EnvReply:
     if step.env_error:
-        return EnvReply.failed(str(step.info.get("env_error", "env_error")))
+        return EnvReply(step.observation, 0.0, True, dict(step.info),
+                        error=env_error_message(step.info))
     return EnvReply(step.observation, float(step.reward), bool(step.done), dict(step.info))
 
 

@@ -25,7 +25,8 @@ import jax
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvReply, EnvRunner
 from jaxagent.agents.sampling import TurnSampler
-from jaxagent.envs.base import FailureMode, Task, Termination, truncate_observation
+from jaxagent.envs.base import (FailureMode, Task, Termination, env_error_message, is_env_error,
+                                truncate_observation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,15 +66,24 @@ class ChatLike:
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
-def _end_from_reply(ep: Episode, reply: EnvReply) -> None:
+def _end_from_reply(ep: Episode, turn: Turn, reply: EnvReply) -> None:
+    """End ``ep`` on a final reply. An environment failure, whether the runner caught it
+    (``reply.error``) or the environment reported it (``info["termination"] == "env_error"``,
+    e.g. a world exception or a sandbox error), ends it as ``ENV_ERROR`` with no reward, so
+    the batch builder gives it no loss and the report leaves it out of the policy's success."""
     info = reply.info
+    ep.info = info
+    if reply.error is not None or is_env_error(info):
+        turn.reward = 0.0
+        ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR,
+                  error=reply.error if reply.error is not None else env_error_message(info))
+        return
     fm = info.get("failure_mode")
     if info.get("truncated", False):
         ep.finish(Termination.TRUNCATED, fm or FailureMode.STEP_BUDGET,
                   success=bool(info.get("success", False)))
     else:
         ep.finish(Termination.TERMINATED, fm, success=bool(info.get("success", False)))
-    ep.info = info
 
 
 def collect_episodes(
@@ -156,14 +166,11 @@ def collect_episodes(
                         reward_terms=dict(reply.info.get("reward_terms", {}) or {}),
                         failure_mode=reply.info.get("failure_mode"),
                         num_action_tokens=len(out.tokens[i]),
-                        hit_token_limit=not out.stopped[i])
+                        hit_token_limit=not out.stopped[i],
+                        dangerous=list(reply.info.get("dangerous") or ()))
             ep.turns.append(turn)
-            if reply.error is not None:
-                turn.reward = 0.0
-                ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
-                continue
-            if reply.done:
-                _end_from_reply(ep, reply)
+            if reply.error is not None or reply.done or is_env_error(reply.info):
+                _end_from_reply(ep, turn, reply)
                 continue
             if len(ep.turns) >= budget.max_turns:
                 ep.info = reply.info

@@ -2,8 +2,9 @@
 
 The driver talks to a runner with two batched calls, ``reset(slots, tasks)`` and
 ``step(slots, actions)``, one reply per slot. A runner never raises for an environment's
-failure: a crash, a hang past the timeout or a corrupt return comes back as an ``EnvReply``
-with ``error`` set, and the driver ends that episode with ``Termination.ENV_ERROR``.
+failure: a crash, a hang past the timeout, a corrupt return or a failure the environment
+reports itself (``info["termination"] == "env_error"``) comes back as an ``EnvReply`` with
+``error`` set, and the driver ends that episode with ``Termination.ENV_ERROR``.
 
 ``InlineRunner`` calls the environments in the caller's thread (fast, for tests and
 instantaneous worlds). ``PoolRunner`` (in ``jaxagent.agents.pool_runner``) drives the
@@ -16,7 +17,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-from jaxagent.envs.base import StepResult, Task, TextEnv
+from jaxagent.envs.base import StepResult, Task, TextEnv, env_error_message, is_env_error
 
 
 @dataclasses.dataclass
@@ -53,7 +54,10 @@ def _check_result(result: Any) -> EnvReply:
         return EnvReply.failed(f"corrupt reward {result.reward!r}")
     if reward != reward:  # NaN
         return EnvReply.failed("corrupt reward nan")
-    return EnvReply(result.observation, reward, bool(result.done), dict(result.info or {}))
+    info = dict(result.info or {})
+    if is_env_error(info):  # the env caught its own failure (world exception, sandbox error)
+        return EnvReply(result.observation, 0.0, True, info, error=env_error_message(info))
+    return EnvReply(result.observation, reward, bool(result.done), info)
 
 
 class InlineRunner:
@@ -66,7 +70,9 @@ class InlineRunner:
     def __init__(self, env_factory: Callable[[], TextEnv]):
         self._factory = env_factory
         self._envs: dict[int, TextEnv] = {}
-        self._counters = {"calls": 0, "errors": 0, "restarts": 0}
+        # env_error_episodes has the pool's meaning (episodes ended by an env failure), so
+        # env-health metrics read the same under every backend.
+        self._counters = {"calls": 0, "errors": 0, "restarts": 0, "env_error_episodes": 0}
         self._latencies: list[float] = []
 
     def _env(self, slot: int) -> TextEnv:
@@ -90,6 +96,7 @@ class InlineRunner:
         self._latencies.append(time.perf_counter() - start)
         if reply.error is not None:
             self._counters["errors"] += 1
+            self._counters["env_error_episodes"] += 1
             self._restart(slot)
         return reply
 

@@ -214,3 +214,15 @@ def env_error_info(reason: str, detail: str = "") -> dict[str, Any]:
         "env_error_detail": detail,
         "success": False,
     }
+
+
+def is_env_error(info: Mapping[str, Any] | None) -> bool:
+    """Whether a step's ``info`` says the environment failed (``env_error_info``)."""
+    return bool(info) and info.get("termination") == Termination.ENV_ERROR.value
+
+
+def env_error_message(info: Mapping[str, Any]) -> str:
+    """A one-line description of an environment failure, for ``Episode.error`` and logs."""
+    reason = str(info.get("env_error") or "env_error")
+    detail = str(info.get("env_error_detail") or "")
+    return f"{reason}: {detail}" if detail else reason

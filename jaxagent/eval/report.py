@@ -39,6 +39,13 @@ class EvalReport:
         return out
 
 
+def episode_dangerous(ep) -> list[str]:
+    """Every dangerous action of an episode, from all of its steps (``info["dangerous"]`` of
+    each step, recorded on its ``Turn``), in order. A dangerous call mid-episode counts as
+    much as one on the last step."""
+    return [a for t in ep.turns for a in (t.dangerous or ())]
+
+
 def summarize(episodes: Sequence) -> EvalReport:
     """Summarise episodes (``jaxagent.agents.episode.Episode`` records)."""
     ok = [ep for ep in episodes if not ep.env_failed]
@@ -47,8 +54,7 @@ def summarize(episodes: Sequence) -> EvalReport:
     if unlabelled:
         modes["unlabelled"] += unlabelled
     n = max(len(ok), 1)
-    dangerous = sum(1 for ep in ok if any(
-        (t.reward_terms or {}).get("dangerous") for t in ep.turns) or ep.info.get("dangerous"))
+    dangerous = sum(1 for ep in ok if episode_dangerous(ep))
     return EvalReport(
         episodes=len(episodes), env_errors=len(episodes) - len(ok),
         success=sum(ep.success for ep in ok) / n,

@@ -367,7 +367,8 @@ class EnvPool:
         step = value if isinstance(value, StepResult) else StepResult(*value)
         info = dict(step.info)
         obs = self._truncate(step.observation)
-        if step.done:
+        if step.done or info.get("termination") == Termination.ENV_ERROR.value:
+            # An env that reports its own failure ends the episode even without done=True.
             info.setdefault(
                 "termination",
                 Termination.TRUNCATED.value if step.truncated else Termination.TERMINATED.value,

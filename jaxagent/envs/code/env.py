@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxagent.envs.base import FailureMode, StepResult, Task
+from jaxagent.envs.base import FailureMode, StepResult, Task, env_error_info
 from jaxagent.envs.code.sandbox import Sandbox, SandboxConfig, SandboxResult
 from jaxagent.envs.code.tasks import assemble_program, extract_code, hidden_tests
 
@@ -125,8 +125,8 @@ class CodeEnv:
             "turn": self._turn,
             "isolation": result.isolation,
         }
-        if result.status == "error":
-            info["env_error"] = result.detail
+        if result.status == "error":  # the sandbox failed, not the candidate: ENV_ERROR
+            info.update(env_error_info("sandbox", result.detail or ""))
         if last:
             self._task = None
             return StepResult(observation="", reward=score, done=True, info=info)
