@@ -6,8 +6,10 @@
   jaxagent export --checkpoint RUN_DIR --out HF_DIR         write a Hugging Face directory
 
 Configs are YAML overlays on ``jaxagent.train.config.Config``; ``key=value`` overrides use
-dotted keys (``rl.overrides.learning_rate=3e-4``, ``train.seed=1``). A bad key or value exits
-with status 2 and a message naming the key and what is allowed.
+dotted keys (``rl.overrides.learning_rate=3e-4``, ``train.seed=1``). Every input error (a
+missing config file, a bad key or value, a missing or partial checkpoint, a bad ``--n``, an
+unknown split) exits with status 2 and one line on stderr naming the input, the value and the
+fix.
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+
+class InputError(ValueError):
+    """A command-line argument is invalid; the message names it, its value and the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), raised for ``main`` to report."""
+
+    def error(self, message: str):
+        raise InputError(f"{message} (see `{self.prog} --help`)")
 
 
 def _cmd_train(args) -> int:
@@ -26,76 +39,31 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _policy_for(args, overrides):
-    """(config for env/eval settings, loaded policy or None)."""
+def _run_for(args):
+    """(config, run) for ``eval`` / ``rollout``: the config's tasks and settings, with the
+    checkpoint's policy when one is given (else the config's untrained model)."""
     from jaxagent.train.config import load_config
+    from jaxagent.train.run import build_run
     from jaxagent.train.session import load_policy
 
-    config = load_config(args.config, overrides)
-    policy = load_policy(args.checkpoint) if getattr(args, "checkpoint", None) else None
-    return config, policy
-
-
-def _episodes(config, policy, tasks, samples, temperature, seed, key=None):
-    import jax
-
-    from jaxagent.agents.rollout import Budget, collect_episodes
-    from jaxagent.agents.sampling import SamplingParams
-    from jaxagent.train.envs import get_env_spec
-    from jaxagent.train.policy import make_turn_sampler
-    from jaxagent.train.tokenizer import ChatFormat
-    from jaxagent.train.trainer import make_runner
-
-    spec = get_env_spec(config.env.name, config.env.options)
-    if policy is None:  # an untrained policy: the run's model built from scratch
-        from jaxagent.train.policy import build_model
-        from jaxagent.train.tokenizer import build_word_tokenizer
-
-        tok = build_word_tokenizer(spec.vocabulary()) if spec.vocabulary else None
-        if tok is None:
-            raise SystemExit("rollout without --checkpoint needs an env with a vocabulary")
-        graphdef, params, mcfg = build_model(config.model, tok, jax.random.key(seed))
-    else:
-        tok, graphdef, params, mcfg = (policy.tokenizer, policy.graphdef, policy.params,
-                                       policy.model_config)
-    chat = ChatFormat(tok)
-    max_len = min(config.max_total_tokens, mcfg.max_seq_len - config.rollout.max_new_tokens)
-    sampling = SamplingParams(max_new_tokens=config.rollout.max_new_tokens,
-                              temperature=temperature, stop_ids=chat.stop_ids,
-                              pad_id=chat.pad_id)
-    sampler = make_turn_sampler(graphdef, sampling, max_len, model_config=mcfg)
-    runner = make_runner(config)
-    try:
-        eps, _ = collect_episodes(
-            sampler, params, tasks, samples_per_task=samples, runner=runner, chat=chat,
-            system_prompt=spec.system_prompt,
-            budget=Budget(config.rollout.max_turns, config.rollout.max_new_tokens, max_len,
-                          config.rollout.max_observation_chars),
-            key=jax.random.key(seed) if key is None else key)
-    finally:
-        runner.close()
-    return eps
-
-
-def _split_tasks(config, split):
-    from jaxagent.train.envs import get_env_spec
-
-    spec = get_env_spec(config.env.name, config.env.options)
-    return list(spec.make_source().tasks(split))
+    config = load_config(args.config, args.overrides)
+    policy = load_policy(args.checkpoint) if args.checkpoint else None
+    return config, policy, build_run(config, policy=policy)
 
 
 def _cmd_eval(args) -> int:
-    from jaxagent.eval.report import summarize
+    from jaxagent.agents.evaluate import evaluate
+    from jaxagent.train.run import eval_key
 
-    config, policy = _policy_for(args, args.overrides)
-    tasks = _split_tasks(config, config.env.eval_split)[: config.eval.num_tasks]
-    from jaxagent.train.trainer import eval_key
-
-    # The trainer's evaluation key for this checkpoint: same tasks, same samples.
-    eps = _episodes(config, policy, tasks, config.eval.samples_per_task,
-                    config.eval.temperature, config.train.seed,
-                    key=eval_key(config.train.seed, int(policy.meta.get("iteration", 0))))
-    report = summarize(eps)
+    config, policy, run = _run_for(args)
+    try:
+        # The trainer's evaluation key for this checkpoint: same tasks, same samples.
+        result = evaluate(run.eval_sampler, run.tasks.eval, run.rollout,
+                          eval_key(config.train.seed, int(policy.meta.get("iteration", 0))),
+                          params=run.params, samples_per_task=config.eval.samples_per_task)
+    finally:
+        run.close()
+    report = result.report
     print(f"checkpoint {args.checkpoint} (step {policy.step}): {report.episodes} episodes on "
           f"{config.env.name}/{config.env.eval_split}")
     print(f"  success {report.success:.3f}  avg steps {report.avg_steps:.2f}  env errors "
@@ -107,11 +75,34 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_rollout(args) -> int:
-    config, policy = _policy_for(args, args.overrides)
-    tasks = _split_tasks(config, args.split)[: args.n]
-    eps = _episodes(config, policy, tasks, 1, config.rollout.temperature
-                    if args.temperature is None else args.temperature, config.train.seed)
-    for ep in eps:
+    import jax
+
+    from jaxagent.agents.evaluate import evaluate
+
+    if args.n < 1:
+        raise InputError(f"--n {args.n} must be >= 1 (the number of episodes to print)")
+    config, _, run = _run_for(args)
+    try:
+        splits = run.env.make_source().splits()
+        if args.split not in splits:
+            raise InputError(f"--split {args.split!r} is not a split of env "
+                             f"{config.env.name!r}; choose one of {list(splits)}")
+        tasks = list(run.env.make_source().tasks(args.split))[: args.n]
+        sampler = run.sampler
+        if args.temperature is not None:
+            from jaxagent.generate import SamplingConfig
+            from jaxagent.train.policy import make_turn_sampler
+
+            sampling = SamplingConfig.create(
+                max_new_tokens=config.rollout.max_new_tokens, temperature=args.temperature,
+                stop_token_ids=run.chat.stop_ids)
+            sampler = make_turn_sampler(run.graphdef, sampling, run.max_len,
+                                        pad_id=run.chat.pad_id)
+        result = evaluate(sampler, tasks, run.rollout, jax.random.key(config.train.seed),
+                          params=run.params)
+    finally:
+        run.close()
+    for ep in result.episodes:
         print(ep.render())
         print()
     return 0
@@ -134,9 +125,9 @@ def _cmd_export(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxagent", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="jaxagent", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train from a YAML config")
     train.add_argument("config")
     train.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -158,8 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        args = build_parser().parse_args(argv)
+    except InputError as err:
+        print(f"jaxagent {command}: {err}".replace("  ", " "), file=sys.stderr)
+        return 2
     from jaxagent.train.config import ConfigError
+    from jaxagent.train.session import CheckpointError
 
     handlers = {"train": _cmd_train, "eval": _cmd_eval, "rollout": _cmd_rollout,
                 "export": _cmd_export}
@@ -167,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](args)
     except ConfigError as err:
         print(f"jaxagent {args.command}: config error: {err}", file=sys.stderr)
+        return 2
+    except (CheckpointError, InputError) as err:
+        print(f"jaxagent {args.command}: {err}", file=sys.stderr)
         return 2
 
 

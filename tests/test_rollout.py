@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from jaxagent.agents.batch import pack_episodes
-from jaxagent.agents.rollout import Budget, collect_episodes
+from jaxagent.agents.chat import ChatFormat
+from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
-from jaxagent.agents.sampling import ReferenceSampler, SamplingParams
+from jaxagent.agents.sampling import ReferenceSampler
+from jaxagent.generate import SamplingConfig
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.train.policy import make_logits_fn, make_logprob_fn, make_turn_sampler
-from jaxagent.train.tokenizer import ChatFormat, build_word_tokenizer
+from jaxagent.train.tokenizer import build_word_tokenizer
 
 WORDS = "look at the box red blue green one two three four five ok done Action : ( )".split()
 
@@ -54,13 +56,17 @@ class RecordingSampler:
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
-    def start(self, params, prompts, key):
-        out = self.inner.start(params, prompts, key)
+    @property
+    def recompiles(self):
+        return self.inner.recompiles
+
+    def start(self, params, prompts, key, **texts):
+        out = self.inner.start(params, prompts, key, **texts)
         self.calls.append(([list(p) for p in prompts], out))
         return out
 
-    def resume(self, params, chunks, key):
-        out = self.inner.resume(params, chunks, key)
+    def resume(self, params, chunks, key, **texts):
+        out = self.inner.resume(params, chunks, key, **texts)
         self.calls.append(([None if c is None else list(c) for c in chunks], out))
         return out
 
@@ -82,14 +88,12 @@ def _tasks():
 @pytest.mark.parametrize("kind", ["reference", "cached"])
 def test_masks_and_logprobs_match_learner(setup, kind):
     tok, chat, graphdef, params, cfg = setup
-    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, stop_ids=chat.stop_ids,
-                              pad_id=chat.pad_id)
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
     sampler = RecordingSampler(make_turn_sampler(graphdef, sampling, 256, kind=kind,
-                                                 model_config=cfg))
+                                                 pad_id=chat.pad_id))
     budget = Budget(max_turns=5, max_new_tokens=6, max_total_tokens=256)
-    eps, stats = collect_episodes(sampler, params, _tasks(), samples_per_task=2,
-                                  runner=InlineRunner(ScriptedEnv), chat=chat,
-                                  system_prompt="one two", budget=budget,
+    spec = RolloutSpec(chat, "one two", budget, InlineRunner(ScriptedEnv))
+    eps, stats = collect_episodes(sampler, params, _tasks(), samples_per_task=2, spec=spec,
                                   key=jax.random.key(1))
     assert [ep.group for ep in eps] == [0, 0, 1, 1]
     # Rebuild each episode from the sampler's own inputs and outputs.
@@ -122,15 +126,15 @@ def test_masks_and_logprobs_match_learner(setup, kind):
 
 def test_budgets_and_env_errors_are_labelled_and_kept(setup):
     tok, chat, graphdef, params, _ = setup
-    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_ids=(), pad_id=0)
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0)
     sampler = ReferenceSampler(make_logits_fn(graphdef), sampling, 256)
     tasks = [Task(id="long", split="train", prompt="", data={"n": 1, "turns": 9}),
              Task(id="crash", split="train", prompt="", data={"n": 1, "turns": 9,
                                                               "crash_at": 2})]
-    eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=1,
-                              runner=InlineRunner(ScriptedEnv), chat=chat, system_prompt="",
-                              budget=Budget(max_turns=3, max_new_tokens=4,
-                                            max_total_tokens=256), key=jax.random.key(2))
+    spec = RolloutSpec(chat, "", Budget(max_turns=3, max_new_tokens=4, max_total_tokens=256),
+                       InlineRunner(ScriptedEnv))
+    eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=1, spec=spec,
+                              key=jax.random.key(2))
     long, crash = eps
     assert long.termination == Termination.TRUNCATED
     assert long.failure_mode == FailureMode.STEP_BUDGET.value and long.num_turns == 3
@@ -142,10 +146,10 @@ def test_budgets_and_env_errors_are_labelled_and_kept(setup):
     assert batch.tokens.shape[0] == 4 and valid.tolist() == [1.0, 0.0, 0.0, 0.0]
     assert batch.loss_mask[1].sum() == 0 and batch.loss_mask[0].sum() == 12
     # A total-token budget smaller than the next turn truncates before sampling it.
-    eps, _ = collect_episodes(sampler, params, tasks[:1], samples_per_task=1,
-                              runner=InlineRunner(ScriptedEnv), chat=chat, system_prompt="",
-                              budget=Budget(max_turns=9, max_new_tokens=4,
-                                            max_total_tokens=40), key=jax.random.key(3))
+    spec = RolloutSpec(chat, "", Budget(max_turns=9, max_new_tokens=4, max_total_tokens=40),
+                       InlineRunner(ScriptedEnv))
+    eps, _ = collect_episodes(sampler, params, tasks[:1], samples_per_task=1, spec=spec,
+                              key=jax.random.key(3))
     assert eps[0].failure_mode == FailureMode.STEP_BUDGET.value
     assert len(eps[0].tokens) <= 40
 
@@ -157,9 +161,8 @@ def test_fault_injection_through_the_pool_loses_no_episode(setup):
     from jaxagent.pool import PoolConfig
 
     tok, chat, graphdef, params, cfg = setup
-    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_ids=chat.stop_ids,
-                              pad_id=chat.pad_id)
-    sampler = make_turn_sampler(graphdef, sampling, 256, kind="cached")
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, stop_token_ids=chat.stop_ids)
+    sampler = make_turn_sampler(graphdef, sampling, 256, kind="cached", pad_id=chat.pad_id)
     log = FaultLog.create("fork")
     env_fn = FaultyEnvFactory(lambda env_id: ScriptedEnv(),
                               FaultConfig(hang=0.1, crash=0.1, hang_s=2.0, seed=3), log)
@@ -169,10 +172,10 @@ def test_fault_injection_through_the_pool_loses_no_episode(setup):
     tasks = [Task(id=f"t{i}", split="train", prompt="", data={"n": 1 + i % 4, "turns": 3})
              for i in range(12)]
     try:
-        eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=2, runner=runner,
-                                  chat=chat, system_prompt="", key=jax.random.key(4),
-                                  budget=Budget(max_turns=4, max_new_tokens=4,
-                                                max_total_tokens=256))
+        spec = RolloutSpec(chat, "", Budget(max_turns=4, max_new_tokens=4,
+                                            max_total_tokens=256), runner)
+        eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=2, spec=spec,
+                                  key=jax.random.key(4))
         health = runner.health()
     finally:
         runner.close()

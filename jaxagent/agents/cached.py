@@ -1,7 +1,7 @@
 """The cached multi-turn sampler: one KV-cache row per episode, ragged continuation.
 
 ``CachedTurnSampler`` adapts ``jaxagent.generate.Sampler`` to the rollout driver's
-``TurnSampler`` protocol. The sampler's cache keeps one row per episode; each turn appends
+``TurnPolicy`` protocol (``jaxagent.agents.turn_policy``). The sampler's cache keeps one row per episode; each turn appends
 every active row's new chunk (the prompt, then each observation chunk: ragged lengths) at
 that row's own length and decodes, so episodes at different turns share one batched call and
 history is never re-encoded. Finished episodes are passed as empty rows and append nothing.
@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 
 import jax
 
-from jaxagent.agents.sampling import SamplingParams, TurnOutput, to_sampling_config
-from jaxagent.generate import Sampler
+from jaxagent.agents.turn_policy import TurnOutput
+from jaxagent.generate import Sampler, SamplingConfig
 
 
 class CachedTurnSampler:
@@ -24,23 +24,27 @@ class CachedTurnSampler:
       graphdef: the model graphdef.
       sampling: static sampling settings.
       max_len: the longest row (the sampler also enforces the model's ``max_seq_len``).
+      pad_id: token id for padding.
     """
 
-    def __init__(self, graphdef, sampling: SamplingParams, max_len: int):
+    def __init__(self, graphdef, sampling: SamplingConfig, max_len: int, pad_id: int = 0):
         self.sampling, self.max_len = sampling, max_len
-        self._config = to_sampling_config(sampling)
-        self._sampler = Sampler(graphdef, pad_id=sampling.pad_id)
+        self._sampler = Sampler(graphdef, pad_id=pad_id)
         self._cache = None
 
     @property
     def recompiles(self) -> int:
         return self._sampler.num_compiles
 
-    def start(self, params, prompts: Sequence[Sequence[int]], key) -> TurnOutput:
+    def start(self, params, prompts: Sequence[Sequence[int]], key, *, tasks=(),
+              observations=()) -> TurnOutput:
+        del tasks, observations  # an LM acts on tokens alone
         self._cache = None
         return self._run(params, [list(p) for p in prompts], key)
 
-    def resume(self, params, chunks: Sequence[Optional[Sequence[int]]], key) -> TurnOutput:
+    def resume(self, params, chunks: Sequence[Optional[Sequence[int]]], key, *,
+               observations=()) -> TurnOutput:
+        del observations
         if self._cache is None or len(chunks) != self._cache.batch_size:
             raise ValueError("resume() needs start() first and one chunk (or None) per row")
         return self._run(params, [[] if c is None else list(c) for c in chunks], key)
@@ -52,7 +56,7 @@ class CachedTurnSampler:
         if need > self.max_len:
             raise ValueError(f"a row may need {need} tokens > max_len={self.max_len}; the "
                              "rollout budget (max_total_tokens) must keep rows within it")
-        out = self._sampler(params, rows, self._config, key, cache=self._cache)
+        out = self._sampler(params, rows, self.sampling, key, cache=self._cache)
         self._cache = out.cache
         tokens, logp, n = jax.device_get((out.tokens, out.logprobs, out.lengths))
         res = TurnOutput([], [], [])
@@ -61,5 +65,5 @@ class CachedTurnSampler:
             toks = [int(t) for t in tokens[i, :k]]
             res.tokens.append(toks)
             res.logprobs.append([float(x) for x in logp[i, :k]])
-            res.stopped.append(bool(k and toks[-1] in self.sampling.stop_ids))
+            res.stopped.append(bool(k and toks[-1] in self.sampling.stop_token_ids))
         return res

@@ -1,9 +1,10 @@
 """The multi-turn rollout driver: the one bridge from the host environments to the policy.
 
-``collect_episodes`` runs many episodes at once (K samples per task, sharing a group id). Every
-round, all episodes that wait for the policy are sampled in one batched call, whatever turn
-they are on; the sampler appends each row's new observation chunk to that row's context (its
-KV cache, for the cached sampler) instead of re-encoding history. The driver records
+``collect_episodes`` runs many episodes at once (K samples per task, sharing a group id) of a
+turn policy (``jaxagent.agents.turn_policy.TurnPolicy``: the LM samplers, scripted experts,
+wrappers). Every round, all episodes that wait for the policy are served in one batched call,
+whatever turn they are on; the sampler appends each row's new observation chunk to that row's
+context (its KV cache, for the cached sampler) instead of re-encoding history. The driver records
 token-in/token-out episodes (``jaxagent.agents.episode``): the exact ids the policy saw and
 produced, the loss mask (1 on sampled tokens only), the sampler's log-probs, per-turn reward
 terms and a termination reason. Text is decoded only for the environment.
@@ -24,7 +25,8 @@ import jax
 
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvReply, EnvRunner
-from jaxagent.agents.sampling import TurnSampler
+from jaxagent.agents.chat import Chat
+from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import (FailureMode, Task, Termination, env_error_message, is_env_error,
                                 truncate_observation)
 
@@ -54,16 +56,14 @@ class RolloutStats:
     rounds: int = 0
 
 
-class ChatLike:
-    """What the driver needs from ``jaxagent.train.tokenizer.ChatFormat`` (duck-typed)."""
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    """Everything but the policy that defines how episodes run."""
 
-    stop_ids: tuple[int, ...]
-
-    def prompt(self, system: str, observation: str) -> list[int]: ...
-
-    def observation(self, observation: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
+    chat: Chat  # renders prompts and observation chunks to token ids; decodes actions
+    system_prompt: str  # the system message of every episode
+    budget: Budget  # turn and token budgets
+    runner: EnvRunner  # reaches the environments (one slot per episode)
 
 
 def _end_from_reply(ep: Episode, turn: Turn, reply: EnvReply) -> None:
@@ -87,15 +87,12 @@ def _end_from_reply(ep: Episode, turn: Turn, reply: EnvReply) -> None:
 
 
 def collect_episodes(
-    sampler: TurnSampler,
+    policy: TurnPolicy,
     params: Any,
     tasks: Sequence[Task],
     *,
     samples_per_task: int,
-    runner: EnvRunner,
-    chat: ChatLike,
-    system_prompt: str,
-    budget: Budget,
+    spec: RolloutSpec,
     key: jax.Array,
     group_offset: int = 0,
     on_round: Optional[Callable[[int, int], None]] = None,
@@ -103,14 +100,11 @@ def collect_episodes(
     """Run ``samples_per_task`` episodes of every task to completion.
 
     Args:
-      sampler: the policy's turn sampler (one row per episode).
-      params: the policy parameters passed to the sampler.
+      policy: the turn policy (one row per episode).
+      params: the policy parameters passed to it.
       tasks: the tasks; episode ``i * samples_per_task + k`` is sample ``k`` of task ``i``.
       samples_per_task: K, the group size.
-      runner: reaches the environments (one slot per episode).
-      chat: renders prompts and observation chunks to token ids; decodes actions.
-      system_prompt: the system message of every episode.
-      budget: turn and token budgets.
+      spec: the chat format, system prompt, budgets and environment runner.
       key: PRNG key for sampling.
       group_offset: added to group ids (distinct groups across calls).
       on_round: optional callback ``(finished, total)`` after each round (progress bars).
@@ -119,6 +113,7 @@ def collect_episodes(
       (episodes in input order, one per (task, sample); none is ever dropped), stats.
     """
     stats = RolloutStats()
+    chat, budget, runner = spec.chat, spec.budget, spec.runner
 
     def cut(text: str) -> str:
         limit = budget.max_observation_chars
@@ -137,7 +132,7 @@ def collect_episodes(
             ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
         else:
             ep.first_observation = cut(reply.observation)
-            ids = chat.prompt(system_prompt, ep.first_observation)
+            ids = chat.prompt(spec.system_prompt, ep.first_observation)
             if len(ids) + budget.max_new_tokens > budget.max_total_tokens:
                 ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
             ep.append(ids, sampled=False)
@@ -145,7 +140,8 @@ def collect_episodes(
 
     key, sub = jax.random.split(key)
     t0 = time.perf_counter()
-    out = sampler.start(params, prompts, sub)
+    out = policy.start(params, prompts, sub, tasks=[ep.task for ep in eps],
+                       observations=[None if ep.done else ep.first_observation for ep in eps])
     stats.generate_s += time.perf_counter() - t0
     stats.rounds += 1
     while True:
@@ -159,6 +155,7 @@ def collect_episodes(
         replies = runner.step([slots[i] for i in active], actions) if active else []
         stats.env_s += time.perf_counter() - t0
         chunks: list[Optional[list[int]]] = [None] * len(eps)
+        texts: list[Optional[str]] = [None] * len(eps)
         for i, action, reply in zip(active, actions, replies):
             ep = eps[i]
             turn = Turn(action=action, observation="" if reply.done else cut(reply.observation),
@@ -183,14 +180,14 @@ def collect_episodes(
                 continue
             turn.num_observation_tokens = len(chunk)
             ep.append(chunk, sampled=False)
-            chunks[i] = chunk
+            chunks[i], texts[i] = chunk, turn.observation
         if on_round is not None:
             on_round(sum(ep.done for ep in eps), len(eps))
         if all(ep.done for ep in eps):
             break
         key, sub = jax.random.split(key)
         t0 = time.perf_counter()
-        out = sampler.resume(params, chunks, sub)
+        out = policy.resume(params, chunks, sub, observations=texts)
         stats.generate_s += time.perf_counter() - t0
         stats.rounds += 1
     return eps, stats

@@ -1,72 +1,27 @@
-"""Turn samplers: what the rollout driver calls to let the policy speak.
+"""The cache-free reference sampler of the turn-policy protocol.
 
-A ``TurnSampler`` holds one row per episode. ``start(params, prompts, key)`` begins a batch of
-episodes and samples their first turn; ``resume(params, chunks, key)`` appends one chunk of
-observation tokens per row (ragged lengths; ``None`` for rows that are finished) and samples the
-next turn of every active row. Each call returns the sampled tokens of each row (ending with a
-stop id when one was produced) and their log-probs under ``softmax(logits / temperature)``
+``ReferenceSampler`` implements ``jaxagent.agents.turn_policy.TurnPolicy`` by re-running a
+full forward pass over each row's context for every new token: no cache, quadratic cost, but
+simple enough to trust. Tests use it as the reference for the cached sampler
+(``jaxagent.agents.cached.CachedTurnSampler``, built on ``jaxagent.generate``). Both take one
+``jaxagent.generate.SamplingConfig`` and report log-probs as
+``jaxagent.generate.sample_tokens`` defines them: under ``softmax(logits / temperature)``
 before top-k / top-p filtering (temperature 1 gives exactly the learner's log-probs; greedy
-reports temperature-1 log-probs), as ``jaxagent.generate.sample_tokens`` defines them.
-
-``ReferenceSampler`` re-runs a full forward pass over each row's context for every new token:
-no cache, quadratic cost, but simple enough to trust. Tests use it as the reference for the
-cached sampler (``jaxagent.agents.cached.CachedTurnSampler``, built on ``jaxagent.generate``).
+reports temperature-1 log-probs).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from functools import partial
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxagent.agents.turn_policy import TurnOutput
+from jaxagent.buckets import bucket
 from jaxagent.generate import SamplingConfig, sample_tokens
-
-
-@dataclasses.dataclass
-class TurnOutput:
-    """Per-row results of one policy turn (rows in the order of the call's input)."""
-
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    stopped: list[bool]  # True when the turn ended with a stop id
-
-
-class TurnSampler(Protocol):
-    def start(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array) -> TurnOutput: ...
-
-    def resume(self, params: Any, chunks: Sequence[Optional[Sequence[int]]],
-               key: jax.Array) -> TurnOutput: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Static sampling settings (they are baked into the compiled decode)."""
-
-    max_new_tokens: int = 32
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-    stop_ids: tuple[int, ...] = ()
-    pad_id: int = 0
-
-
-def to_sampling_config(sampling: SamplingParams) -> SamplingConfig:
-    """The ``jaxagent.generate.SamplingConfig`` of these settings (temperature 0 = greedy)."""
-    return SamplingConfig(max_new_tokens=sampling.max_new_tokens,
-                          temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
-                          top_k=sampling.top_k, top_p=sampling.top_p,
-                          greedy=sampling.temperature <= 0, stop_token_ids=sampling.stop_ids)
-
-
-def _bucket(n: int, cap: int) -> int:
-    size = 16
-    while size < n:
-        size *= 2
-    return min(size, cap)
 
 
 class ReferenceSampler:
@@ -77,20 +32,27 @@ class ReferenceSampler:
         logits [B,T,V]``.
       sampling: static sampling settings.
       max_len: the longest row (context + new tokens) the sampler accepts.
+      pad_id: token id for padding.
     """
 
-    def __init__(self, logits_fn: Callable, sampling: SamplingParams, max_len: int):
-        self.sampling = sampling
-        self.max_len = max_len
+    def __init__(self, logits_fn: Callable, sampling: SamplingConfig, max_len: int,
+                 pad_id: int = 0):
+        self.sampling, self.max_len, self.pad_id = sampling, max_len, pad_id
         self._contexts: list[list[int]] = []
-        self._decode = jax.jit(partial(_reference_decode, logits_fn,
-                                       to_sampling_config(sampling), sampling.pad_id))
+        self._decode = jax.jit(partial(_reference_decode, logits_fn, sampling, pad_id))
+        self._shapes: set[tuple[int, int]] = set()  # one compilation per distinct buffer shape
 
-    def start(self, params, prompts, key) -> TurnOutput:
+    @property
+    def recompiles(self) -> int:
+        return len(self._shapes)
+
+    def start(self, params, prompts, key, *, tasks=(), observations=()) -> TurnOutput:
+        del tasks, observations  # an LM acts on tokens alone
         self._contexts = [list(map(int, p)) for p in prompts]
         return self._run(params, [True] * len(prompts), key)
 
-    def resume(self, params, chunks, key) -> TurnOutput:
+    def resume(self, params, chunks, key, *, observations=()) -> TurnOutput:
+        del observations
         if len(chunks) != len(self._contexts):
             raise ValueError(f"resume got {len(chunks)} chunks for {len(self._contexts)} rows")
         active = []
@@ -106,8 +68,9 @@ class ReferenceSampler:
         if longest > self.max_len:
             raise ValueError(f"a row needs {longest} tokens > max_len={self.max_len}; the "
                              "rollout budget (max_total_tokens) must keep rows within it")
-        width = _bucket(longest, self.max_len)
-        buf = np.full((len(self._contexts), width), self.sampling.pad_id, np.int32)
+        width = bucket(longest, pow2=True, minimum=16, cap=self.max_len)
+        buf = np.full((len(self._contexts), width), self.pad_id, np.int32)
+        self._shapes.add(buf.shape)
         lengths = np.zeros(len(self._contexts), np.int32)
         for i, ctx in enumerate(self._contexts):
             buf[i, : len(ctx)] = ctx
@@ -122,7 +85,7 @@ class ReferenceSampler:
             ctx.extend(toks)
             out.tokens.append(toks)
             out.logprobs.append([float(x) for x in logp[i, :k]])
-            out.stopped.append(bool(k and toks[-1] in self.sampling.stop_ids))
+            out.stopped.append(bool(k and toks[-1] in self.sampling.stop_token_ids))
         return out
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from jaxagent.buckets import bucket
 from jaxagent.generate.sampling import SamplingConfig, sample_tokens_from_uniform, uniforms
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
 from jaxagent.models.api import model_config
@@ -64,10 +65,6 @@ _OUTPUT_MAJOR_MAX_ROWS = 32
 DECODE_LAYOUTS = ("auto", "row_major", "output_major")
 
 
-def _next_pow2(n: int, minimum: int) -> int:
-    return max(minimum, 1 << max(0, (n - 1).bit_length()))
-
-
 def bucket_capacity(needed: int, block: int) -> int:
     """Round a cache size up to a multiple of max(block, largest power of two <= needed / 4).
 
@@ -75,7 +72,7 @@ def bucket_capacity(needed: int, block: int) -> int:
     context triggers O(log length) recompiles rather than one per ``block`` tokens.
     """
     step = max(block, 1 << max(0, (needed // 4).bit_length() - 1))
-    return -(-needed // step) * step
+    return bucket(needed, multiple=step)
 
 
 class Sampler:
@@ -177,7 +174,7 @@ class Sampler:
         for i, r in enumerate(rows):
             if r.size and (r.min() < 0 or r.max() >= self.config.vocab_size):
                 raise ValueError(f"new_tokens[{i}] has ids outside [0, {self.config.vocab_size})")
-        t = _next_pow2(int(counts.max()), self.min_chunk)
+        t = bucket(int(counts.max()), pow2=True, minimum=self.min_chunk)
         tokens = np.full((b, t), self.pad_id, np.int32)
         segs = np.zeros((b, t), np.int32)
         for i, r in enumerate(rows):  # right-padded: the cache compacts rows anyway

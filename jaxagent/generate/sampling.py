@@ -37,6 +37,14 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_p={self.top_p!r} must be in (0, 1] (1 = off)")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
+    @classmethod
+    def create(cls, *, max_new_tokens: int, temperature: float, top_k: int = 0,
+               top_p: float = 1.0, stop_token_ids=()) -> "SamplingConfig":
+        """The settings of a run config, where temperature 0 means greedy decoding."""
+        return cls(max_new_tokens=max_new_tokens,
+                   temperature=temperature if temperature > 0 else 1.0, top_k=top_k,
+                   top_p=top_p, greedy=temperature <= 0, stop_token_ids=tuple(stop_token_ids))
+
 
 def _filter_sorted(values: jax.Array, top_p: float) -> jax.Array:
     """Mask (to -inf) the tail of descending-sorted logits [B, k] outside the top-p nucleus."""

@@ -93,6 +93,19 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
+def token_values(values: jax.Array) -> jax.Array:
+    """Critic values aligned with tokens like ``token_logprobs``: entry t is V(tokens[<t]).
+
+    Args:
+      values: [B, T] the value head's output, where values[:, t] is V(tokens[:t + 1]).
+
+    Returns:
+      [B, T] float32; entry 0 is 0 (no state before the first token).
+    """
+    v = values.astype(jnp.float32)
+    return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
+
+
 def param_logical_axes(graphdef: nnx.GraphDef, params: Params) -> Params:
     """A nested dict like ``params`` whose leaves are tuples of logical axis names.
 

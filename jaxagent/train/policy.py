@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import optax
 
-from jaxagent.agents.sampling import ReferenceSampler, SamplingParams, TurnSampler
-from jaxagent.models import ModelConfig, apply_model, init_model, load_hf, token_logprobs
-from jaxagent.rl.recipes import RLConfig
+from jaxagent.agents.sampling import ReferenceSampler
+from jaxagent.agents.turn_policy import TurnPolicy
+from jaxagent.generate import SamplingConfig
+from jaxagent.models import (ModelConfig, apply_model, init_model, load_hf, token_logprobs,
+                             token_values)
+from jaxagent.rl.config import RLConfig
 from jaxagent.rl.train_state import make_optimizer
 from jaxagent.train.config import Config, ModelSection
 
@@ -60,26 +62,22 @@ def make_logprob_fn(graphdef) -> Callable:
     @jax.jit
     def fn(params, tokens, positions, segment_ids):
         out = apply_model(graphdef, params, tokens, positions, segment_ids)
-        values = None
-        if out.values is not None:
-            v = out.values.astype(jnp.float32)
-            values = jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
+        values = None if out.values is None else token_values(out.values)
         return token_logprobs(out.logits, tokens), values
     return fn
 
 
-def make_turn_sampler(graphdef, sampling: SamplingParams, max_len: int, kind: str = "auto",
-                      model_config: ModelConfig | None = None) -> TurnSampler:
-    """The multi-turn sampler: "cached" (KV cache with ragged continuation), "reference"
-    (re-encodes each row for every token) or "auto" (cached when available)."""
+def make_turn_sampler(graphdef, sampling: SamplingConfig, max_len: int, kind: str = "auto",
+                      pad_id: int = 0) -> TurnPolicy:
+    """The multi-turn LM sampler: "cached" (KV cache with ragged continuation), "reference"
+    (re-encodes each row for every token) or "auto" (cached)."""
     if kind not in ("auto", "cached", "reference"):
         raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
-    del model_config  # the cached sampler reads it from the graphdef
     if kind in ("auto", "cached"):
         from jaxagent.agents.cached import CachedTurnSampler
 
-        return CachedTurnSampler(graphdef, sampling, max_len)
-    return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len)
+        return CachedTurnSampler(graphdef, sampling, max_len, pad_id=pad_id)
+    return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len, pad_id=pad_id)
 
 
 def rl_optimizer(rl: RLConfig, schedule: str, total_steps: int,
@@ -93,10 +91,11 @@ def rl_optimizer(rl: RLConfig, schedule: str, total_steps: int,
 
 def run_optimizer(config: Config) -> optax.GradientTransformation:
     """The RL optimiser of a run: ``rl_optimizer`` over the run's optimiser steps (every
-    iteration takes ``num_epochs * ceil(tasks * samples / minibatch_size)`` steps). The trainer
+    iteration takes ``update.num_epochs * ceil(tasks * samples / update.minibatch_size)`` steps;
+    with dynamic sampling the batch keeps that row count). The trainer
     and ``load_policy`` build it alike, so checkpoints restore into the same state layout."""
     rl = config.rl_config()
-    episodes = config.rollout.tasks_per_iteration * rl.group_size
-    steps_per_iteration = rl.num_epochs * -(-episodes // rl.minibatch_size)
+    episodes = config.rollout.tasks_per_iteration * config.group_size
+    steps_per_iteration = rl.update.num_epochs * -(-episodes // rl.update.minibatch_size)
     return rl_optimizer(rl, config.rl.lr_schedule, steps_per_iteration * config.train.iterations,
                         config.rl.lr_final_ratio)

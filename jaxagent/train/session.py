@@ -2,7 +2,8 @@
 
 A run directory holds ``config.yaml`` (the resolved run config), ``tokenizer/`` (a
 ``save_pretrained`` directory) and ``checkpoints/`` (orbax). ``load_policy`` accepts the run
-directory or its ``checkpoints`` directory.
+directory or its ``checkpoints`` directory; a path that is not one, or a run directory missing
+its tokenizer or checkpoints, raises ``CheckpointError`` naming the path and the fix.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from jaxagent.rl.train_state import TrainState
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.config import Config, load_config
 from jaxagent.train.policy import build_model, run_optimizer
-from jaxagent.train.tokenizer import load_tokenizer_dir
+from jaxagent.models import load_tokenizer
 
 
 @dataclasses.dataclass
@@ -31,31 +32,63 @@ class LoadedPolicy:
     meta: dict
 
 
+class CheckpointError(FileNotFoundError):
+    """A checkpoint path is missing, not a run directory, or incomplete (one-line message)."""
+
+
 def run_dir_of(checkpoint: str | Path) -> Path:
     path = Path(checkpoint)
     if (path / "config.yaml").exists():
         return path
     if (path.parent / "config.yaml").exists():
         return path.parent
-    raise FileNotFoundError(
-        f"{str(checkpoint)!r} is not a jaxagent run directory (no config.yaml in it or its "
-        "parent); pass the directory `jaxagent train` wrote, e.g. runs/quickstart/seed0")
+    what = "does not exist" if not path.exists() else "has no config.yaml (nor its parent)"
+    raise CheckpointError(
+        f"--checkpoint {str(checkpoint)!r} {what}; pass the run directory `jaxagent train` "
+        "wrote, e.g. runs/quickstart/seed0")
 
 
 def load_policy(checkpoint: str | Path, step: Optional[int] = None) -> LoadedPolicy:
     """The policy saved in a run directory (newest checkpoint unless ``step`` is given)."""
     run_dir = run_dir_of(checkpoint)
     config = load_config(run_dir / "config.yaml")
-    tokenizer = load_tokenizer_dir(str(run_dir / "tokenizer"))
+    try:
+        tokenizer = load_tokenizer(str(run_dir / "tokenizer"))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"--checkpoint {str(checkpoint)!r} is incomplete: no tokenizer in "
+            f"{str(run_dir / 'tokenizer')!r}; pass a run directory `jaxagent train` finished "
+            "setting up (it saves the tokenizer before training)") from None
     graphdef, like, model_config = build_model(config.model, tokenizer, jax.random.key(0))
-    ckpt = Checkpointer(run_dir / "checkpoints", async_save=False)
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {str(run_dir / 'checkpoints')!r}")
-    rl = config.rl_config()
-    template = TrainState.create(like, rl, jax.random.key(0), optimizer=run_optimizer(config),
-                                 ref_params=like if rl.needs_reference else None)
-    state, meta = ckpt.restore(step, template)
-    ckpt.close()
+    ckpts = run_dir / "checkpoints"
+    if not ckpts.is_dir():
+        raise CheckpointError(
+            f"--checkpoint {str(checkpoint)!r} is incomplete: no {str(ckpts)!r} directory; "
+            "train until the first checkpoint is saved")
+    ckpt = Checkpointer(ckpts, async_save=False)
+    try:
+        steps = ckpt.all_steps()
+        if not steps or (step is not None and step not in steps):
+            found = f"steps {steps}" if steps else "none"
+            want = "a checkpoint" if step is None else f"checkpoint {step}"
+            raise CheckpointError(
+                f"--checkpoint {str(checkpoint)!r} is incomplete: {want} not found in "
+                f"{str(ckpts)!r} (found {found}); train until the first checkpoint is saved "
+                "or pass a step that exists")
+        step = max(steps) if step is None else step
+        rl = config.rl_config()
+        template = TrainState.create(like, rl, jax.random.key(0),
+                                     optimizer=run_optimizer(config),
+                                     ref_params=like if rl.needs_reference else None)
+        try:
+            state, meta = ckpt.restore(step, template)
+        except Exception as err:  # orbax raises many types for a half-written directory
+            first = (str(err).splitlines() or [""])[0][:200]
+            raise CheckpointError(
+                f"--checkpoint {str(checkpoint)!r}: checkpoint {step} in {str(ckpts)!r} cannot "
+                f"be read ({type(err).__name__}: {first}); it may be partial: pass an "
+                "earlier step or re-run training") from None
+    finally:
+        ckpt.close()
     return LoadedPolicy(config, tokenizer, graphdef, state.model_params(), model_config, step,
                         meta)

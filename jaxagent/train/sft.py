@@ -1,10 +1,11 @@
 """Supervised warm-start on scripted-expert demonstrations.
 
-``expert_episodes`` runs a suite's scripted expert closed-loop through real environments and
-records each demonstration in exactly the token layout the rollout driver produces (same chat
-chunks, the expert's actions where the policy's samples would be, loss mask on those), so SFT
-and RL train on one format. ``run_sft`` fits the policy with the masked cross-entropy of
-``jaxagent.rl.losses`` (token mean), AdamW and a warm-up + cosine schedule.
+``expert_episodes`` runs a suite's scripted expert closed-loop through real environments with
+the rollout driver (``jaxagent.agents.expert.ExpertTurnPolicy``), so each demonstration has
+exactly the token layout of the policy's episodes (same chat chunks, the expert's actions
+where the policy's samples would be, loss mask on those) and SFT and RL train on one format.
+``run_sft`` fits the policy with the masked cross-entropy of ``jaxagent.rl.losses`` (token
+mean), AdamW and a warm-up + stable + decay schedule.
 """
 
 from __future__ import annotations
@@ -16,63 +17,39 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxagent.agents.episode import Episode, Turn
-from jaxagent.envs.base import FailureMode, Task, Termination
+from jaxagent.agents.episode import Episode
+from jaxagent.agents.expert import ExpertTurnPolicy, MakeExpert
+from jaxagent.agents.rollout import RolloutSpec, collect_episodes
+from jaxagent.envs.base import Task
 from jaxagent.models import apply_model, token_logprobs
 from jaxagent.rl import losses as L
 
 
-def expert_episodes(make_env: Callable, make_expert: Callable, tasks: Sequence[Task], *,
-                    error_rate: float, seed: int, chat, system_prompt: str, max_turns: int,
-                    max_total_tokens: int) -> list[Episode]:
-    """One expert demonstration per task, as token-in/token-out episodes.
+def expert_episodes(make_expert: MakeExpert, tasks: Sequence[Task], spec: RolloutSpec, *,
+                    error_rate: float, seed: int, chunk: int = 256) -> list[Episode]:
+    """One expert demonstration per task, collected by the rollout driver.
+
+    The expert speaks through ``ExpertTurnPolicy``, so a demonstration has exactly the token
+    layout, budgets and termination labels of the policy's own episodes.
 
     Args:
-      make_env: builds an environment.
       make_expert: ``make_expert(task, error_rate, rng)`` -> object with ``act(obs) -> str``.
       tasks: the tasks (from the train split).
+      spec: the run's rollout spec (chat, system prompt, budgets, runner).
       error_rate: the expert's error rate.
-      seed: seeds the expert's mistakes.
-      chat: the ``ChatFormat``.
-      system_prompt: as in the rollouts.
-      max_turns, max_total_tokens: the rollout budgets (demonstrations obey them too).
+      seed: seeds the expert's mistakes (per task, see ``ExpertTurnPolicy``).
+      chunk: tasks per driver call (bounds the environments alive at once).
 
     Returns:
-      Episodes with ``loss_mask`` 1 on the expert's action tokens (and their stop token).
+      Episodes in task order with ``loss_mask`` 1 on the expert's action tokens (and their
+      stop token); group ids are task indices.
     """
-    rng = np.random.default_rng([seed, 7])
-    env = make_env()
-    out = []
-    for group, task in enumerate(tasks):
-        ep = Episode(task=task, group=group)
-        obs = env.reset(task)
-        ep.first_observation = obs
-        ep.append(chat.prompt(system_prompt, obs), sampled=False)
-        expert = make_expert(task, error_rate, rng)
-        while not ep.done:
-            action = expert.act(obs)
-            ids = chat.action(action)
-            ep.append(ids, sampled=True, logprobs=[0.0] * len(ids), turn=len(ep.turns))
-            res = env.step(action)
-            info = res.info or {}
-            ep.turns.append(Turn(action=action, observation="" if res.done else res.observation,
-                                 reward=float(res.reward),
-                                 reward_terms=dict(info.get("reward_terms", {})),
-                                 failure_mode=info.get("failure_mode"),
-                                 num_action_tokens=len(ids)))
-            if res.done:
-                term = Termination.TRUNCATED if res.truncated else Termination.TERMINATED
-                ep.finish(term, info.get("failure_mode"), success=bool(info.get("success")))
-                break
-            obs = res.observation
-            chunk = chat.observation(obs)
-            if (len(ep.turns) >= max_turns
-                    or len(ep.tokens) + len(chunk) + 1 > max_total_tokens):
-                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
-                break
-            ep.append(chunk, sampled=False)
-        out.append(ep)
-    env.close()
+    policy = ExpertTurnPolicy(make_expert, spec.chat, error_rate=error_rate, seed=seed)
+    out: list[Episode] = []
+    for start in range(0, len(tasks), chunk):
+        eps, _ = collect_episodes(policy, None, tasks[start:start + chunk], samples_per_task=1,
+                                  spec=spec, key=jax.random.key(seed), group_offset=start)
+        out.extend(eps)
     return out
 
 

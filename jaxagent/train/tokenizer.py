@@ -1,37 +1,24 @@
-"""A tiny tokenizer trained from scratch, and the chat format the rollout driver uses.
+"""Tokenizers trained from scratch for the tiny from-scratch policies.
 
 ``build_tokenizer`` trains a byte-level BPE (Hugging Face ``tokenizers``) on a small corpus
 (the environment's prompts, tool documentation and expert demonstrations) and wraps it as a
-``transformers.PreTrainedTokenizerFast`` with a chat template, so that ``save_pretrained`` next
-to a checkpoint gives a directory ``AutoTokenizer.from_pretrained`` loads. Byte-level BPE
-round-trips any text exactly (``decode(encode(s)) == s``), which matters because the policy's
-sampled text is parsed by the environment.
-
-``ChatFormat`` renders the pieces of a conversation as token ids: the first prompt (system +
-first observation + assistant header) and each later observation chunk (user turn + assistant
-header). The episode's token stream is the concatenation of these chunks and the policy's
-sampled tokens, so nothing is ever re-tokenised for training.
+``transformers.PreTrainedTokenizerFast`` with ``jaxagent.agents.chat.CHAT_TEMPLATE``, so that
+``save_pretrained`` next to a checkpoint gives a directory ``jaxagent.models.load_tokenizer``
+(``AutoTokenizer``) loads. Byte-level BPE round-trips any text exactly
+(``decode(encode(s)) == s``), which matters because the policy's sampled text is parsed by the
+environment. ``build_word_tokenizer`` is the one-token-a-word variant for closed vocabularies.
+The chat format over these tokenizers is ``jaxagent.agents.chat.ChatFormat``.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
-PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
-SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
-SPECIAL_TOKENS = (PAD, BOS, END, SYSTEM, USER, ASSISTANT, UNK)
-
-# Each message renders on its own (no cross-message whitespace), so the rendering of a whole
-# conversation is the concatenation of per-message renderings: the incremental chunks the
-# rollout driver appends are exactly what apply_chat_template gives for the full conversation.
-CHAT_TEMPLATE = (
-    "{% if add_bos is not defined or add_bos %}" + BOS + "{% endif %}"
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}" + END + "{% endfor %}"
-    "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
-)
+from jaxagent.agents.chat import (ASSISTANT, BOS, CHAT_TEMPLATE, END, PAD, SPECIAL_TOKENS,
+                                  SYSTEM, UNK, USER)
 
 
 def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
@@ -82,65 +69,3 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedT
     )
     tok.train_from_iterator(list(corpus), trainer=trainer)
     return _wrap(tok)
-
-
-def load_tokenizer_dir(path: str) -> PreTrainedTokenizerBase:
-    """Load a tokenizer saved with ``save_pretrained`` (ours or any Hugging Face one)."""
-    return AutoTokenizer.from_pretrained(path)
-
-
-class ChatFormat:
-    """Renders conversation pieces to token ids with the tokenizer's chat template.
-
-    For tokenizers whose template is not concatenative (most Hugging Face ones), an
-    observation chunk is the text the template adds for ``[..., user]`` + generation prompt
-    beyond the rendering of the conversation so far; it is tokenised once and appended.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat_template; set tokenizer.chat_template "
-                             "(a Jinja string) or use jaxagent.train.tokenizer.build_tokenizer")
-        self.tokenizer = tokenizer
-        self._ours = tokenizer.chat_template == CHAT_TEMPLATE
-        stop = {tokenizer.eos_token_id}
-        for name in (END, "<|im_end|>", "<|eot_id|>"):
-            tid = tokenizer.convert_tokens_to_ids(name)
-            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
-                stop.add(tid)
-        self.stop_ids: tuple[int, ...] = tuple(sorted(t for t in stop if t is not None))
-        self.pad_id: int = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                            else self.stop_ids[0])
-
-    def _render(self, messages: Sequence[dict], **kwargs) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, **kwargs)
-
-    def _ids(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def prompt(self, system: str, observation: str) -> list[int]:
-        """Token ids of BOS + system + first observation + the assistant header."""
-        msgs = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": observation}]
-        return self._ids(self._render(msgs, add_generation_prompt=True))
-
-    def observation(self, observation: str) -> list[int]:
-        """Token ids appended after a policy turn: the user turn and the assistant header."""
-        msg = [{"role": "user", "content": observation}]
-        if self._ours:
-            return self._ids(self._render(msg, add_generation_prompt=True, add_bos=False))
-        before = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        head = self._render(before, add_generation_prompt=False)
-        full = self._render(before + msg, add_generation_prompt=True)
-        if not full.startswith(head):
-            raise ValueError("the chat template is not prefix-stable; cannot append turns")
-        return self._ids(full[len(head):])
-
-    def action(self, text: str) -> list[int]:
-        """Token ids of an assistant turn written by a demonstrator, ending with the stop id."""
-        return self._ids(text) + [self.stop_ids[0] if self._ours else self.tokenizer.eos_token_id]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of policy tokens for the environment (stop tokens dropped)."""
-        keep = [int(t) for t in ids if int(t) not in self.stop_ids and int(t) != self.pad_id]
-        return self.tokenizer.decode(keep, skip_special_tokens=False)

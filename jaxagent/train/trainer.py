@@ -1,9 +1,9 @@
 """The training loop: collect -> advantages -> update -> evaluate -> checkpoint.
 
-``Trainer(config).run()`` wires the pieces: the env suite and its task splits
-(``jaxagent.train.envs``), a tokenizer (saved in the run directory), the policy
-(``jaxagent.models``), the rollout driver with the cached multi-turn sampler
-(``jaxagent.agents``), the RL recipe's jitted update step (``jaxagent.rl``), orbax checkpoints,
+``Trainer(config).run()`` starts from ``jaxagent.train.run.build_run`` (task splits,
+tokenizer saved in the run directory, chat format, policy, samplers, budget, env runner) and
+adds the RL recipe's jitted update step (``jaxagent.rl``), SFT warm-start
+(``jaxagent.train.sft``), evaluations (``jaxagent.agents.evaluate``), orbax checkpoints,
 JSONL/TensorBoard metrics and a live progress display.
 
 Exact resume: everything random is derived from the config seed and the iteration number
@@ -14,6 +14,7 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -22,64 +23,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.agents.batch import pack_episodes
-from jaxagent.agents.rollout import Budget, collect_episodes
+from jaxagent.agents.evaluate import evaluate
+from jaxagent.agents.rollout import collect_episodes
 from jaxagent.agents.runner import InlineRunner
-from jaxagent.agents.sampling import SamplingParams
 from jaxagent.eval.report import summarize
+from jaxagent.rl.prepare import split_bootstrap_values
 from jaxagent.rl.train_state import TrainState
 from jaxagent.rl.update import make_update_step, model_logprob_fn
-from jaxagent.train import progress as P
+from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
-from jaxagent.train.envs import get_env_spec
 from jaxagent.train.metrics_log import MetricsLogger
-from jaxagent.train.policy import build_model, make_logprob_fn, make_turn_sampler, run_optimizer
+from jaxagent.train.policy import make_logprob_fn, run_optimizer
+from jaxagent.train.run import build_run, eval_key, make_runner, sample_keys, val_key
 from jaxagent.train.sft import expert_episodes, run_sft
-from jaxagent.train.tokenizer import ChatFormat, build_tokenizer, build_word_tokenizer
-from jaxagent.train.tokenizer import load_tokenizer_dir
 
-
-def sample_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(model init key, train-state key, sampling key) of a run seed."""
-    return tuple(jax.random.split(jax.random.key(seed), 3))
-
-
-def eval_key(seed: int, iteration: int) -> jax.Array:
-    """The sampling key of the held-out evaluation after ``iteration`` RL iterations, so
-    ``jaxagent eval`` on a checkpoint reproduces the trainer's evaluation exactly."""
-    return jax.random.fold_in(sample_keys(seed)[2], 10**6 + iteration)
-
-
-class _MakeEnv:
-    """Picklable ``env_fn(env_id)`` for the pool's process backend."""
-
-    def __init__(self, name: str, options: dict):
-        self.name, self.options = name, dict(options)
-
-    def __call__(self, env_id: int = 0):
-        return get_env_spec(self.name, self.options).make_env()
-
-
-def make_runner(config: Config):
-    """The env runner the config asks for (inline calls, or the EnvPool with faults)."""
-    env = config.env
-    make_env = _MakeEnv(env.name, env.options)
-    if env.backend == "inline":
-        return InlineRunner(make_env)
-    from jaxagent.agents.pool_runner import PoolRunner
-    from jaxagent.pool import PoolConfig
-
-    env_fn: Callable = make_env
-    if env.fault_hang_prob or env.fault_crash_prob:
-        from jaxagent.envs.faults import FaultConfig, FaultyEnvFactory
-
-        env_fn = FaultyEnvFactory(make_env, FaultConfig(
-            hang=env.fault_hang_prob, crash=env.fault_crash_prob, seed=env.fault_seed,
-            hang_s=4 * env.step_timeout_s))
-    return PoolRunner(env_fn, PoolConfig(
-        num_envs=env.num_workers, backend=env.backend, step_timeout_s=env.step_timeout_s,
-        reset_timeout_s=env.step_timeout_s, seed=config.train.seed, start_method="fork"
-        if env.backend == "process" else "forkserver"))
+__all__ = ["Trainer", "eval_key", "make_runner", "sample_keys"]
 
 
 class Trainer:
@@ -96,45 +55,17 @@ class Trainer:
         self.run_dir = config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
-        self.spec = get_env_spec(config.env.name, config.env.options)
-        source = self.spec.make_source()
-        self.train_tasks = list(source.tasks(config.env.train_split))
-        self.eval_tasks = list(source.tasks(config.env.eval_split))[: config.eval.num_tasks]
-        # SFT draws its demonstrations in this seeded order of the train split; the validation
-        # tasks (model selection) are the order's last ones, so SFT never sees them (and its
-        # data is the same with or without them) and RL's tasks are the rest of the split.
-        n_val = config.eval.val_tasks
-        if n_val and n_val >= len(self.train_tasks):
-            raise ValueError(f"eval.val_tasks={n_val} leaves no training tasks (split "
-                             f"{config.env.train_split!r} has {len(self.train_tasks)}); use fewer")
-        order = np.random.default_rng([config.train.seed, 5]).permutation(len(self.train_tasks))
-        cut = len(order) - n_val
-        held = set(order[cut:].tolist())
-        self.val_tasks = [self.train_tasks[i] for i in order[cut:]]
-        self.sft_tasks = [self.train_tasks[i] for i in order[:cut]]
-        self.train_tasks = [t for i, t in enumerate(self.train_tasks) if i not in held]
-        if not self.train_tasks or not self.eval_tasks:
-            raise ValueError(f"env {config.env.name!r}: split {config.env.train_split!r} or "
-                             f"{config.env.eval_split!r} is empty")
-        self.tokenizer = self._tokenizer()
-        self.chat = ChatFormat(self.tokenizer)
+        self.built = build_run(config, tokenizer_dir=self.run_dir / "tokenizer")
+        run = self.built
+        self.env, self.chat, self.graphdef = run.env, run.chat, run.graphdef
+        self.train_tasks, self.val_tasks = run.tasks.train, run.tasks.val
+        self.sft_tasks, self.eval_tasks = run.tasks.sft, run.tasks.eval
+        self.tokenizer, self.model_config = run.tokenizer, run.model_config
+        self.max_len, self.budget, self.runner = run.max_len, run.budget, run.runner
+        self.sampler, self.eval_sampler, self.rollout = run.sampler, run.eval_sampler, run.rollout
+        self._init_params = run.params
+        self._state_key, self._sample_key = run.state_key, run.sample_key
         self.rl = config.rl_config()
-        self._model_key, self._state_key, self._sample_key = sample_keys(config.train.seed)
-        self.graphdef, params, self.model_config = build_model(
-            config.model, self.tokenizer, self._model_key)
-        self._init_params = params
-        # jaxagent.generate.Sampler checks every row's cached length + max_new_tokens against
-        # the model's max_seq_len (finished rows included), so episodes stop that much earlier.
-        self.max_len = min(config.max_total_tokens,
-                           self.model_config.max_seq_len - config.rollout.max_new_tokens)
-        self.budget = Budget(config.rollout.max_turns, config.rollout.max_new_tokens,
-                             self.max_len, config.rollout.max_observation_chars)
-        r = config.rollout
-        self.sampler = self._sampler(r.temperature, r.top_k, r.top_p)
-        same = (config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0)
-        # One sampler for both when the settings agree: its compiled shapes are shared.
-        self.eval_sampler = self.sampler if same else self._sampler(config.eval.temperature,
-                                                                    0, 1.0)
         self.optimizer = run_optimizer(config)
         # The memory-lean learner pass (block remat; the vocabulary head only over positions
         # that carry loss): the function benchmarks/update_memory.py measures.
@@ -142,39 +73,11 @@ class Trainer:
             self.rl, optimizer=self.optimizer,
             logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True))
         self.logprob_fn = make_logprob_fn(self.graphdef)
-        self.runner = make_runner(config)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints",
                                          keep=config.train.keep_checkpoints)
         self.logger = MetricsLogger(self.run_dir, config.train.tensorboard,
                                     config.name if config.train.wandb else "",
                                     config_to_dict(config))
-
-    # ------------------------------------------------------------------ set-up helpers
-
-    def _tokenizer(self):
-        path = self.run_dir / "tokenizer"
-        if (path / "tokenizer.json").exists():
-            return load_tokenizer_dir(str(path))
-        section = self.config.tokenizer
-        if self.config.model.init_from:
-            tok = load_tokenizer_dir(self.config.model.init_from)
-        elif section.kind == "word":
-            if self.spec.vocabulary is None:
-                raise ValueError(f"tokenizer.kind='word' needs an env with a closed vocabulary; "
-                                 f"env {self.spec.name!r} has none: use tokenizer.kind='bpe'")
-            tok = build_word_tokenizer(self.spec.vocabulary())
-        else:
-            corpus = [self.spec.system_prompt] + [t.prompt for t in self.train_tasks]
-            tok = build_tokenizer(corpus, section.vocab_size)
-        tok.save_pretrained(str(path))
-        return tok
-
-    def _sampler(self, temperature: float, top_k: int, top_p: float):
-        sampling = SamplingParams(
-            max_new_tokens=self.config.rollout.max_new_tokens, temperature=temperature,
-            top_k=top_k, top_p=top_p, stop_ids=self.chat.stop_ids, pad_id=self.chat.pad_id)
-        return make_turn_sampler(self.graphdef, sampling, self.max_len,
-                                 model_config=self.model_config)
 
     def _tasks_for(self, iteration: int) -> list:
         """Deterministic data order: an epoch-wise permutation of the train split."""
@@ -191,35 +94,34 @@ class Trainer:
     def evaluate(self, params, tag: str, key, split: str = "test") -> dict:
         """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
         evaluation; returns flat metrics."""
-        t0 = time.perf_counter()
         tasks, prefix = (self.eval_tasks, "eval") if split == "test" else (self.val_tasks, "val")
-        eps, stats = collect_episodes(
-            self.eval_sampler, params, tasks,
-            samples_per_task=self.config.eval.samples_per_task, runner=self.runner,
-            chat=self.chat, system_prompt=self.spec.system_prompt, budget=self.budget, key=key)
-        report = summarize(eps)
-        m = report.as_metrics(prefix)
-        m[f"time/{prefix}_s"] = time.perf_counter() - t0
+        result = evaluate(self.eval_sampler, tasks, self.rollout, key, params=params,
+                          samples_per_task=self.config.eval.samples_per_task)
+        report = result.report
         what = "held-out" if split == "test" else "validation"
         self.echo(f"[{tag}] {what} success {report.success:.3f} over {report.episodes} "
                   f"episodes, avg steps {report.avg_steps:.2f}, env errors {report.env_errors}, "
                   f"failures {report.failure_modes}")
-        return m
+        return result.metrics(prefix)
 
     def sft(self, params):
         c = self.config.sft
         tasks = self.sft_tasks[: c.num_demos]
         t0 = time.perf_counter()
-        demos = expert_episodes(
-            self.spec.make_env, self.spec.make_expert, tasks, error_rate=c.expert_error_rate,
-            seed=self.config.train.seed, chat=self.chat, system_prompt=self.spec.system_prompt,
-            max_turns=self.budget.max_turns, max_total_tokens=self.max_len)
+        # The demonstrations run in-process: a scripted expert needs no timeouts, and the
+        # pool would grow one environment per demonstration.
+        spec = dataclasses.replace(self.rollout, runner=InlineRunner(self.env.make_env))
+        try:
+            demos = expert_episodes(self.env.make_expert, tasks, spec,
+                                    error_rate=c.expert_error_rate, seed=self.config.train.seed)
+        finally:
+            spec.runner.close()
         if c.only_successful:
             demos = [d for d in demos if d.success]
         demo_success = float(np.mean([d.success for d in demos])) if demos else 0.0
         self.echo(f"[sft] {len(demos)} expert demonstrations (error rate "
                   f"{c.expert_error_rate}, expert success {demo_success:.2f}); {c.steps} steps")
-        with P.Progress(self.config.train.progress, "sft", c.steps) as bar:
+        with progress.Progress(self.config.train.progress, "sft", c.steps) as bar:
             params, losses = run_sft(
                 self.graphdef, params, demos, steps=c.steps, batch_size=c.batch_size,
                 learning_rate=c.learning_rate, seed=self.config.train.seed,
@@ -235,29 +137,53 @@ class Trainer:
         tasks = self._tasks_for(it)
         key = jax.random.fold_in(self._sample_key, it)
         params = state.model_params()
-        eps, stats = collect_episodes(
-            self.sampler, params, tasks, samples_per_task=self.rl.group_size,
-            runner=self.runner, chat=self.chat, system_prompt=self.spec.system_prompt,
-            budget=self.budget, key=key, group_offset=it * len(tasks))
+        per_task, data, r = self.config.group_size, self.config.rl.data, self.config.rollout
+
+        def collect(round_):  # round 0: the iteration's tasks; later: dynamic-sampling refills
+            todo = tasks if round_ == 0 else dapo.refill_tasks(
+                self.train_tasks, len(tasks), self.config.train.seed, it, round_)
+            return collect_episodes(
+                self.sampler, params, todo, samples_per_task=per_task, spec=self.rollout,
+                key=jax.random.fold_in(key, round_) if round_ else key,
+                group_offset=(it + round_) * len(tasks))  # unique within the batch
+
+        if data.dynamic_sampling:
+            drawn = dapo.dynamic_sample(collect, len(tasks), data.max_sampling_rounds)
+            eps, report_eps, stats = drawn.episodes, drawn.first_round, drawn.stats[0]
+            for extra in drawn.stats[1:]:
+                for f in ("generate_s", "env_s", "policy_tokens", "rounds"):
+                    setattr(stats, f, getattr(stats, f) + getattr(extra, f))
+        else:
+            eps, stats = collect(0)
+            report_eps = eps
         t1 = time.perf_counter()
         batch, valid = pack_episodes(eps, pad_id=self.chat.pad_id, max_len=self.max_len,
-                                     length_multiple=32, rows_multiple=self.rl.minibatch_size)
+                                     length_multiple=32, rows=len(tasks) * per_task,
+                                     rows_multiple=self.rl.update.minibatch_size)
+        batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
         batch = jax.tree.map(jnp.asarray, batch)
-        if self.rl.use_critic:
-            _, values = self.logprob_fn(params, batch.tokens, batch.positions,
-                                        batch.segment_ids)
-            batch = batch.replace(values=values)
+        if self.rl.critic.enabled:
+            # One extra column: the value after each row's last token bootstraps a truncation.
+            pad = lambda x: jnp.pad(x, ((0, 0), (0, 1)))
+            _, values = self.logprob_fn(params, pad(batch.tokens), pad(batch.positions),
+                                        pad(batch.segment_ids))
+            values, boot = split_bootstrap_values(values, batch.segment_ids)
+            batch = batch.replace(values=values, bootstrap_value=boot)
         state, m = self.update_step(state, batch)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
+        m.update(data_m)
+        if data.dynamic_sampling:
+            m.update({"data/sampling_rounds": drawn.rounds, "data/kept_groups": drawn.kept_groups,
+                      "data/sampled_groups": drawn.sampled_groups})
         t2 = time.perf_counter()
-        report = summarize(eps)
+        report = summarize(report_eps)
         m.update(report.as_metrics("train"))
         m.update({
             "time/generate_s": stats.generate_s, "time/env_s": stats.env_s,
             "time/update_s": t2 - t1, "time/iteration_s": time.perf_counter() - t0,
             "tokens/sampled": stats.policy_tokens,
             "tokens/per_s": stats.policy_tokens / max(stats.generate_s, 1e-9),
-            "sampler/recompiles": getattr(self.sampler, "recompiles", 0),
+            "sampler/recompiles": self.sampler.recompiles,
             "batch/rows": int(batch.tokens.shape[0]), "batch/len": int(batch.tokens.shape[1]),
             "batch/valid_rows": float(valid.sum()),
         })
@@ -281,7 +207,7 @@ class Trainer:
         state, start, history, extra = self._start_or_resume()
         self.logger.truncate_after(start)
         every, ck_every = cfg.eval.every, cfg.train.checkpoint_every
-        with P.Progress(cfg.train.progress, "rl", cfg.train.iterations, start) as bar:
+        with progress.Progress(cfg.train.progress, "rl", cfg.train.iterations, start) as bar:
             for it in range(start, cfg.train.iterations):
                 state, m = self.iteration(state, it)
                 done = it + 1
@@ -312,8 +238,8 @@ class Trainer:
 
     def _validate(self, params, iteration: int, extra: dict) -> dict:
         """Validation evaluation; appends ``(iteration, success)`` to ``extra["val"]``."""
-        key = jax.random.fold_in(self._sample_key, 2 * 10**6 + iteration)
-        val_m = self.evaluate(params, f"iter {iteration}", key, split="val")
+        val_m = self.evaluate(params, f"iter {iteration}", val_key(self.config.train.seed,
+                                                                   iteration), split="val")
         extra.setdefault("val", []).append({"iteration": iteration,
                                             "success": val_m["val/success"]})
         return val_m
@@ -348,8 +274,8 @@ class Trainer:
             return state, int(meta["iteration"]), list(meta["history"]), extra
         params, extra = jax.tree.map(jnp.copy, self._init_params), {}
         if cfg.sft.enabled:
-            if self.spec.make_expert is None:
-                raise ValueError(f"sft.enabled=true but env {self.spec.name!r} has no scripted "
+            if self.env.make_expert is None:
+                raise ValueError(f"sft.enabled=true but env {self.env.name!r} has no scripted "
                                  "expert; set sft.enabled=false")
             params, sft_m = self.sft(params)
             self.logger.log(0, sft_m)
@@ -375,7 +301,7 @@ class Trainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.logger.close()
-        self.runner.close()
+        self.built.close()
 
 
 def _hist(eval_m: dict) -> dict:

@@ -1,0 +1,52 @@
+"""The turn-policy protocol: what the rollout driver calls to let a policy speak.
+
+A ``TurnPolicy`` holds one row per episode of a ``collect_episodes`` call.
+``start(params, prompts, key, tasks=..., observations=...)`` begins a batch of episodes and
+produces every row's first turn; ``resume(params, chunks, key, observations=...)`` appends one
+chunk of observation tokens per row (ragged lengths; ``None`` for rows that are finished) and
+produces the next turn of every active row. Both return the turn's tokens per row (ending
+with a stop id when one was produced) and their log-probs under the distribution the tokens
+were drawn from (0 for tokens a demonstrator wrote).
+
+Token ids are what the policy consumes and produces, so episodes are token-in/token-out
+whoever speaks. The texts (``tasks`` and the raw ``observations``, ``None`` for finished
+rows) come along for policies that act on text: scripted experts
+(``jaxagent.agents.expert.ExpertTurnPolicy``) and the training-free methods that wrap an LM
+(Reflexion, Self-Refine, best-of-N). The LM samplers (``jaxagent.agents.cached``,
+``jaxagent.agents.sampling``) ignore them.
+
+``recompiles`` counts the compilations the policy caused (0 for host-only policies), for the
+trainer's ``sampler/recompiles`` metric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+
+import jax
+
+from jaxagent.envs.base import Task
+
+
+@dataclasses.dataclass
+class TurnOutput:
+    """Per-row results of one policy turn (rows in the order of the call's input)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    stopped: list[bool]  # True when the turn ended with a stop id
+
+
+@runtime_checkable
+class TurnPolicy(Protocol):
+    """A policy the rollout driver can run (see the module docstring)."""
+
+    @property
+    def recompiles(self) -> int: ...
+
+    def start(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array, *,
+              tasks: Sequence[Task], observations: Sequence[str]) -> TurnOutput: ...
+
+    def resume(self, params: Any, chunks: Sequence[Optional[Sequence[int]]], key: jax.Array,
+               *, observations: Sequence[Optional[str]]) -> TurnOutput: ...

@@ -1,0 +1,204 @@
+"""Build a run from its config: task splits, tokenizer, chat, model, samplers, budget, runner.
+
+``build_run(config)`` is the one place a config becomes live objects; the trainer and every
+CLI command start from it, so ``jaxagent eval`` evaluates with exactly the tasks, chat chunks,
+budgets, sampler settings and keys the trainer used.
+
+Keys: everything random derives from ``train.seed`` (``sample_keys``: model init, train
+state, sampling). The sampling key of iteration ``it`` is ``fold_in(sampling, it)``; the
+held-out evaluation after ``it`` iterations uses ``eval_key(seed, it)`` and the validation
+one ``val_key(seed, it)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+
+from jaxagent.agents.chat import Chat, ChatFormat
+from jaxagent.agents.rollout import Budget, RolloutSpec
+from jaxagent.agents.runner import EnvRunner, InlineRunner
+from jaxagent.agents.turn_policy import TurnPolicy
+from jaxagent.envs.base import Task
+from jaxagent.envs.registry import EnvFactory, EnvSpec, get_env_spec
+from jaxagent.generate import SamplingConfig
+from jaxagent.models import ModelConfig, load_tokenizer
+from jaxagent.train.config import Config, ConfigError
+from jaxagent.train.policy import build_model, make_turn_sampler
+from jaxagent.train.tokenizer import build_tokenizer, build_word_tokenizer
+
+
+def sample_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(model init key, train-state key, sampling key) of a run seed."""
+    return tuple(jax.random.split(jax.random.key(seed), 3))
+
+
+def eval_key(seed: int, iteration: int) -> jax.Array:
+    """The sampling key of the held-out evaluation after ``iteration`` RL iterations, so
+    ``jaxagent eval`` on a checkpoint reproduces the trainer's evaluation exactly."""
+    return jax.random.fold_in(sample_keys(seed)[2], 10**6 + iteration)
+
+
+def val_key(seed: int, iteration: int) -> jax.Array:
+    """The sampling key of the validation evaluation after ``iteration`` RL iterations."""
+    return jax.random.fold_in(sample_keys(seed)[2], 2 * 10**6 + iteration)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSplits:
+    """The run's tasks. ``val`` is carved from the train split (never trained on)."""
+
+    train: list[Task]  # RL's tasks: the train split minus ``val``
+    val: list[Task]  # model-selection tasks ([] when eval.val_tasks = 0)
+    sft: list[Task]  # SFT's demonstration tasks, in their seeded order (``val`` excluded)
+    eval: list[Task]  # held-out tasks (the first eval.num_tasks of the eval split)
+
+
+def split_tasks(config: Config, env: EnvSpec) -> TaskSplits:
+    """The task splits of a run (see ``TaskSplits``).
+
+    SFT draws its demonstrations in a seeded order of the train split; the validation tasks
+    are that order's last ones, so SFT never sees them (and its data is the same with or
+    without them) and RL's tasks are the rest of the split.
+    """
+    source = env.make_source()
+    train = list(source.tasks(config.env.train_split))
+    test = list(source.tasks(config.env.eval_split))[: config.eval.num_tasks]
+    n_val = config.eval.val_tasks
+    if n_val and n_val >= len(train):
+        raise ConfigError(f"eval.val_tasks={n_val} leaves no training tasks (split "
+                         f"{config.env.train_split!r} has {len(train)}); use fewer")
+    order = np.random.default_rng([config.train.seed, 5]).permutation(len(train))
+    cut = len(order) - n_val
+    held = set(order[cut:].tolist())
+    splits = TaskSplits(train=[t for i, t in enumerate(train) if i not in held],
+                        val=[train[i] for i in order[cut:]],
+                        sft=[train[i] for i in order[:cut]], eval=test)
+    if not splits.train or not splits.eval:
+        raise ConfigError(f"env.train_split={config.env.train_split!r} or env.eval_split="
+                          f"{config.env.eval_split!r} of env {config.env.name!r} is empty; "
+                          "choose splits with tasks")
+    return splits
+
+
+def run_tokenizer(config: Config, env: EnvSpec, train_tasks: list[Task],
+                  directory: Optional[Path] = None):
+    """The run's tokenizer: the one saved in ``directory`` when there is one, else the
+    model's (``model.init_from``), else built from scratch (``tokenizer.kind``) and saved in
+    ``directory`` (when given)."""
+    if directory is not None and (directory / "tokenizer.json").exists():
+        return load_tokenizer(str(directory))
+    section = config.tokenizer
+    if config.model.init_from:
+        tok = load_tokenizer(config.model.init_from)
+    elif section.kind == "word":
+        if env.vocabulary is None:
+            raise ConfigError(f"tokenizer.kind='word' needs an env with a closed vocabulary; "
+                             f"env {env.name!r} has none: use tokenizer.kind='bpe'")
+        tok = build_word_tokenizer(env.vocabulary())
+    else:
+        corpus = [env.system_prompt] + [t.prompt for t in train_tasks]
+        tok = build_tokenizer(corpus, section.vocab_size)
+    if directory is not None:
+        tok.save_pretrained(str(directory))
+    return tok
+
+
+def make_runner(config: Config) -> EnvRunner:
+    """The env runner the config asks for (inline calls, or the EnvPool with faults)."""
+    env = config.env
+    make_env = EnvFactory(env.name, dict(env.options))
+    if env.backend == "inline":
+        return InlineRunner(make_env)
+    from jaxagent.agents.pool_runner import PoolRunner
+    from jaxagent.pool import PoolConfig
+
+    env_fn: Callable = make_env
+    if env.fault_hang_prob or env.fault_crash_prob:
+        from jaxagent.envs.faults import FaultConfig, FaultyEnvFactory
+
+        env_fn = FaultyEnvFactory(make_env, FaultConfig(
+            hang=env.fault_hang_prob, crash=env.fault_crash_prob, seed=env.fault_seed,
+            hang_s=4 * env.step_timeout_s))
+    return PoolRunner(env_fn, PoolConfig(
+        num_envs=env.num_workers, backend=env.backend, step_timeout_s=env.step_timeout_s,
+        reset_timeout_s=env.step_timeout_s, seed=config.train.seed, start_method="fork"
+        if env.backend == "process" else "forkserver"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """The live pieces of one run (``build_run``)."""
+
+    config: Config
+    env: EnvSpec  # the env suite: task source, environments, system prompt, expert
+    tasks: TaskSplits
+    tokenizer: Any
+    chat: Chat
+    graphdef: Any
+    params: Any  # the initial (or loaded) model parameters
+    model_config: ModelConfig
+    max_len: int  # the longest episode in tokens (budget and batch width)
+    budget: Budget
+    sampler: TurnPolicy  # RL's sampler (rollout.temperature / top_k / top_p)
+    eval_sampler: TurnPolicy  # the evaluations' sampler (eval.temperature); may be ``sampler``
+    runner: EnvRunner
+    rollout: RolloutSpec  # chat, system prompt, budget and runner
+    model_key: jax.Array
+    state_key: jax.Array
+    sample_key: jax.Array
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def build_run(config: Config, *, policy: Any = None,
+              tokenizer_dir: Optional[Path] = None) -> Run:
+    """Build a run's pieces from its config.
+
+    Args:
+      config: the run config.
+      policy: a ``jaxagent.train.session.LoadedPolicy``: use its tokenizer and model instead
+        of building them (``jaxagent eval`` / ``rollout`` on a checkpoint).
+      tokenizer_dir: where the run keeps its tokenizer (the trainer: ``<run_dir>/tokenizer``,
+        reused on resume); None builds it without saving.
+
+    Returns:
+      The ``Run``.
+    """
+    env = get_env_spec(config.env.name, config.env.options)
+    tasks = split_tasks(config, env)
+    model_key, state_key, sample_key = sample_keys(config.train.seed)
+    if policy is None:
+        tokenizer = run_tokenizer(config, env, tasks.train, tokenizer_dir)
+        graphdef, params, model_config = build_model(config.model, tokenizer, model_key)
+    else:
+        tokenizer, graphdef, params, model_config = (policy.tokenizer, policy.graphdef,
+                                                     policy.params, policy.model_config)
+    chat = ChatFormat(tokenizer)
+    r = config.rollout
+    # jaxagent.generate.Sampler checks every row's cached length + max_new_tokens against
+    # the model's max_seq_len (finished rows included), so episodes stop that much earlier.
+    max_len = min(config.max_total_tokens, model_config.max_seq_len - r.max_new_tokens)
+    budget = Budget(r.max_turns, r.max_new_tokens, max_len, r.max_observation_chars)
+
+    def sampler(temperature: float, top_k: int, top_p: float) -> TurnPolicy:
+        sampling = SamplingConfig.create(max_new_tokens=r.max_new_tokens,
+                                         temperature=temperature, top_k=top_k, top_p=top_p,
+                                         stop_token_ids=chat.stop_ids)
+        return make_turn_sampler(graphdef, sampling, max_len, pad_id=chat.pad_id)
+
+    rl_sampler = sampler(r.temperature, r.top_k, r.top_p)
+    same = config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0
+    # One sampler for both when the settings agree: its compiled shapes are shared.
+    eval_sampler = rl_sampler if same else sampler(config.eval.temperature, 0, 1.0)
+    runner = make_runner(config)
+    return Run(config=config, env=env, tasks=tasks, tokenizer=tokenizer, chat=chat,
+               graphdef=graphdef, params=params, model_config=model_config, max_len=max_len,
+               budget=budget, sampler=rl_sampler, eval_sampler=eval_sampler, runner=runner,
+               rollout=RolloutSpec(chat, env.system_prompt, budget, runner),
+               model_key=model_key, state_key=state_key, sample_key=sample_key)
