@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from jaxagent.buckets import pick_bucket
+
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -29,17 +31,6 @@ class Collated:
     segment_ids: np.ndarray
     lengths: np.ndarray
     num_rows: int
-
-
-def pick_bucket(n: int, buckets: Sequence[int], what: str = "length") -> int:
-    """Smallest bucket >= n. Raises a readable error when n exceeds the largest."""
-    for b in sorted(buckets):
-        if n <= b:
-            return int(b)
-    raise ValueError(
-        f"{what} {n} exceeds the largest bucket {max(buckets)}; add a larger bucket or "
-        "truncate the input (e.g. PoolConfig.max_observation_chars)"
-    )
 
 
 def collate(
