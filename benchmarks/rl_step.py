@@ -115,8 +115,8 @@ def run_jaxagent(steps: int) -> dict:
     cfg = ModelConfig.tiny()
     graphdef, params = init_model(cfg, jax.random.key(0))
     # TRL's GRPOConfig defaults: beta = 0 (no reference model), one iteration per batch.
-    config = get_recipe("grpo", minibatch_size=PROMPTS * SAMPLES, learning_rate=1e-6,
-                        kl_mode="none", kl_beta=0.0)
+    config = get_recipe("grpo", update={"minibatch_size": PROMPTS * SAMPLES},
+                        optim={"learning_rate": 1e-6}, kl={"mode": "none", "beta": 0.0})
     state = TrainState.create(jax.tree.map(jnp.copy, params), config, jax.random.key(1))
     # The tiny model's activations are small: no rematerialisation (it would cost a forward).
     # The prompt half of each row carries no loss: skip its vocabulary-head chunks.

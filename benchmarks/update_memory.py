@@ -102,7 +102,7 @@ def main():
     p_bytes = nbytes(params)
     base = 4 * p_bytes  # params + grads + Adam mu + Adam nu
     b, t = args.batch, args.seq
-    common = dict(minibatch_size=b, microbatch_size=args.micro, num_epochs=1)
+    common = dict(update=dict(minibatch_size=b, microbatch_size=args.micro, num_epochs=1))
     print(f"model: hidden {model_cfg.hidden_size} x {model_cfg.num_layers} layers, vocab "
           f"{model_cfg.vocab_size}, {p_bytes / 4 / 1e6:.1f}M fp32 params = {p_bytes / 2**20:.0f} MiB")
     print(f"batch {b} x {t} tokens, microbatches of {args.micro}; anchor (params + grads + Adam "
@@ -111,20 +111,20 @@ def main():
     apply_fn = model_logprob_fn(graphdef, skip_unmasked_chunks=True)
     results = {}
     runs = [
-        ("loop", get_recipe("loop", lora_rank=0, **common), apply_fn, params, None, False),
+        ("loop", get_recipe("loop", lora={"rank": 0}, **common), apply_fn, params, None, False),
         ("loop_lora", get_recipe("loop", **common), apply_fn, params, None, False),
         ("grpo_ref", get_recipe("grpo", **common), apply_fn, params, params, False),
     ]
     critic_cfg = model_cfg.replace(value_head=True)
     critic_graphdef = abstract_graphdef(critic_cfg)
     critic = jax.eval_shape(lambda k: init_model(critic_cfg, k)[1], jax.random.key(1))
-    runs.append(("ppo_critic", get_recipe("ppo", kl_mode="none", **common),
+    runs.append(("ppo_critic", get_recipe("ppo", kl={"mode": "none"}, **common),
                  critic_logprob_fn(graphdef, critic_graphdef), {"policy": params, "critic": critic},
                  None, True))
     # The same LOOP update with one microbatch per optimiser step (batch = microbatch): no
     # gradient accumulator, so no second gradient buffer.
-    runs.insert(1, ("loop_one_microbatch", get_recipe("loop", lora_rank=0, minibatch_size=args.micro,
-                                                      num_epochs=1), apply_fn, params, None, False))
+    runs.insert(1, ("loop_one_microbatch", get_recipe(
+        "loop", lora={"rank": 0}, update={"minibatch_size": args.micro, "num_epochs": 1}), apply_fn, params, None, False))
     for name, cfg, fn, p, ref, values in runs:
         rows = args.micro if name == "loop_one_microbatch" else b
         r = measure(name, cfg, fn, p, abstract_batch(rows, t, values), ref)

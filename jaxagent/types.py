@@ -34,6 +34,12 @@ class TokenBatch:
       ref_logprobs: optional [B, T] float32 log-probs under a reference policy (KL terms).
       values: optional [B, T] float32 critic values at sampling time (PPO).
       returns: optional [B, T] float32 value targets (PPO).
+      truncated: optional [B] float32 {0,1}: the episode was cut by a step or token budget
+        (``Termination.TRUNCATED``), not ended. GAE bootstraps there instead of treating the
+        cut as a terminal state with reward 0; critic-free recipes keep or drop the row
+        (``advantage.truncated``). None: no row is truncated.
+      bootstrap_value: optional [B] float32 critic value of the state after the cut (read
+        only on truncated rows; 0 when None).
     """
 
     tokens: jax.Array
@@ -48,6 +54,8 @@ class TokenBatch:
     ref_logprobs: Optional[jax.Array] = None
     values: Optional[jax.Array] = None
     returns: Optional[jax.Array] = None
+    truncated: Optional[jax.Array] = None
+    bootstrap_value: Optional[jax.Array] = None
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -14,9 +14,9 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 
 def test_overrides_are_typed_and_applied():
-    c = load_config(None, ["rl.recipe=grpo", "rl.overrides.learning_rate=0.001",
+    c = load_config(None, ["rl.recipe=grpo", "rl.optim.learning_rate=0.001",
                            "rollout.samples_per_task=4", "env.options.num_train=50"])
-    assert c.rl_config().name == "grpo" and c.rl_config().learning_rate == 1e-3
+    assert c.rl_config().name == "grpo" and c.rl_config().optim.learning_rate == 1e-3
     assert c.group_size == 4 and c.env.options == {"num_train": 50}
     assert isinstance(c, Config)
     with pytest.raises(Exception):
@@ -29,7 +29,11 @@ def test_overrides_are_typed_and_applied():
     ("model.hidden_size=big", "model.hidden_size"),
     ("train.progress=fancy", "choose one of ['rich', 'tqdm', 'none']"),
     ("rl.recipe=ppo2", "choose one of"),
-    ("rl.overrides.lr=1", "allowed RLConfig fields"),
+    ("rl.optim.lr=1", "allowed keys here: ['learning_rate'"),
+    ("rl.loss.clip_eps_high=wide", "rl.loss.clip_eps_high"),
+    ("rl.loss.clip_eps_low=1.5", "rl.loss.clip_eps_low=1.5"),
+    ("rl.advantage.truncated=skip", "rl.advantage.truncated='skip'"),
+    ("rl.overrides.learning_rate=1", "replaced by typed sections: rl.optim.learning_rate"),
     ("env.name=atari", "choose one of ['quickstart'"),
     ("rollout.top_p=0", "rollout.top_p"),
     ("model.num_heads=3", "divisible"),
@@ -55,7 +59,7 @@ SHRINK = [
     "model.num_kv_heads=1", "model.intermediate_size=64", "model.max_seq_len=320",
     "tokenizer.vocab_size=320", "rollout.tasks_per_iteration=2", "rollout.samples_per_task=2",
     "rollout.max_turns=2", "rollout.max_new_tokens=8", "rollout.max_observation_chars=200",
-    "rl.overrides.minibatch_size=4", "sft.num_demos=4", "sft.steps=2", "sft.batch_size=2",
+    "rl.update.minibatch_size=4", "rl.data.max_sampling_rounds=2", "sft.num_demos=4", "sft.steps=2", "sft.batch_size=2",
     "eval.num_tasks=4", "eval.every=1", "eval.temperature=1.0", "train.iterations=1", "train.checkpoint_every=1",
     "train.progress=none", "train.tensorboard=false", "train.plot=false",
     "env.backend=inline",
@@ -78,8 +82,7 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     base = load_config(path)
     if base.env.name == "bfcl":
         pytest.importorskip("bfcl_eval")
-    extra = ENV_SHRINK[base.env.name] + (["rl.overrides.lora_rank=2"]
-                                         if base.rl_config().lora_rank else [])
+    extra = ENV_SHRINK[base.env.name] + (["rl.lora.rank=2"] if base.rl_config().lora.rank else [])
     config = load_config(path, SHRINK + extra + [f"train.out_dir={tmp_path}/run"])
     trainer = Trainer(config, echo=lambda s: None)
     summary = trainer.run()
@@ -91,9 +94,9 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     assert rec["train/episodes"] == 4  # no episode lost
     assert rec["eval/episodes"] == len(trainer.eval_tasks) * config.eval.samples_per_task
     rl = config.rl_config()
-    if rl.kl_mode == "loss":
+    if rl.kl.mode == "loss":
         assert "kl/ref" in rec
-    if rl.use_critic:
+    if rl.critic.enabled:
         assert "loss/value" in rec and np.isfinite(rec["loss/value"])
     assert set(summary) >= {"success_before_rl", "success_after_rl", "avg_steps", "wall_s"}
     assert trainer.checkpointer.all_steps()[-1] == 1
@@ -106,5 +109,50 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     after = load_policy(tmp_path / "run", step=1).params
     changed = any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
                                                             jax.tree.leaves(after)))
-    signal = rl.policy_loss == "sft" or rl.use_critic or rec["adv/max"] != 0 or rec["adv/min"] != 0
-    assert changed == ((rec["tokens/policy"] > 0 and signal) or rl.weight_decay > 0), rec
+    signal = (rl.loss.policy == "sft" or rl.critic.enabled or rec["adv/max"] != 0
+              or rec["adv/min"] != 0)
+    assert changed == ((rec["tokens/policy"] > 0 and signal) or rl.optim.weight_decay > 0), rec
+
+
+def test_recipe_preset_first_then_the_keys_the_user_set():
+    from jaxagent.rl.recipes import get_recipe
+
+    # Keys left unset follow the recipe, whichever it is and wherever it is named.
+    for order in (["rl.recipe=grpo", "rl.kl.beta=0.1"], ["rl.kl.beta=0.1", "rl.recipe=grpo"]):
+        rl = load_config(None, order).rl_config()
+        assert rl == get_recipe("grpo", kl={"beta": 0.1}), order
+        assert (rl.kl.mode, rl.kl.estimator, rl.loss.clip_eps_high) == ("loss", "k3", 0.2)
+    # A YAML's explicit key survives a recipe switch by override; its unset keys do not.
+    c = load_config(CONFIGS[0].parent / "dapo_code.yaml", ["rl.recipe=grpo"])
+    rl = c.rl_config()
+    assert rl.loss.clip_eps_high == 0.28  # set in the YAML
+    assert rl.loss.aggregation == "seq_mean_token_mean" and rl.kl.mode == "loss"  # grpo's preset
+    # The saved config (unset keys are null) reloads to the same algorithm.
+    import tempfile
+
+    from jaxagent.train.config import config_to_yaml
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(config_to_yaml(c))
+    assert load_config(f.name).rl_config() == rl
+
+
+def test_group_size_has_one_home():
+    assert load_config(None, ["rl.recipe=grpo"]).group_size == 64  # the recipe's K
+    assert load_config(None, ["rl.recipe=grpo", "rollout.samples_per_task=8"]).group_size == 8
+    with pytest.raises(ConfigError, match="unknown config key 'rl.update.group_size'"):
+        load_config(None, ["rl.update.group_size=4"])
+
+
+@pytest.mark.parametrize("override", ["rollout.temperature=0.7", "rollout.top_k=20",
+                                      "rollout.top_p=0.9"])
+@pytest.mark.parametrize("recipe", ["loop", "grpo", "reinforce", "ppo"])
+def test_ratio_and_on_policy_recipes_refuse_filtered_sampling(recipe, override):
+    # The sampler records log-probs of the unfiltered temperature-1 distribution: any other
+    # sampling makes every importance ratio (and REINFORCE's on-policy gradient) biased.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"rl.recipe={recipe}", override])
+    assert override.split("=")[0] in str(err.value)
+    assert "rollout.temperature=1.0" in str(err.value)  # the fix
+    # Rejection-sampling fine-tuning (an SFT loss) may sample any way it likes.
+    assert load_config(None, ["rl.recipe=rft", override]).rollout

@@ -42,8 +42,9 @@ def test_mesh_config_and_specs():
 ])
 def test_sharded_update_equals_single_device(shape):
     apply_fn, params = tiny_model(num_layers=1)
-    config = get_recipe("loop", lora_rank=0, minibatch_size=8, microbatch_size=4, num_epochs=1,
-                        learning_rate=1e-3, drop_advantage_below=0.0)
+    config = get_recipe("loop", lora={"rank": 0}, optim={"learning_rate": 1e-3},
+                        update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
+                        advantage={"drop_below": 0.0})
     batch = on_policy_batch(apply_fn, params, batch_size=16)
     tx = optax.sgd(1e-2) if shape.get("tensor", 1) > 1 else make_optimizer(config)
 

@@ -54,6 +54,19 @@ def _logprobs_values(apply_fn, params, tokens, pos, seg):
     return token_logprobs_and_entropy(logits, tokens)[0], values
 
 
+def assert_trees_close_f32(a, b, n_terms: int, rtol: float = 0.0):
+    """``chex.assert_trees_all_close`` at the float32 reassociation bound: a sum of ``n_terms``
+    float32 terms computed in another order (another device layout, another microbatching,
+    another CPU's vector width) can differ by up to ``n_terms * eps32`` times the largest
+    magnitude, so each leaf gets ``atol = n_terms * eps32 * max|leaf|``."""
+    import chex
+
+    eps = float(np.finfo(np.float32).eps)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        scale = max(float(jnp.max(jnp.abs(x))), 1e-30) if np.size(x) else 1.0
+        chex.assert_trees_all_close(x, y, atol=n_terms * eps * scale, rtol=rtol)
+
+
 def copy_tree(tree):
     return jax.tree.map(jnp.copy, tree)
 

@@ -30,7 +30,7 @@ def pack(prompts, out):
 
 def train(recipe, iterations, **overrides):
     graphdef, params = init_model(ModelConfig.test(vocab_size=VOCAB, num_layers=1), jax.random.key(0))
-    config = get_recipe(recipe, minibatch_size=TASKS * K, **overrides)
+    config = get_recipe(recipe, update={"minibatch_size": TASKS * K}, **overrides)
     ref = params if config.needs_reference else None
     state = TrainState.create(jax.tree.map(jnp.copy, params), config, jax.random.key(1),
                               ref_params=ref)
@@ -52,8 +52,8 @@ def train(recipe, iterations, **overrides):
 
 
 @pytest.mark.parametrize("recipe,overrides", [
-    ("grpo", dict(learning_rate=2e-3)),
-    ("loop", dict(learning_rate=2e-3, lora_rank=0)),
+    ("grpo", dict(optim={"learning_rate": 2e-3})),
+    ("loop", dict(optim={"learning_rate": 2e-3}, lora={"rank": 0})),
 ])
 def test_rl_raises_rule_reward(recipe, overrides):
     rewards = train(recipe, 24, **overrides)

@@ -7,7 +7,8 @@ import pytest
 
 from jaxagent.rl import kl as K
 from jaxagent.rl import losses as L
-from jaxagent.rl.recipes import RLConfig, get_recipe, recipe_names
+from jaxagent.rl.config import LossConfig, KLConfig, RLConfig, RLConfigError, UpdateConfig
+from jaxagent.rl.recipes import default_samples_per_task, get_recipe, recipe_names
 
 
 def np_log_softmax(x):
@@ -171,21 +172,33 @@ def test_reinforce_sft_rft():
 def test_recipes_defaults_and_errors():
     assert set(recipe_names()) >= {"ppo", "grpo", "dr_grpo", "dapo", "loop", "rloo", "reinforce", "rft"}
     loop = get_recipe("loop")
-    assert (loop.group_size, loop.clip_eps_low, loop.num_epochs, loop.minibatch_size) == (6, 0.1, 2, 32)
-    assert loop.kl_mode == "none" and not loop.use_critic and loop.std_mode == "none"
-    assert (loop.lora_rank, loop.lora_alpha, loop.ratio_level) == (16, 32.0, "token")
+    assert default_samples_per_task("loop") == 6
+    assert (loop.loss.clip_eps_low, loop.update.num_epochs, loop.update.minibatch_size) == (0.1, 2, 32)
+    assert loop.kl.mode == "none" and not loop.critic.enabled and loop.advantage.std_mode == "none"
+    assert (loop.lora.rank, loop.lora.alpha, loop.loss.ratio_level) == (16, 32.0, "token")
+    assert loop.advantage.truncated == "keep"  # the documented default of every recipe
     assert not loop.needs_reference and get_recipe("grpo").needs_reference
     dapo = get_recipe("dapo")
-    assert (dapo.clip_eps_low, dapo.clip_eps_high, dapo.aggregation) == (0.2, 0.28, "token_mean")
-    assert get_recipe("ppo").use_critic and get_recipe("ppo").advantage == "gae"
-    assert get_recipe("grpo", kl_beta=0.1).kl_beta == 0.1
+    assert (dapo.loss.clip_eps_low, dapo.loss.clip_eps_high, dapo.loss.aggregation) == (
+        0.2, 0.28, "token_mean")
+    assert get_recipe("ppo").critic.enabled and get_recipe("ppo").advantage.estimator == "gae"
+    assert get_recipe("reinforce").advantage.estimator == "batch_mean"
+    assert [default_samples_per_task(n) for n in ("grpo", "dapo", "rloo", "ppo")] == [64, 16, 4, 1]
+    # A section change keeps the preset's other fields of that section.
+    grpo = get_recipe("grpo", kl={"beta": 0.1})
+    assert (grpo.kl.beta, grpo.kl.mode, grpo.kl.estimator) == (0.1, "loss", "k3")
     with pytest.raises(KeyError, match="known recipes: dapo"):
         get_recipe("lopp")
-    with pytest.raises(TypeError, match="clip_eps"):
-        get_recipe("loop", clip_eps=0.2)
-    with pytest.raises(ValueError, match="aggregation='mean'"):
-        RLConfig(aggregation="mean")
-    with pytest.raises(ValueError, match="microbatch_size=5"):
-        RLConfig(minibatch_size=32, microbatch_size=5)
-    with pytest.raises(ValueError, match="kl_beta > 0"):
-        RLConfig(kl_mode="loss", kl_beta=0.0)
+    with pytest.raises(RLConfigError, match="loss.clip_eps"):
+        get_recipe("loop", loss={"clip_eps": 0.2})
+    with pytest.raises(RLConfigError, match="unknown RLConfig section 'losses'"):
+        get_recipe("loop", losses={})
+    with pytest.raises(ValueError, match="loss.aggregation='mean'"):
+        LossConfig(aggregation="mean")
+    with pytest.raises(ValueError, match="update.microbatch_size=5"):
+        UpdateConfig(minibatch_size=32, microbatch_size=5)
+    with pytest.raises(ValueError, match="kl.beta=0.0 must be > 0"):
+        KLConfig(mode="loss", beta=0.0)
+    with pytest.raises(ValueError, match="needs critic.enabled"):
+        get_recipe("ppo", critic={"enabled": False})
+    assert isinstance(RLConfig(), RLConfig)

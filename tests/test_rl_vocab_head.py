@@ -141,8 +141,9 @@ def test_lean_update_on_8_device_mesh_equals_single_device():
     from test_rl_common import copy_tree
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
-    config = get_recipe("loop", lora_rank=0, minibatch_size=8, microbatch_size=4, num_epochs=1,
-                        learning_rate=1e-3, drop_advantage_below=0.0)
+    config = get_recipe("loop", lora={"rank": 0}, optim={"learning_rate": 1e-3},
+                        update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
+                        advantage={"drop_below": 0.0})
     batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=16)
     tx = make_optimizer(config)
     fn = model_logprob_fn(graphdef, head_chunk=16, vocab_chunk=48, skip_unmasked_chunks=True)
@@ -176,9 +177,9 @@ def test_lora_merged_inside_blocks_matches_eager_merge():
     from test_rl_common import copy_tree
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
-    cfg = get_recipe("loop", minibatch_size=8, microbatch_size=4, num_epochs=1,
-                     drop_advantage_below=0.0)
-    assert cfg.lora_rank > 0
+    cfg = get_recipe("loop", update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
+                     advantage={"drop_below": 0.0})
+    assert cfg.lora.rank > 0
     batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=8)
     tx = optax.sgd(1.0)
     start = TrainState.create(copy_tree(params), cfg, jax.random.key(0), optimizer=tx)

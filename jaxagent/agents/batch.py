@@ -4,7 +4,9 @@ The sequence length is bucketed (multiples of ``length_multiple``, at most ``max
 the row count is padded to a multiple of ``rows_multiple`` with empty rows (segment 0, loss 0),
 so the jitted update sees few distinct shapes. Episodes whose environment failed keep their
 row but carry no loss (``loss_mask`` 0) and are marked invalid in ``row_valid``, so group
-baselines ignore them: a failed environment is never the policy's fault.
+baselines ignore them: a failed environment is never the policy's fault. Episodes cut by a
+step or token budget (``Termination.TRUNCATED``) are flagged in ``TokenBatch.truncated``, so
+the learner can bootstrap (GAE) or drop them instead of reading the cut as a real end.
 """
 
 from __future__ import annotations
@@ -14,12 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from jaxagent.agents.episode import Episode
+from jaxagent.buckets import bucket
+from jaxagent.envs.base import Termination
 from jaxagent.types import TokenBatch
-
-
-def bucket_length(n: int, multiple: int, cap: int) -> int:
-    """Smallest multiple of ``multiple`` >= n, capped at ``cap``."""
-    return min(cap, max(multiple, -(-n // multiple) * multiple))
 
 
 def pack_episodes(
@@ -43,7 +42,7 @@ def pack_episodes(
 
     Returns:
       (batch with tokens/positions/segment_ids/loss_mask/old_logprobs/turn_ids [B, T],
-      rewards/group_ids [B] and zero advantages; row_valid [B] float32: 1 for episodes whose
+      rewards/group_ids/truncated [B] and zero advantages; row_valid [B] float32: 1 for episodes whose
       environment did not fail, 0 for failed episodes and padding rows).
     """
     # An episode cut before its first turn (prompt over budget) carries no loss: it keeps its
@@ -55,7 +54,7 @@ def pack_episodes(
     if longest > max_len:
         raise ValueError(f"an episode has {longest} tokens > max_len={max_len}; lower "
                          "rollout.max_total_tokens or raise model.max_seq_len")
-    t = bucket_length(longest, length_multiple, max_len)
+    t = bucket(longest, multiple=length_multiple, minimum=length_multiple, cap=max_len)
     b = len(episodes) if rows is None else rows
     if b < len(episodes):
         raise ValueError(f"rows={rows} < {len(episodes)} episodes")
@@ -69,6 +68,7 @@ def pack_episodes(
     # Padding rows get unique group ids so they never join a real group.
     group_ids = np.arange(b, dtype=np.int32) + 1 + max((ep.group for ep in episodes), default=0)
     valid = np.zeros((b,), np.float32)
+    truncated = np.zeros((b,), np.float32)
     for i, ep in enumerate(episodes):
         n = length(ep)
         tokens[i, :n] = ep.tokens[:n]
@@ -80,9 +80,10 @@ def pack_episodes(
         rewards[i] = ep.reward
         group_ids[i] = ep.group
         valid[i] = float(ok)
+        truncated[i] = float(ep.termination == Termination.TRUNCATED)
     positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
     batch = TokenBatch(
         tokens=tokens, positions=positions, segment_ids=segment, loss_mask=loss,
         old_logprobs=old_lp, advantages=np.zeros((b, t), np.float32), rewards=rewards,
-        group_ids=group_ids, turn_ids=turn_ids)
+        group_ids=group_ids, turn_ids=turn_ids, truncated=truncated)
     return batch, valid

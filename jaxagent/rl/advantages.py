@@ -1,4 +1,5 @@
-"""Pure advantage estimators: GAE, group-normalised (GRPO / Dr.GRPO), leave-one-out (LOOP / RLOO).
+"""Pure advantage estimators: GAE, group-normalised (GRPO / Dr.GRPO), leave-one-out (LOOP / RLOO),
+batch-mean (REINFORCE).
 
 All functions are jittable, take float32 arrays and never branch on data. Group membership is
 given by integer ``group_ids`` (samples of the same task share an id); grouping uses a [B, B]
@@ -169,6 +170,29 @@ def leave_one_out_advantages(
     others_sum = same @ r - r * valid
     others_mean = others_sum / jnp.maximum(n - 1.0, 1.0)
     return jnp.where(n > 1.0, r - others_mean, 0.0) * valid
+
+
+def batch_mean_advantages(rewards: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    """REINFORCE with a batch-mean baseline: ``A_b = R_b - mean of the batch's rewards``.
+
+    The baseline needs no groups, so it works with one sample per task (where a group
+    baseline would make every advantage ``R - R = 0``). Rows with ``mask == 0`` (padding,
+    failed environments, dropped truncations) are left out of the mean and get 0.
+
+    Args:
+      rewards: [B] float32 sequence rewards.
+      mask: optional [B] {0,1} valid rows.
+
+    Returns:
+      [B] float32 advantages.
+
+    References:
+      Williams 1992 (REINFORCE with a baseline); Sutton & Barto, 2nd ed., Sec. 13.4.
+    """
+    r = jnp.asarray(rewards, jnp.float32)
+    valid = jnp.ones_like(r) if mask is None else jnp.asarray(mask, jnp.float32)
+    mean = jnp.sum(r * valid) / jnp.maximum(valid.sum(), 1.0)
+    return (r - mean) * valid
 
 
 def drop_small_advantages(advantages: jax.Array, threshold: float) -> jax.Array:

@@ -10,7 +10,7 @@ import optax
 from flax import struct
 
 from jaxagent.rl.lora import init_lora, merge_lora
-from jaxagent.rl.recipes import RLConfig
+from jaxagent.rl.config import RLConfig
 
 
 @struct.dataclass
@@ -58,7 +58,7 @@ class TrainState:
         optimizer: Optional[optax.GradientTransformation] = None,
         ref_params: Any = None,
     ) -> "TrainState":
-        """A fresh state: LoRA adapters when ``config.lora_rank > 0``, optimiser state of the
+        """A fresh state: LoRA adapters when ``config.lora.rank > 0``, optimiser state of the
         trained parameters only.
 
         Args:
@@ -79,12 +79,13 @@ class TrainState:
             # when the caller passes the policy's own parameters as the reference.
             ref_params = jax.tree.map(jnp.copy, ref_params)
         rng, lora_key = jax.random.split(rng)
-        if config.lora_rank > 0:
-            adapters = init_lora(params, config.lora_rank, config.lora_targets, lora_key)
+        lora = config.lora
+        if lora.rank > 0:
+            adapters = init_lora(params, lora.rank, lora.targets, lora_key)
             return cls(
                 params=adapters, opt_state=tx.init(adapters), step=jnp.zeros((), jnp.int32),
                 rng=rng, frozen_params=params, ref_params=ref_params,
-                lora_alpha=float(config.lora_alpha), lora_rank=int(config.lora_rank),
+                lora_alpha=float(lora.alpha), lora_rank=int(lora.rank),
             )
         return cls(
             params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=rng,
@@ -94,13 +95,15 @@ class TrainState:
 
 def make_optimizer(config: RLConfig, schedule: str = "constant", total_steps: int | None = None,
                    final_ratio: float = 0.1) -> optax.GradientTransformation:
-    """AdamW with global-norm gradient clipping and a linear warm-up of the learning rate.
+    """AdamW with global-norm gradient clipping and a linear warm-up of the learning rate
+    (``config.optim``; ``max_grad_norm=0`` turns clipping off).
 
     After the warm-up the rate stays constant (``schedule="constant"``) or decays
     ("linear" / "cosine") to ``final_ratio * learning_rate`` at ``total_steps`` optimiser steps
     and stays there.
     """
-    peak, warm = config.learning_rate, config.warmup_steps
+    o = config.optim
+    peak, warm = o.learning_rate, o.warmup_steps
     if schedule == "constant":
         decay = optax.constant_schedule(peak) if warm > 0 else peak
     elif schedule in ("linear", "cosine"):
@@ -114,11 +117,10 @@ def make_optimizer(config: RLConfig, schedule: str = "constant", total_steps: in
         raise ValueError(f"lr schedule {schedule!r}: choose constant, linear or cosine")
     lr = decay if warm <= 0 else optax.join_schedules(
         [optax.linear_schedule(0.0, peak, warm), decay], [warm])
-    adamw = optax.adamw(lr, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-                        weight_decay=config.weight_decay)
-    if config.max_grad_norm is None:
+    adamw = optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
+    if not o.max_grad_norm:
         return adamw
-    return optax.chain(clip_by_global_norm_scaled(config.max_grad_norm), adamw)
+    return optax.chain(clip_by_global_norm_scaled(o.max_grad_norm), adamw)
 
 
 def clip_by_global_norm_scaled(max_norm: float) -> optax.GradientTransformation:

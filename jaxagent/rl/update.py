@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -39,7 +40,7 @@ from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.rl.model_fns import (LogprobFn, logits_logprob_fn, model_apply_fn,  # noqa: F401
                                    model_logprob_fn)
 from jaxagent.rl.prepare import compute_advantages as _compute_advantages
-from jaxagent.rl.recipes import RLConfig
+from jaxagent.rl.config import POLICY_LOSSES, RLConfig
 from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.types import TokenBatch
 
@@ -59,43 +60,37 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
     by the minibatch's denominators, so summing them over microbatches gives minibatch means.
     """
 
+    lc = config.loss
+    policy_loss = POLICY_LOSSES[lc.policy].fn
+
     def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs):
         logp, entropy, values_out = logprob_fn(params, micro.tokens, micro.positions,
                                                micro.segment_ids, loss_mask=micro.loss_mask)
         mask = micro.loss_mask.astype(jnp.float32)
-        agg = lambda x: L.aggregate(x, mask, config.aggregation, num_tokens=num_tokens,
-                                    num_seqs=num_seqs, norm_constant=config.norm_constant)
+        agg = lambda x: L.aggregate(x, mask, lc.aggregation, num_tokens=num_tokens,
+                                    num_seqs=num_seqs, norm_constant=lc.norm_constant)
         tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(num_tokens, 1.0)
-        log_ratio = L.importance_log_ratio(logp, micro.old_logprobs, mask, config.ratio_level,
+        log_ratio = L.importance_log_ratio(logp, micro.old_logprobs, mask, lc.ratio_level,
                                            micro.turn_ids)
-        zeros = jnp.zeros_like(mask)
-        clip_low = clip_high = zeros
-        if config.policy_loss == "ppo":
-            per_tok, clip_low, clip_high = L.ppo_clip_loss(
-                log_ratio, micro.advantages, config.clip_eps_low, config.clip_eps_high,
-                config.clip_lower)
-        elif config.policy_loss == "reinforce":
-            per_tok = L.reinforce_loss(logp, micro.advantages)
-        else:
-            per_tok = L.sft_loss(logp)
+        per_tok, clip_low, clip_high = policy_loss(lc, logp, log_ratio, micro.advantages)
         policy = agg(per_tok)
         total = policy
         m = {"loss/policy": policy}
-        if config.kl_mode == "loss":
-            kl = agg(kl_estimate(logp, micro.ref_logprobs, config.kl_estimator))
-            total = total + config.kl_beta * kl
+        if config.kl.mode == "loss":
+            kl = agg(kl_estimate(logp, micro.ref_logprobs, config.kl.estimator))
+            total = total + config.kl.beta * kl
             m["kl/ref"] = kl
-        if config.use_critic:
+        if config.critic.enabled:
             if values_out is None:
-                raise ValueError("RLConfig.use_critic=True but the model returns no values; "
+                raise ValueError("critic.enabled=True but the model returns no values; "
                                  "build it with value_head=True")
             v_loss = tok_mean(L.value_loss(_shift_values(values_out), micro.values, micro.returns,
-                                           config.value_clip_eps))
-            total = total + config.value_coef * v_loss
+                                           config.critic.value_clip_eps or None))
+            total = total + config.critic.value_coef * v_loss
             m["loss/value"] = v_loss
         ent = agg(entropy)
-        if config.entropy_coef:
-            total = total - config.entropy_coef * ent
+        if lc.entropy_coef:
+            total = total - lc.entropy_coef * ent
         m.update({
             "loss/total": total,
             "entropy/mean": tok_mean(entropy),
@@ -116,7 +111,7 @@ def _split(tree: Any, n: int) -> Any:
 
 def _reference_logprobs(config, logprob_fn, ref_params, batch: TokenBatch) -> jax.Array:
     """[B, T] reference log-probs, one microbatch at a time (no gradient)."""
-    n = batch.tokens.shape[0] // min(config.microbatch, batch.tokens.shape[0])
+    n = batch.tokens.shape[0] // min(config.update.microbatch, batch.tokens.shape[0])
     chunks = _split((batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask), n)
 
     def one(xs):
@@ -124,6 +119,24 @@ def _reference_logprobs(config, logprob_fn, ref_params, batch: TokenBatch) -> ja
 
     lp = jax.lax.map(one, chunks)
     return jax.lax.stop_gradient(lp.reshape(batch.tokens.shape))
+
+
+def check_batch(batch: TokenBatch) -> None:
+    """Shape and dtype contract of a learner batch (at trace time, so it costs nothing per
+    step): [B, T] token-aligned arrays, [B] row arrays, integer ids, float log-probs."""
+    b, t = batch.tokens.shape
+    chex.assert_shape([batch.positions, batch.segment_ids, batch.loss_mask, batch.old_logprobs,
+                       batch.advantages, batch.turn_ids], (b, t))
+    chex.assert_shape([batch.rewards, batch.group_ids], (b,))
+    chex.assert_type([batch.tokens, batch.positions, batch.segment_ids, batch.group_ids,
+                      batch.turn_ids], int)
+    chex.assert_type([batch.old_logprobs, batch.rewards], float)
+    for name in ("ref_logprobs", "values", "returns"):
+        if getattr(batch, name) is not None:
+            chex.assert_shape(getattr(batch, name), (b, t))
+    for name in ("truncated", "bootstrap_value"):
+        if getattr(batch, name) is not None:
+            chex.assert_shape(getattr(batch, name), (b,))
 
 
 def _advantage_metrics(batch: TokenBatch) -> dict:
@@ -172,9 +185,10 @@ def make_update_step(
 
     Returns:
       The update function; jitted with ``state`` donated unless ``jit=False``. The batch must
-      have ``B`` divisible by ``config.minibatch_size`` (B is static).
+      have ``B`` divisible by ``config.update.minibatch_size`` (B is static).
     """
     tx = optimizer or make_optimizer(config)
+    u = config.update
     if (apply_fn is None) == (logprob_fn is None):
         raise TypeError("make_update_step: pass exactly one of apply_fn and logprob_fn")
     if logprob_fn is None:
@@ -200,23 +214,24 @@ def make_update_step(
             batch_size_dev *= mesh.shape[a]
 
     def constrain(micro):
-        if mesh is None or config.microbatch % batch_size_dev:
+        if mesh is None or config.update.microbatch % batch_size_dev:
             return micro
         sh = lambda x: NamedSharding(mesh, P(None, batch_axes, *([None] * (x.ndim - 2))))
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sh(x)), micro)
 
     def update_step(state: TrainState, batch: TokenBatch):
+        check_batch(batch)
         b = batch.tokens.shape[0]
-        if b % config.minibatch_size:
+        if b % u.minibatch_size:
             raise ValueError(
-                f"TokenBatch has B={b} rows but RLConfig.minibatch_size={config.minibatch_size} "
+                f"TokenBatch has B={b} rows but update.minibatch_size={u.minibatch_size} "
                 "does not divide it; sample a multiple of minibatch_size trajectories or change it")
-        n_mini = b // config.minibatch_size
-        n_micro = config.minibatch_size // config.microbatch
+        n_mini = b // u.minibatch_size
+        n_micro = u.minibatch_size // u.microbatch
         lora = (state.lora_alpha, state.lora_rank)
         if config.needs_reference and batch.ref_logprobs is None:
             if state.ref_params is None:
-                raise ValueError(f"recipe {config.name!r} uses KL (kl_mode={config.kl_mode!r}) but "
+                raise ValueError(f"recipe {config.name!r} uses KL (kl.mode={config.kl.mode!r}) but "
                                  "the batch has no ref_logprobs and TrainState.ref_params is None")
             batch = batch.replace(ref_logprobs=_reference_logprobs(
                 config, logprob_fn, state.ref_params, batch))
@@ -258,16 +273,16 @@ def make_update_step(
             return (params, opt_state), sums
 
         def epoch_step(carry, key):
-            perm = jax.random.permutation(key, b) if config.shuffle else jnp.arange(b)
+            perm = jax.random.permutation(key, b) if u.shuffle else jnp.arange(b)
             shuffled = jax.tree.map(lambda x: x[perm], batch)
             return jax.lax.scan(minibatch_step, carry, _split(shuffled, n_mini))
 
         rng, ep_key = jax.random.split(state.rng)
-        keys = jax.random.split(ep_key, config.num_epochs)
+        keys = jax.random.split(ep_key, u.num_epochs)
         (params, opt_state), per_step = jax.lax.scan(epoch_step, (state.params, state.opt_state), keys)
         metrics = {k: jnp.mean(v) for k, v in per_step.items()}
         metrics.update(adv_metrics)
-        steps = config.num_epochs * n_mini
+        steps = u.num_epochs * n_mini
         metrics["optim/steps"] = jnp.asarray(steps, jnp.float32)
         new_state = state.replace(params=params, opt_state=opt_state, step=state.step + steps, rng=rng)
         return new_state, metrics

@@ -1,0 +1,370 @@
+"""The typed sections of an RL algorithm, and the name -> function tables they select from.
+
+``RLConfig`` is a tree of frozen sections, each owning one concern:
+
+    advantage  how sequence / token advantages are estimated (``ADVANTAGE_ESTIMATORS``),
+               which samples are kept, and what a truncated episode means
+    loss       the policy surrogate (``POLICY_LOSSES``), ratio level, clipping, aggregation
+    kl         the KL to a reference policy (in the loss or in the reward)
+    critic     the value loss of a model with a value head
+    optim      AdamW, gradient clipping, warm-up
+    lora       low-rank adapters (rank 0: full fine-tuning)
+    update     epochs, minibatches and microbatches of one update
+
+Adding an advantage estimator or a policy loss is one pure function (``rl/advantages.py``,
+``rl/losses.py``) and one entry in the table here; a recipe is a preset of these sections
+(``rl/recipes.py``). All fields are static for jit (they pick branches and shapes).
+
+Validation errors name the dotted key (``loss.clip_eps_low=1.5 must be ...``), so the run
+config can prefix ``rl.`` and point at the YAML key to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxagent.rl import advantages as adv_lib
+from jaxagent.rl import losses as loss_lib
+from jaxagent.rl.kl import KL_ESTIMATORS
+from jaxagent.types import TokenBatch
+
+_DC = dict(frozen=True, kw_only=True, slots=True)
+
+
+class RLConfigError(ValueError):
+    """An RL config value is invalid; the message starts with the dotted key."""
+
+
+def _choice(key: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise RLConfigError(f"{key}={value!r} is not valid; choose one of {list(allowed)}")
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise RLConfigError(f"{key}={value!r} must be >= {low}")
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+class Estimator(NamedTuple):
+    """An advantage estimator.
+
+    ``per_token=False``: ``fn(cfg: AdvantageConfig, rewards [B], group_ids [B], valid [B]) ->
+    [B]`` sequence advantages (broadcast to the row's policy tokens afterwards).
+    ``per_token=True``: ``fn(cfg, batch, token_rewards [B, T], mask [B, T]) -> (advantages
+    [B, T], returns [B, T] or None)``.
+    """
+
+    fn: Callable
+    per_token: bool
+    needs_critic: bool = False
+
+
+def _gae(cfg: "AdvantageConfig", batch: TokenBatch, token_rewards, mask):
+    if batch.values is None:
+        raise ValueError("TokenBatch.values is None but advantage.estimator='gae' needs critic "
+                         "values at sampling time; fill it before the update")
+    b = mask.shape[0]
+    trunc = jnp.zeros((b,), jnp.float32) if batch.truncated is None else jnp.asarray(
+        batch.truncated, jnp.float32)
+    boot = jnp.zeros((b,), jnp.float32) if batch.bootstrap_value is None else jnp.asarray(
+        batch.bootstrap_value, jnp.float32)
+    t = jnp.arange(mask.shape[1])
+    last_t = jnp.max(jnp.where(mask > 0, t[None, :], -1), axis=1)
+    last = (t[None, :] == last_t[:, None]).astype(jnp.float32)
+    # A terminated row ends at its last policy token (next value 0); a truncated row is cut
+    # there and bootstraps on the critic's value of the state after the cut.
+    returns, adv = adv_lib.compute_gae(
+        token_rewards, batch.values, last * (1.0 - trunc[:, None]), last * trunc[:, None],
+        boot, cfg.discount, cfg.gae_lambda, mask)
+    return adv, returns
+
+
+def _given(cfg, batch: TokenBatch, token_rewards, mask):
+    del cfg, token_rewards
+    return jnp.asarray(batch.advantages, jnp.float32) * mask, batch.returns
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
+    "gae": Estimator(_gae, per_token=True, needs_critic=True),
+    "given": Estimator(_given, per_token=True),
+    "group_normalized": Estimator(
+        lambda c, r, g, v: adv_lib.group_normalized_advantages(r, g, c.std_mode, c.eps, v),
+        per_token=False),
+    "leave_one_out": Estimator(
+        lambda c, r, g, v: adv_lib.leave_one_out_advantages(r, g, v), per_token=False),
+    "batch_mean": Estimator(
+        lambda c, r, g, v: adv_lib.batch_mean_advantages(r, v), per_token=False),
+}
+
+
+class PolicyLoss(NamedTuple):
+    """``fn(cfg: LossConfig, logp [B, T], log_ratio [B, T], advantages [B, T]) -> (loss [B, T],
+    clipped_low [B, T], clipped_high [B, T])``. ``on_policy``: the gradient is unbiased only
+    when the tokens were sampled from the policy's own distribution (temperature 1, no
+    top-k / top-p), because it uses the behaviour log-probs or the samples' frequencies."""
+
+    fn: Callable
+    on_policy: bool
+
+
+def _ppo(cfg: "LossConfig", logp, log_ratio, adv):
+    del logp
+    return loss_lib.ppo_clip_loss(log_ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high,
+                                  cfg.clip_lower)
+
+
+def _no_clip(per_tok):
+    zeros = jnp.zeros_like(per_tok)
+    return per_tok, zeros, zeros
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "ppo": PolicyLoss(_ppo, on_policy=True),
+    "reinforce": PolicyLoss(
+        lambda c, lp, lr, a: _no_clip(loss_lib.reinforce_loss(lp, a)), on_policy=True),
+    "sft": PolicyLoss(lambda c, lp, lr, a: _no_clip(loss_lib.sft_loss(lp)), on_policy=False),
+}
+
+KL_MODES = ("none", "loss", "reward")
+TRUNCATED_MODES = ("keep", "drop")
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass(**_DC)
+class AdvantageConfig:
+    """Advantages, sample filters and truncation (computed before the update)."""
+
+    estimator: str = "leave_one_out"  # a key of ADVANTAGE_ESTIMATORS
+    std_mode: str = "none"  # group std convention of group_normalized: population | sample | none
+    eps: float = 1e-6  # added to the group std
+    whiten: bool = False  # batch whitening after the estimator
+    drop_below: float = 0.0  # samples with |A| below this carry no loss (0: keep all)
+    discount: float = 1.0  # GAE gamma
+    gae_lambda: float = 0.95  # GAE lambda
+    # A truncated episode (step or token budget): "keep" trains on it as it is (critic-free:
+    # a failure with the reward it got; GAE: bootstraps on the critic's value at the cut),
+    # "drop" gives it no loss and leaves it out of the group / batch baselines.
+    truncated: str = "keep"
+    filter_reward: bool = False  # keep only samples with reward >= min_reward (RFT)
+    min_reward: float = 1.0
+
+    def __post_init__(self):
+        _choice("advantage.estimator", self.estimator, ADVANTAGE_ESTIMATORS)
+        _choice("advantage.std_mode", self.std_mode, adv_lib._STD_MODES)
+        _choice("advantage.truncated", self.truncated, TRUNCATED_MODES)
+        _at_least("advantage.drop_below", self.drop_below, 0.0)
+        _at_least("advantage.eps", self.eps, 0.0)
+        for key in ("discount", "gae_lambda"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise RLConfigError(f"advantage.{key}={getattr(self, key)!r} must be in [0, 1]")
+
+
+@dataclass(**_DC)
+class LossConfig:
+    """The policy surrogate and how per-token losses are reduced."""
+
+    policy: str = "ppo"  # a key of POLICY_LOSSES
+    ratio_level: str = "token"  # token | turn | trajectory
+    clip_eps_low: float = 0.2  # ratio lower bound 1 - eps_low (or 1 / (1 + eps_low))
+    clip_eps_high: float = 0.2  # ratio upper bound 1 + eps_high
+    clip_lower: str = "subtract"  # subtract | reciprocal
+    aggregation: str = "seq_mean_token_mean"  # token_mean | seq_mean_token_mean | seq_sum_norm
+    norm_constant: float = 1.0  # seq_sum_norm divisor per sequence (Dr.GRPO: generation budget)
+    entropy_coef: float = 0.0  # entropy bonus weight (subtracted from the loss)
+
+    def __post_init__(self):
+        _choice("loss.policy", self.policy, POLICY_LOSSES)
+        _choice("loss.ratio_level", self.ratio_level, loss_lib.RATIO_LEVELS)
+        _choice("loss.clip_lower", self.clip_lower, loss_lib.CLIP_LOWERS)
+        _choice("loss.aggregation", self.aggregation, loss_lib.AGGREGATIONS)
+        for key in ("clip_eps_low", "clip_eps_high"):
+            if not 0.0 < getattr(self, key) < 10.0:
+                raise RLConfigError(f"loss.{key}={getattr(self, key)!r} must be in (0, 10)")
+        if self.clip_lower == "subtract" and self.clip_eps_low >= 1.0:
+            raise RLConfigError(
+                f"loss.clip_eps_low={self.clip_eps_low} >= 1 makes the lower bound <= 0; use a "
+                "smaller value or loss.clip_lower='reciprocal'")
+        if self.norm_constant <= 0:
+            raise RLConfigError(f"loss.norm_constant={self.norm_constant!r} must be > 0")
+
+
+@dataclass(**_DC)
+class KLConfig:
+    """KL to a frozen reference policy (a second model copy unless the batch brings it)."""
+
+    mode: str = "none"  # none | loss (GRPO) | reward (RLHF PPO: per-token penalty)
+    estimator: str = "k3"  # k1 | k2 | k3
+    beta: float = 0.0  # coefficient
+
+    def __post_init__(self):
+        _choice("kl.mode", self.mode, KL_MODES)
+        _choice("kl.estimator", self.estimator, KL_ESTIMATORS)
+        if self.mode != "none" and self.beta <= 0:
+            raise RLConfigError(f"kl.beta={self.beta!r} must be > 0 with kl.mode={self.mode!r} "
+                                "(or set kl.mode='none')")
+
+
+@dataclass(**_DC)
+class CriticConfig:
+    """PPO's value loss on the model's value head."""
+
+    enabled: bool = False
+    value_coef: float = 0.5  # weight of the value loss
+    value_clip_eps: float = 0.0  # PPO value clipping range (0: off)
+
+    def __post_init__(self):
+        _at_least("critic.value_coef", self.value_coef, 0.0)
+        _at_least("critic.value_clip_eps", self.value_clip_eps, 0.0)
+
+
+@dataclass(**_DC)
+class OptimConfig:
+    """AdamW with global-norm clipping, constant after an optional linear warm-up."""
+
+    learning_rate: float = 1e-6
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0  # global-norm clipping (0: off)
+
+    def __post_init__(self):
+        if self.learning_rate <= 0:
+            raise RLConfigError(f"optim.learning_rate={self.learning_rate!r} must be > 0")
+        for key in ("warmup_steps", "weight_decay", "eps", "max_grad_norm"):
+            _at_least(f"optim.{key}", getattr(self, key), 0)
+        for key in ("b1", "b2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise RLConfigError(f"optim.{key}={getattr(self, key)!r} must be in [0, 1)")
+
+
+@dataclass(**_DC)
+class LoraConfig:
+    """Low-rank adapters on the named projections (rank 0: full fine-tuning)."""
+
+    rank: int = 0
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj")
+
+    def __post_init__(self):
+        _at_least("lora.rank", self.rank, 0)
+        if self.rank and not self.targets:
+            raise RLConfigError("lora.targets is empty with lora.rank > 0; name projections "
+                                "(e.g. ['q_proj', 'v_proj']) or set lora.rank=0")
+
+
+@dataclass(**_DC)
+class UpdateConfig:
+    """The schedule of one update: epochs over the batch, minibatches, microbatches."""
+
+    num_epochs: int = 1  # passes over each batch
+    minibatch_size: int = 32  # trajectories per optimiser step
+    microbatch_size: int = 0  # trajectories per gradient-accumulation step (0: = minibatch)
+    shuffle: bool = True  # reshuffle trajectories before each epoch
+
+    def __post_init__(self):
+        _at_least("update.num_epochs", self.num_epochs, 1)
+        _at_least("update.minibatch_size", self.minibatch_size, 1)
+        if self.microbatch_size < 0 or (
+                self.microbatch_size and self.minibatch_size % self.microbatch_size):
+            raise RLConfigError(
+                f"update.microbatch_size={self.microbatch_size} must be 0 or divide "
+                f"update.minibatch_size={self.minibatch_size}")
+
+    @property
+    def microbatch(self) -> int:
+        """Trajectories per gradient-accumulation step."""
+        return self.microbatch_size or self.minibatch_size
+
+
+SECTIONS: dict[str, type] = {
+    "advantage": AdvantageConfig, "loss": LossConfig, "kl": KLConfig, "critic": CriticConfig,
+    "optim": OptimConfig, "lora": LoraConfig, "update": UpdateConfig,
+}
+
+
+@dataclass(**_DC)
+class RLConfig:
+    """Everything the update step needs to know about the algorithm. All fields are static."""
+
+    name: str = "custom"  # recipe name, for logs
+    advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    kl: KLConfig = dataclasses.field(default_factory=KLConfig)
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    update: UpdateConfig = dataclasses.field(default_factory=UpdateConfig)
+
+    def __post_init__(self):
+        for key, cls in SECTIONS.items():
+            if not isinstance(getattr(self, key), cls):
+                raise RLConfigError(f"{key} must be a {cls.__name__}, got "
+                                    f"{type(getattr(self, key)).__name__}")
+        if ADVANTAGE_ESTIMATORS[self.advantage.estimator].needs_critic and not self.critic.enabled:
+            raise RLConfigError(
+                f"advantage.estimator={self.advantage.estimator!r} needs critic.enabled=true "
+                "(it bootstraps on values); enable the critic or pick a critic-free estimator")
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when the recipe needs reference-policy log-probs (a second model copy)."""
+        return self.kl.mode != "none"
+
+    @property
+    def on_policy_sampling(self) -> bool:
+        """True when the maths assumes tokens sampled from the policy's own distribution
+        (temperature 1, no top-k / top-p): ratio or REINFORCE losses, and KL estimates from
+        the behaviour log-probs."""
+        return POLICY_LOSSES[self.loss.policy].on_policy or self.kl.mode != "none"
+
+    def override(self, **sections: Any) -> "RLConfig":
+        """A copy with section fields changed: ``cfg.override(loss={"clip_eps_high": 0.28},
+        update={"minibatch_size": 8})``. A dict changes the named fields of the section (the
+        others keep this config's values); a section instance replaces it whole.
+
+        Raises:
+          RLConfigError naming ``section.field`` for an unknown section or field, or a bad value.
+        """
+        changes = {}
+        for key, value in sections.items():
+            if key == "name":
+                changes["name"] = value
+                continue
+            if key not in SECTIONS:
+                raise RLConfigError(f"unknown RLConfig section {key!r}; sections: "
+                                    f"{['name', *SECTIONS]}")
+            if isinstance(value, SECTIONS[key]):
+                changes[key] = value
+                continue
+            current = getattr(self, key)
+            names = {f.name for f in dataclasses.fields(current)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise RLConfigError(f"unknown field(s) {[f'{key}.{u}' for u in unknown]}; "
+                                    f"{key} has {sorted(names)}")
+            fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+            changes[key] = dataclasses.replace(current, **fixed)
+        return dataclasses.replace(self, **changes)
+
+    def replace(self, **changes) -> "RLConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def truncation_keep(config: RLConfig, batch: TokenBatch) -> Optional[jax.Array]:
+    """[B] float32 keep mask of ``advantage.truncated="drop"`` (None when nothing is dropped)."""
+    if config.advantage.truncated != "drop" or batch.truncated is None:
+        return None
+    return 1.0 - jnp.asarray(batch.truncated, jnp.float32)
