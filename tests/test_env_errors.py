@@ -25,6 +25,11 @@ from jaxagent.agents.sampling import TurnOutput
 from jaxagent.envs.base import FailureMode, Termination
 from jaxagent.eval.report import summarize
 
+try:
+    from jaxagent.agents.rollout import RolloutSpec
+except ImportError:  # lets this file run against the tree before the rollout spec
+    RolloutSpec = None
+
 BACKENDS = ("inline", "thread", "process")
 
 
@@ -63,10 +68,12 @@ class ExpertSampler:
         return TurnOutput(tokens=tokens, logprobs=[[-0.5]] * len(tokens),
                           stopped=[True] * len(tokens))
 
-    def start(self, params, prompts, key):
+    recompiles = 0
+
+    def start(self, params, prompts, key, **texts):
         return self._turn([self.chat.decode(p) for p in prompts])
 
-    def resume(self, params, chunks, key):
+    def resume(self, params, chunks, key, **texts):
         return self._turn([None if c is None else self.chat.decode(c) for c in chunks])
 
 
@@ -154,10 +161,14 @@ def make_runner(suite: str, backend: str):
 def _run(tasks, experts, runner):
     chat = TextChat()
     try:
-        eps, _ = collect_episodes(
-            ExpertSampler(chat, experts), None, tasks, samples_per_task=1, runner=runner,
-            chat=chat, system_prompt="", key=jax.random.key(0),
-            budget=Budget(max_turns=12, max_new_tokens=1, max_total_tokens=4096))
+        budget = Budget(max_turns=12, max_new_tokens=1, max_total_tokens=4096)
+        if RolloutSpec is None:  # the driver's keyword form before RolloutSpec
+            how = dict(runner=runner, chat=chat, system_prompt="", budget=budget)
+        else:
+            how = dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget,
+                                        runner=runner))
+        eps, _ = collect_episodes(ExpertSampler(chat, experts), None, tasks,
+                                  samples_per_task=1, key=jax.random.key(0), **how)
         health = runner.health()
     finally:
         runner.close()

@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxagent.envs.base import StepResult, Task
 from jaxagent.train.config import load_config
-from jaxagent.train.envs import EnvSpec, env_names, register_env
+from jaxagent.envs.registry import EnvSpec, env_names, register_env
 from jaxagent.train.metrics_log import read_jsonl
 
 WORDS = ["ok", "no", "yes", "maybe", "red", "blue", "one", "two"]

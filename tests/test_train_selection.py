@@ -96,7 +96,7 @@ def selected_run(tmp_path_factory):
 def test_validation_tasks_come_from_train_and_are_never_trained_on(selected_run):
     out, summary, val_ids, train_ids, seen = selected_run
     cfg = load_config(ROOT / "configs/quickstart.yaml", TINY)
-    from jaxagent.train.envs import get_env_spec
+    from jaxagent.envs.registry import get_env_spec
 
     source = get_env_spec(cfg.env.name, cfg.env.options).make_source()
     all_train = [t.id for t in source.tasks("train")]

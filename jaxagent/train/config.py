@@ -98,10 +98,12 @@ class TokenizerSection:
 class EnvSection:
     """The environment suite and its pool."""
 
-    name: str = "quickstart"  # a registered env (jaxagent.train.envs.env_names())
+    name: str = "quickstart"  # a registered env (jaxagent.envs.registry.env_names())
     train_split: str = "train"  # tasks for RL and SFT
     eval_split: str = "test"  # held-out tasks for evaluation
-    options: Dict[str, Any] = dataclasses.field(default_factory=dict)  # env-specific kwargs
+    # The suite's options (flat keys), validated into its typed options dataclass by
+    # jaxagent.envs.registry.parse_options; kept raw here because their type depends on name.
+    options: Dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: str = "thread"  # EnvPool backend: "inline" (no pool), "thread" or "process"
     num_workers: int = 16  # concurrent environment instances
     step_timeout_s: float = 5.0  # per-call timeout; a hang past it is an env_error
@@ -110,9 +112,14 @@ class EnvSection:
     fault_seed: int = 0  # fault injection seed
 
     def __post_init__(self):
-        from jaxagent.train.envs import env_names  # local: keeps config import light
+        from jaxagent.envs import registry  # local: keeps config import light
 
-        _choice("env.name", self.name, env_names())
+        if ":" not in self.name:  # "package.module:name" is checked when imported below
+            _choice("env.name", self.name, registry.env_names())
+        try:  # the suite's typed options: errors name env.options.<key>, value, allowed keys
+            registry.parse_options(self.name, self.options)
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
         _choice("env.backend", self.backend, ("inline", "thread", "process"))
         _positive("env.num_workers", self.num_workers)
         _positive("env.step_timeout_s", self.step_timeout_s)

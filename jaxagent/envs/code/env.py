@@ -16,6 +16,7 @@ import dataclasses
 from jaxagent.envs.base import FailureMode, StepResult, Task, env_error_info
 from jaxagent.envs.code.sandbox import Sandbox, SandboxConfig, SandboxResult
 from jaxagent.envs.code.tasks import assemble_program, extract_code, hidden_tests
+from jaxagent.envs.registry import FLATTEN
 
 REWARDS = ("binary", "shaped")
 
@@ -30,7 +31,8 @@ class CodeEnvConfig:
     reward: str = "binary"  # "binary" (all tests pass) or "shaped" (fraction of tests passed)
     max_turns: int = 1  # attempts per episode; > 1 feeds execution results back
     feedback_chars: int = 1500  # cap on the feedback observation
-    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
+    # FLATTEN: the sandbox's fields are env.options keys of the code suite (timeout_s, ...)
+    sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig, metadata=FLATTEN)
 
     def __post_init__(self):
         if self.reward not in REWARDS:

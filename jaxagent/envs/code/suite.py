@@ -1,19 +1,9 @@
-"""The code suite as the trainer's registry wants it: options -> task source, env, expert.
-
-``jaxagent.train.envs`` (the trainer's registry) can register the suite as::
-
-    def _code(options):
-        from jaxagent.envs.code import suite
-        s = suite.build(options)
-        return EnvSpec(name="code", make_source=lambda: s.source, make_env=s.make_env,
-                       system_prompt=s.system_prompt, make_expert=s.make_expert)
-
-Nothing here imports the trainer (``envs`` knows nothing of ``train``).
-"""
+"""The code suite in the registry (``env.name: code``): options -> task source, env, expert."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from typing import Any, Mapping
 
@@ -21,20 +11,22 @@ from jaxagent.envs.base import Task
 from jaxagent.envs.code.env import CodeEnv, CodeEnvConfig
 from jaxagent.envs.code.sandbox import SandboxConfig
 from jaxagent.envs.code.tasks import CodeTaskSource
+from jaxagent.envs.registry import FLATTEN, EnvSpec, parse_options, register_env
 
 SYSTEM_PROMPT = (
     "You write Python functions. Answer with the complete function definition in one "
     "```python code block; it is run against hidden unit tests in a sandbox."
 )
-_SOURCE_FIELDS = ("num_train", "num_validation", "seed")
-_ENV_FIELDS = ("reward", "max_turns", "feedback_chars")
-_SANDBOX_FIELDS = (
-    "timeout_s",
-    "call_timeout_s",
-    "memory_mb",
-    "max_processes",
-    "max_output_bytes",
-)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CodeOptions:
+    """``env.options`` of the code suite, flat: the source's keys (``num_train``,
+    ``num_validation``, ``seed``), the episode's (``reward``, ``max_turns``,
+    ``feedback_chars``) and the sandbox's (``timeout_s``, ``memory_mb``, ...)."""
+
+    source: CodeTaskSource = dataclasses.field(default_factory=CodeTaskSource, metadata=FLATTEN)
+    env: CodeEnvConfig = dataclasses.field(default_factory=CodeEnvConfig, metadata=FLATTEN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,23 +42,17 @@ class CodeSuite:
         return CanonicalExpert(task, error_rate, rng)
 
 
-def build(options: Mapping[str, Any] | None = None) -> CodeSuite:
-    """Builds the suite from ``env.options``; unknown keys raise naming the allowed ones."""
-    groups: list[dict] = [{}, {}, {}]
-    fields = (_SOURCE_FIELDS, _ENV_FIELDS, _SANDBOX_FIELDS)
-    for key, value in (options or {}).items():
-        for group, names in zip(groups, fields):
-            if key in names:
-                group[key] = value
-                break
-        else:
-            allowed = sorted(n for names in fields for n in names)
-            raise ValueError(
-                f"unknown option env.options.{key}={value!r} for env 'code'; allowed: {allowed}"
-            )
-    source = CodeTaskSource(**groups[0])
-    env_config = CodeEnvConfig(**groups[1], sandbox=SandboxConfig(**groups[2]))
-    return CodeSuite(source, env_config)
+def build(options: CodeOptions | Mapping[str, Any] | None = None) -> CodeSuite:
+    """The suite from typed options or a raw ``env.options`` mapping (validated)."""
+    opts = parse_options("code", options)
+    return CodeSuite(opts.source, opts.env)
+
+
+def spec(options: CodeOptions) -> EnvSpec:
+    s = build(options)
+    return EnvSpec(name="code", make_source=lambda: s.source,
+                   make_env=functools.partial(CodeEnv, s.env_config),
+                   system_prompt=s.system_prompt, make_expert=CanonicalExpert)
 
 
 class CanonicalExpert:
@@ -87,3 +73,6 @@ class CanonicalExpert:
         if draw < self.error_rate:
             body = "    return None\n"
         return f"```python\n{self.task.prompt}{body}```"
+
+
+register_env("code", spec, options=CodeOptions)

@@ -1,7 +1,8 @@
 """The quickstart tool world: a tiny, closed, stateful API world for CPU-scale RL.
 
-See ``world`` (tools and state), ``tasks`` (levels, splits), ``env`` (the TextEnv) and
-``expert`` (scripted demonstrations with a controllable error rate).
+See ``world`` (tools and state), ``tasks`` (levels, splits), ``vocab`` (the closed
+vocabulary), ``env`` (the TextEnv), ``expert`` (scripted demonstrations with a controllable
+error rate) and ``suite`` (its registry entry, imported by the registry on first use).
 """
 
 from jaxagent.envs.tools.quickstart.env import QuickstartEnv, QuickstartEnvConfig
@@ -21,7 +22,8 @@ from jaxagent.envs.tools.quickstart.tasks import (
     QuickstartWorld,
     task_key,
 )
-from jaxagent.envs.tools.quickstart.world import TOOL_NAMES, TOOL_SPECS, vocabulary
+from jaxagent.envs.tools.quickstart.vocab import vocabulary
+from jaxagent.envs.tools.quickstart.world import TOOL_NAMES, TOOL_SPECS
 
 __all__ = [
     "LEVELS", "TOOL_NAMES", "TOOL_SPECS", "ExpertPolicy", "QuickstartConfig", "QuickstartEnv",

@@ -1,6 +1,6 @@
 """QuickstartEnv: the quickstart tool world as a ``TextEnv``.
 
-Observations and actions are single-space separated words (see ``world.vocabulary``):
+Observations and actions are single-space separated words (see ``vocab.vocabulary``):
 
   reset -> "task : what do 3 shares of acme cost ? tools : price ( item ) mul ( a , b ) ..."
   step("Action : price ( item = \" acme \" )")  -> "Observation : 12"
@@ -25,6 +25,7 @@ from jaxagent.envs import actions as A
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination, env_error_info
 from jaxagent.envs.rewards import RewardMix, episode_reward, process_score, reward_terms
 from jaxagent.envs.tools.quickstart import world as W
+from jaxagent.envs.tools.quickstart.vocab import vocabulary
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -191,5 +192,5 @@ _VOCAB: frozenset[str] | None = None
 def _vocab() -> frozenset[str]:
     global _VOCAB
     if _VOCAB is None:
-        _VOCAB = frozenset(W.vocabulary())
+        _VOCAB = frozenset(vocabulary())
     return _VOCAB

@@ -64,7 +64,7 @@ TOOL_SPECS["help"] = _spec("help", "documentation of a tool",
 TOOL_NAMES = tuple(TOOL_SPECS)
 
 # Short documentation returned by help(tool); cancel's ends with the code of the day.
-_DOCS = {
+DOCS = {
     "price": "price ( item ) gives today 's price",
     "quote": "quote ( item ) gives yesterday 's price",
     "weather": "weather ( city ) gives today 's temperature",
@@ -151,35 +151,14 @@ def execute(state: Mapping[str, Any], tool: str,
         new["calendar"][kwargs["day"]] = []
         return f"cancelled {count}", new, False
     if tool == "help":
-        doc = _DOCS[kwargs["tool"]]
+        doc = DOCS[kwargs["tool"]]
         return (f"{doc} {new['code']}" if kwargs["tool"] == "cancel" else doc), new, False
     raise KeyError(f"tool {tool!r} is not a quickstart tool; known: {', '.join(TOOL_NAMES)}")
 
 
 def system_prompt() -> str:
     """Format instructions and every tool's documentation, in vocabulary words."""
-    docs = " ".join(f"{_DOCS[name]} ." for name in TOOL_NAMES if name != "cancel")
+    docs = " ".join(f"{DOCS[name]} ." for name in TOOL_NAMES if name != "cancel")
     return ("answer the task with the tools . write Action : tool ( arg = value ) , read the "
             "Observation , and end with Final : answer . " + docs + " cancel ( day , code ) "
             "clears a day ; ask help for the code .")
-
-
-def vocabulary() -> list[str]:
-    """Every word or symbol the world's prompts, observations and expert actions can contain.
-
-    Sorted and duplicate-free. Texts are single-space separated, so ``text.split()`` yields
-    words from this list (tests check it over all tasks, expert runs and random policies).
-    """
-    from jaxagent.envs.tools.quickstart import tasks  # templates live with the generator
-
-    words: set[str] = set(ITEMS + CITIES + DAYS + EVENTS + KEYS + TOOL_NAMES + ERROR_WORDS)
-    words.update(str(i) for i in range(MAX_INT + 1))
-    for spec in TOOL_SPECS.values():
-        words.update(spec.param_order)
-    for doc in _DOCS.values():
-        words.update(doc.split())
-    words.update(["Action", "Final", "Thought", "Observation", "task", "tools", ":", "(", ")",
-                  ",", "=", '"', "-", ".", "?", "ok", "free", "cancelled", "done"])
-    words.update(tasks.template_words())
-    words.update(system_prompt().split())
-    return sorted(words)
