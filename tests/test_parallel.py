@@ -1,6 +1,7 @@
 """Sharded update on 8 simulated CPU devices equals the single-device update."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -12,7 +13,7 @@ from jaxagent.parallel import (MeshConfig, batch_shardings, initialize_distribut
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.rl.update import make_update_step
-from test_rl_common import copy_tree, max_abs_diff, on_policy_batch, tiny_model
+from test_rl_common import assert_trees_close_f32, copy_tree, on_policy_batch, tiny_model
 
 
 def test_mesh_config_and_specs():
@@ -66,8 +67,16 @@ def test_sharded_update_equals_single_device(shape):
     if shape.get("fsdp", 1) > 1:
         assert "fsdp" in str(state.params["layer_0"]["mlp"]["up_proj"].sharding.spec)
         assert len(state.params["layer_0"]["mlp"]["up_proj"].addressable_shards) == 8
-    assert max_abs_diff(single.params, state.params) <= 1e-5
-    assert max_abs_diff(single.opt_state, state.opt_state) <= 1e-5
+    # Robust across machines: SGD's step is the gradient itself, and Adam's moments are
+    # smooth in it (mu = 0.1 g, nu = 0.001 g^2), compared at the float32 bound of the
+    # 16 x 12-term reduction (squared for nu). Adam's parameters are not: a near-zero
+    # gradient entry becomes a step of about +-lr, whose sign reduction-order noise flips.
+    n_terms = 2 * 16 * 12
+    if shape.get("tensor", 1) > 1:
+        assert_trees_close_f32(jax.tree.map(jnp.subtract, single.params, params),
+                               jax.tree.map(jnp.subtract, state.params, params), n_terms)
+    else:
+        assert_trees_close_f32(single.opt_state, state.opt_state, n_terms)
     for k in ("loss/policy", "optim/grad_norm", "entropy/mean"):
         np.testing.assert_allclose(m8[k], m1[k], rtol=1e-5, atol=1e-6)
     assert float(m1["optim/grad_norm"]) > 0

@@ -1,4 +1,5 @@
-"""Smoke tests that learn: GRPO and LOOP raise a rule reward from a tiny random policy.
+"""Smoke tests that learn: every recipe family (GRPO, LOOP, REINFORCE) raises a rule reward
+from a tiny random policy, each with its own group size (REINFORCE: one sample per task).
 
 The reward is the fraction of completion tokens equal to a target token (about 1 / vocab for
 the random policy). Each iteration samples K completions per prompt with jaxagent's sampler,
@@ -20,15 +21,16 @@ from jaxagent.types import TokenBatch
 VOCAB, TARGET, PROMPT, NEW, TASKS, K = 32, 5, 4, 8, 4, 8
 
 
-def pack(prompts, out):
+def pack(prompts, out, groups):
     """Prompt [B, P] + sampled completion [B, N] -> TokenBatch [B, P + N]."""
     gen = jnp.arange(NEW)[None, :] < out.lengths[:, None]
     reward = jnp.sum((out.tokens == TARGET) * gen, axis=1) / NEW
     return TokenBatch.from_completions(prompts, out.tokens, out.logprobs, out.lengths, reward,
-                                       jnp.repeat(jnp.arange(TASKS), K))
+                                       groups)
 
 
-def train(recipe, iterations, **overrides):
+def train(recipe, iterations, *, singletons=False, **overrides):
+    """``singletons``: every row is its own task (group size 1, REINFORCE's K)."""
     graphdef, params = init_model(ModelConfig.test(vocab_size=VOCAB, num_layers=1), jax.random.key(0))
     config = get_recipe(recipe, update={"minibatch_size": TASKS * K}, **overrides)
     ref = params if config.needs_reference else None
@@ -44,7 +46,8 @@ def train(recipe, iterations, **overrides):
     for _ in range(iterations):
         key, k = jax.random.split(key)
         out = sampler(state.model_params(), np.asarray(prompts).tolist(), sampling, k)
-        batch = pack(prompts, out)
+        groups = jnp.arange(TASKS * K) if singletons else jnp.repeat(jnp.arange(TASKS), K)
+        batch = pack(prompts, out, groups)
         rewards.append(float(batch.rewards.mean()))
         state, metrics = update(state, batch)
         assert np.isfinite(float(metrics["loss/total"]))
@@ -54,6 +57,9 @@ def train(recipe, iterations, **overrides):
 @pytest.mark.parametrize("recipe,overrides", [
     ("grpo", dict(optim={"learning_rate": 2e-3})),
     ("loop", dict(optim={"learning_rate": 2e-3}, lora={"rank": 0})),
+    # Group size 1: a group baseline would make every advantage r - r = 0; the batch-mean
+    # baseline learns.
+    ("reinforce", dict(optim={"learning_rate": 2e-3}, singletons=True)),
 ])
 def test_rl_raises_rule_reward(recipe, overrides):
     rewards = train(recipe, 24, **overrides)

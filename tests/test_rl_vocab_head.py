@@ -138,7 +138,7 @@ def test_lean_update_on_8_device_mesh_equals_single_device():
     from jaxagent.rl.recipes import get_recipe
     from jaxagent.rl.train_state import TrainState, make_optimizer
     from jaxagent.rl.update import make_update_step
-    from test_rl_common import copy_tree
+    from test_rl_common import assert_trees_close_f32, copy_tree
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
     config = get_recipe("loop", lora={"rank": 0}, optim={"learning_rate": 1e-3},
@@ -158,8 +158,13 @@ def test_lean_update_on_8_device_mesh_equals_single_device():
     update = make_update_step(config, optimizer=tx, logprob_fn=fn, mesh=mesh,
                               state_sharding=st_sh, batch_sharding=b_sh)
     state, m8 = update(jax.device_put(state, st_sh), jax.device_put(batch, b_sh))
-    assert max_abs_diff(single.params, state.params) <= 1e-5
+    # Compare what is smooth in the gradient: Adam's moments (mu = 0.1 g, nu = 0.001 g^2 after
+    # one step) at the float32 bound of a 16 x 12-term reduction, squared for nu. The
+    # parameters are not compared: Adam maps a near-zero gradient entry to a step of about
+    # +-lr, so reduction-order noise on another CPU flips whole updates.
+    assert_trees_close_f32(single.opt_state, state.opt_state, n_terms=2 * 16 * 12)
     np.testing.assert_allclose(m8["loss/policy"], m1["loss/policy"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m8["optim/grad_norm"], m1["optim/grad_norm"], rtol=1e-5)
     assert float(m1["optim/grad_norm"]) > 0
 
 

@@ -26,8 +26,8 @@ TINY = [
     "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
     "model.intermediate_size=64", "model.max_seq_len=160", "env.options.num_train=40",
     "env.options.num_test=4", "rollout.tasks_per_iteration=4", "rollout.samples_per_task=2",
-    "rollout.max_turns=2", "rollout.max_new_tokens=8", "rl.overrides.minibatch_size=4",
-    "rl.overrides.learning_rate=0.01", "sft.num_demos=8", "sft.steps=3", "sft.batch_size=2",
+    "rollout.max_turns=2", "rollout.max_new_tokens=8", "rl.update.minibatch_size=4",
+    "rl.optim.learning_rate=0.01", "sft.num_demos=8", "sft.steps=3", "sft.batch_size=2",
     "eval.num_tasks=4", "eval.every=2", "eval.val_tasks=6", "train.iterations=4",
     "train.checkpoint_every=0", "train.progress=none", "train.tensorboard=false",
     "train.plot=false", "rl.lr_schedule=cosine",
@@ -49,14 +49,14 @@ def _step_sizes(tx, steps):
 
 
 def test_constant_schedule_is_the_recipes_optimiser():
-    rl = get_recipe("loop", learning_rate=1e-2, lora_rank=0, warmup_steps=3)
+    rl = get_recipe("loop", optim={"learning_rate": 1e-2, "warmup_steps": 3}, lora={"rank": 0})
     np.testing.assert_allclose(_step_sizes(rl_optimizer(rl, "constant", 20), 10),
                                _step_sizes(make_optimizer(rl), 10), rtol=1e-6)
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_decayed_schedules_fall_from_peak_to_final_ratio(schedule):
-    rl = get_recipe("loop", learning_rate=1e-2, lora_rank=0)
+    rl = get_recipe("loop", optim={"learning_rate": 1e-2}, lora={"rank": 0})
     sizes = _step_sizes(rl_optimizer(rl, schedule, total_steps=40, final_ratio=0.1), 45)
     np.testing.assert_allclose(sizes[0], 1e-2, rtol=1e-3)
     np.testing.assert_allclose(sizes[40:], 1e-3, rtol=1e-3)  # stays at the floor

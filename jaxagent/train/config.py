@@ -6,8 +6,13 @@ a hand-written parser): the YAML and the overrides are merged onto the dataclass
 unknown key or a value of the wrong type is rejected, and ``__post_init__`` validates choices and
 ranges. Every error is re-raised as ``ConfigError`` naming the key, the value and what is allowed.
 
-Static vs traced: model sizes, batch sizes, ``max_new_tokens`` and budgets change array shapes
-(they recompile); learning rates, temperatures and clip ranges are traced values.
+Every value is fixed when a run is built: model sizes, batch sizes, ``max_new_tokens`` and budgets
+set array shapes, and the RL sections (learning rate and clip ranges included) are compile-time
+constants of the jitted update step, so changing one means building a new step.
+
+The ``rl`` section is a recipe name plus typed sections whose keys default to ``null`` = "the
+recipe preset's value": the preset is applied first, then every key the YAML or an override
+set, so ``rl.recipe=grpo rl.kl.beta=0.1`` and ``rl.kl.beta=0.1 rl.recipe=grpo`` agree.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -159,47 +164,121 @@ class RolloutSection:
             raise ConfigError(f"rollout.top_p={self.top_p!r} must be in (0, 1]")
 
 
+def _preset_fields(cls: type, doc: str) -> type:
+    """The YAML schema of one ``jaxagent.rl.config`` section: the same fields, typed, each
+    ``None`` by default, meaning "the recipe preset's value". OmegaConf checks the keys and
+    types; the values are validated by the section itself when the recipe is applied."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if typing.get_origin(hint) is tuple:  # OmegaConf reads sequences as lists
+            hint = List[typing.get_args(hint)[0]]
+        fields.append((f.name, Optional[hint], dataclasses.field(default=None)))
+    made = dataclasses.make_dataclass(f"{cls.__name__[:-6]}Fields", fields, **_DC)
+    made.__doc__ = doc
+    made.__module__ = __name__
+    return made
+
+
+def _rl_sections():
+    from jaxagent.rl import config as rl_config
+
+    return rl_config
+
+
+_rl = _rl_sections()
+AdvantageFields = _preset_fields(_rl.AdvantageConfig, "rl.advantage: estimator, filters, "
+                                 "truncation (jaxagent.rl.config.AdvantageConfig).")
+LossFields = _preset_fields(_rl.LossConfig, "rl.loss: policy surrogate, clipping, aggregation.")
+KLFields = _preset_fields(_rl.KLConfig, "rl.kl: KL to the reference policy.")
+CriticFields = _preset_fields(_rl.CriticConfig, "rl.critic: the value loss.")
+OptimFields = _preset_fields(_rl.OptimConfig, "rl.optim: AdamW, clipping, warm-up.")
+LoraFields = _preset_fields(_rl.LoraConfig, "rl.lora: low-rank adapters (rank 0: off).")
+UpdateFields = _preset_fields(_rl.UpdateConfig, "rl.update: epochs, minibatches, microbatches.")
+
+
+@dataclasses.dataclass(**_DC)
+class RLDataSection:
+    """Data-side sample selection and reward shaping over episodes (``jaxagent.train.dapo``),
+    off by default; ``configs/dapo_code.yaml`` turns on DAPO's (arXiv 2503.14476)."""
+
+    # Dynamic sampling: drop groups whose rewards are all equal (no learning signal), sample
+    # more tasks and refill the batch to rollout.tasks_per_iteration groups, at most
+    # max_sampling_rounds collection rounds per iteration (then train on what was kept).
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 10
+    # Over-long filtering: episodes that hit a length limit (a budget cut, or a turn that
+    # ended at rollout.max_new_tokens without a stop token) carry no loss.
+    overlong_filter: bool = False
+    # Soft over-long punishment: reward += factor * R_length(policy tokens) with R_length 0 up
+    # to L_max - L_cache, falling linearly to -1 at L_max, -1 beyond (paper Eq. 13).
+    overlong_penalty: float = 0.0  # the factor (0: off; DAPO: 1.0)
+    overlong_max_len: int = 0  # L_max in policy tokens; 0 = max_turns * max_new_tokens
+    overlong_cache_len: int = 4096  # L_cache (DAPO: 4096 of L_max 20480)
+
+    def __post_init__(self):
+        _positive("rl.data.max_sampling_rounds", self.max_sampling_rounds)
+        _positive("rl.data.overlong_penalty", self.overlong_penalty, allow_zero=True)
+        _positive("rl.data.overlong_max_len", self.overlong_max_len, allow_zero=True)
+        _positive("rl.data.overlong_cache_len", self.overlong_cache_len, allow_zero=True)
+        if self.overlong_penalty and not self.overlong_cache_len:
+            raise ConfigError("rl.data.overlong_penalty > 0 needs rl.data.overlong_cache_len > 0 "
+                              "(the length over which the penalty falls to -1)")
+
+
 @dataclasses.dataclass(**_DC)
 class RLSection:
-    """The RL recipe (``jaxagent.rl.recipes``) and the recipe fields to override.
+    """The RL recipe (``jaxagent.rl.recipes``) and the fields that change its preset.
 
-    ``overrides`` takes any ``RLConfig`` field (learning_rate, num_epochs, minibatch_size,
-    clip_eps_low, lora_rank, ...). The group size is ``rollout.samples_per_task`` when that is
-    set, else the recipe's ``group_size``. ``lr_schedule`` decays the recipe's learning rate
-    over the run's ``train.iterations`` (the trainer builds the optimiser; the recipes' own
-    optimiser is constant after warm-up).
+    ``recipe`` selects a preset of every section; a key set here (``rl.loss.clip_eps_high:
+    0.28``, ``rl.optim.learning_rate: 1e-3``) replaces that one field of the preset, and a
+    key left unset (``null``) keeps the preset's value, whichever recipe is chosen and in
+    whatever order the YAML and the overrides name them. The group size is not here: it is
+    ``rollout.samples_per_task`` (0 there = the recipe's K). ``lr_schedule`` decays the
+    learning rate over the run's ``train.iterations`` (the recipe's own optimiser is constant
+    after warm-up).
     """
 
     recipe: str = "loop"  # loop, grpo, dr_grpo, dapo, ppo, rloo, reinforce, rft
-    overrides: Dict[str, Any] = dataclasses.field(default_factory=dict)  # RLConfig fields
+    advantage: AdvantageFields = dataclasses.field(default_factory=AdvantageFields)
+    loss: LossFields = dataclasses.field(default_factory=LossFields)
+    kl: KLFields = dataclasses.field(default_factory=KLFields)
+    critic: CriticFields = dataclasses.field(default_factory=CriticFields)
+    optim: OptimFields = dataclasses.field(default_factory=OptimFields)
+    lora: LoraFields = dataclasses.field(default_factory=LoraFields)
+    update: UpdateFields = dataclasses.field(default_factory=UpdateFields)
+    data: RLDataSection = dataclasses.field(default_factory=RLDataSection)
     lr_schedule: str = "constant"  # after the recipe's warm-up: constant, linear or cosine decay
     lr_final_ratio: float = 0.1  # decayed schedules end at this fraction of the peak LR
 
     def __post_init__(self):
-        self.build()  # validates the recipe name and every override
+        self.build()  # validates the recipe name and every set field
         _choice("rl.lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
         _prob("rl.lr_final_ratio", self.lr_final_ratio)
 
-    def build(self, group_size: int = 0):
-        """The recipe's ``RLConfig`` with the overrides (and the group size) applied."""
+    def set_fields(self) -> Dict[str, Dict[str, Any]]:
+        """``{section: {field: value}}`` of the keys set here (not None)."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for section in _rl.SECTIONS:
+            given = getattr(self, section)
+            changes = {f.name: getattr(given, f.name) for f in dataclasses.fields(given)
+                       if getattr(given, f.name) is not None}
+            if changes:
+                out[section] = changes
+        return out
+
+    def build(self):
+        """The recipe's ``RLConfig`` with the fields set here applied over its preset."""
         from jaxagent.rl import recipes
 
         _choice("rl.recipe", self.recipe, recipes.recipe_names())
-        fields = {f.name: f for f in dataclasses.fields(recipes.RLConfig)}
-        changes = {}
-        for k, v in self.overrides.items():
-            if k not in fields:
-                close = difflib.get_close_matches(k, list(fields), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"unknown config key 'rl.overrides.{k}'{hint}; allowed "
-                                  f"RLConfig fields: {sorted(fields)}")
-            changes[k] = tuple(v) if isinstance(v, list) else v
-        if group_size:
-            changes["group_size"] = group_size
         try:
-            return recipes.get_recipe(self.recipe, **changes)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"rl.overrides for recipe {self.recipe!r}: {err}") from None
+            return recipes.get_recipe(self.recipe, **self.set_fields())
+        except ValueError as err:
+            raise ConfigError(f"rl.{err} (recipe {self.recipe!r})") from None
 
 
 @dataclasses.dataclass(**_DC)
@@ -284,13 +363,36 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.train.out_dir.format(name=self.name, seed=self.train.seed))
 
+    def __post_init__(self):
+        self._check_rl_sampling()
+
+    def _check_rl_sampling(self) -> None:
+        """Ratio-based and on-policy losses (PPO, REINFORCE, KL estimates) read the behaviour
+        log-probs as the policy's own; the sampler records them before temperature and
+        top-k / top-p, so any of these would bias every importance ratio and gradient."""
+        r = self.rollout
+        changed = [f"rollout.{k}={v!r}" for k, v, off in (
+            ("temperature", r.temperature, 1.0), ("top_k", r.top_k, 0), ("top_p", r.top_p, 1.0))
+            if v != off]
+        if changed and self.rl_config().on_policy_sampling:
+            raise ConfigError(
+                f"{', '.join(changed)} with rl.recipe={self.rl.recipe!r}: its loss "
+                f"(rl.loss.policy={self.rl_config().loss.policy!r}, rl.kl.mode="
+                f"{self.rl_config().kl.mode!r}) needs tokens sampled at temperature 1 without "
+                "top-k / top-p (the behaviour log-probs are those of the unfiltered "
+                "distribution); set rollout.temperature=1.0, rollout.top_k=0 and "
+                "rollout.top_p=1.0, or use an SFT-loss recipe (rft) for filtered sampling")
+
     def rl_config(self):
-        """The typed ``jaxagent.rl.recipes.RLConfig`` of this run."""
-        return self.rl.build(self.rollout.samples_per_task)
+        """The typed ``jaxagent.rl.config.RLConfig`` of this run."""
+        return self.rl.build()
 
     @property
     def group_size(self) -> int:
-        return self.rl_config().group_size
+        """Samples per task K: ``rollout.samples_per_task``, or the recipe's K when that is 0."""
+        from jaxagent.rl.recipes import default_samples_per_task
+
+        return self.rollout.samples_per_task or default_samples_per_task(self.rl.recipe)
 
     @property
     def max_total_tokens(self) -> int:
@@ -323,6 +425,9 @@ def _explain(err: OmegaConfBaseException, origin: str) -> ConfigError:
         leaf = str(full_key).split(".")[-1]
         close = difflib.get_close_matches(leaf, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if str(full_key).startswith("rl.overrides"):
+            hint = (" (rl.overrides was replaced by typed sections: rl.optim.learning_rate, "
+                    "rl.loss.clip_eps_high, rl.update.minibatch_size, rl.lora.rank, ...)")
         return ConfigError(
             f"{origin}: unknown config key {full_key!r}{hint}; allowed keys here: {allowed}")
     if isinstance(err, ValidationError):
@@ -349,7 +454,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            raise ConfigError(f"config file {str(path)!r} does not exist; pass a YAML file "
+                              "such as configs/quickstart.yaml")
         layers.append((str(path), OmegaConf.load(path)))
     for item in overrides:
         if "=" not in item:
