@@ -34,4 +34,4 @@ def pick_bucket(n: int, buckets: Sequence[int], what: str = "length") -> int:
             return int(b)
     raise ValueError(
         f"{what} {n} exceeds the largest bucket {max(buckets)}; add a larger bucket or "
-        "truncate the input (e.g. PoolConfig.max_observation_chars)")
+        "truncate the input (e.g. rollout.max_observation_chars)")

@@ -147,13 +147,14 @@ def make_env(suite: str, env_id: int = 0):
     return BFCLEnv()
 
 
-def make_runner(suite: str, backend: str):
+def make_runner(env_fn, backend: str):
+    """``env_fn(env_id)`` behind the runner of ``backend``."""
     if backend == "inline":
-        return InlineRunner(functools.partial(make_env, suite))
+        return InlineRunner(functools.partial(env_fn, 0))
     from jaxagent.agents.pool_runner import PoolRunner
     from jaxagent.pool import PoolConfig
 
-    return PoolRunner(functools.partial(make_env, suite), PoolConfig(
+    return PoolRunner(env_fn, PoolConfig(
         num_envs=2, backend=backend, step_timeout_s=30.0, reset_timeout_s=30.0,
         start_method="fork"))
 
@@ -179,7 +180,7 @@ def _run(tasks, experts, runner):
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_env_reported_failure_is_env_error_with_no_loss(suite, backend):
     tasks, experts = SUITES[suite]()
-    (healthy, broken), health = _run(tasks, experts, make_runner(suite, backend))
+    (healthy, broken), health = _run(tasks, experts, make_runner(functools.partial(make_env, suite), backend))
     assert healthy.success and healthy.termination == Termination.TERMINATED, healthy.render()
     assert broken.termination == Termination.ENV_ERROR, broken.render()
     assert broken.failure_mode == FailureMode.ENV_ERROR.value and broken.error
@@ -209,3 +210,25 @@ def test_a_dangerous_call_mid_episode_is_counted():
     assert eps[0].num_turns == 2 and not eps[0].info["dangerous"]  # not on the last step
     assert summarize(eps).dangerous_actions == 1
     assert summarize(eps[1:]).dangerous_actions == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_observations_are_cut_once_by_the_rollout_knob(backend):
+    """``Budget.max_observation_chars`` is the one truncation knob: the same cut under every
+    backend (the pool returns observations whole)."""
+    from jaxagent.pool.fake_env import FakeToolEnvFactory
+
+    task = dataclasses.replace(_quickstart()[0][0], id="long", prompt="x" * 500)
+    runner = make_runner(FakeToolEnvFactory(), backend)
+    chat = TextChat()
+    budget = Budget(max_turns=1, max_new_tokens=1, max_total_tokens=64,
+                    max_observation_chars=80)
+    how = (dict(runner=runner, chat=chat, system_prompt="", budget=budget)
+           if RolloutSpec is None else
+           dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner)))
+    try:
+        (ep,), _ = collect_episodes(ExpertSampler(chat, [Script(["Final : x"])]), None, [task],
+                                    samples_per_task=1, key=jax.random.key(0), **how)
+    finally:
+        runner.close()
+    assert len(ep.first_observation) <= 80 and "characters truncated" in ep.first_observation

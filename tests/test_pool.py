@@ -171,13 +171,15 @@ def test_process_pool_close_stops_workers():
 
 
 def test_recv_timeout_and_observation_truncation():
-    cfg = PoolConfig(num_envs=1, max_observation_chars=64)
+    cfg = PoolConfig(num_envs=1)
     env_fn = FakeToolEnvFactory(latency_s=0.3)
     with EnvPool(env_fn, cfg) as pool:
         pool.async_reset([0], Task("a", "train", "x" * 500))
         assert pool.recv(timeout=0.01) == []  # nothing ready yet
         (r,) = pool.recv()
-        assert len(r.observation) <= 64 and "characters truncated" in r.observation
+        # Observations come back whole: truncation is the rollout's one knob
+        # (rollout.max_observation_chars; tests/test_env_errors.py checks it per backend).
+        assert "x" * 500 in r.observation and "truncated" not in r.observation
     text = "head " + "y" * 1000 + " tail"
     cut = truncate_observation(text, 100)
     assert len(cut) <= 100 and cut.startswith("head ") and cut.endswith(" tail")

@@ -106,15 +106,24 @@ class ArrayEnv(Protocol):
     """A batched array environment over ``num_envs`` instances (Gymnasium vector conventions).
 
     ``reset(seed)`` returns ``(obs [N, obs_dim], info)``; ``step(actions [N, act_dim])`` returns
-    ``(obs, reward [N], terminated [N] bool, truncated [N] bool, info)``.
+    ``(obs, reward [N], terminated [N] bool, truncated [N] bool, info)``; ``step_envs(env_ids
+    [K], actions [K, act_dim])`` steps only those K envs (the others keep their state) and
+    returns the same tuple over the K (``jaxagent.pool.ArrayEnvPool`` calls it when only some
+    envs have an action pending).
     """
 
     num_envs: int
+    obs_dim: int
+    act_dim: int
 
     def reset(self, seed: int | Sequence[int] | None = None) -> tuple[np.ndarray, dict]: ...
 
     def step(
         self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
+
+    def step_envs(
+        self, env_ids: np.ndarray, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
 
     def close(self) -> None: ...

@@ -1,8 +1,10 @@
 """Host-side asynchronous environment pool (see DESIGN.md).
 
-``EnvPool`` (threads or processes) for text environments, ``AsyncEnvPool`` for asyncio code,
+``EnvPool`` for text environments (its workers run on a backend from
+``jaxagent.pool.backends``: threads or processes), ``AsyncEnvPool`` for asyncio code,
 ``ArrayEnvPool`` for batched array environments (MuJoCo), ``collate`` to pad token lists to
-bucketed shapes, and ``DevicePrefetcher`` (imports JAX lazily) for double-buffered transfer.
+bucketed shapes, and ``DevicePrefetcher`` (imports JAX lazily) for double-buffered transfer in
+user loops.
 """
 
 from jaxagent.pool.aio import AsyncEnvPool

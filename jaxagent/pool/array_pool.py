@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from jaxagent.envs.base import ArrayEnv
 from jaxagent.pool.health import Health
 
 
@@ -29,9 +30,15 @@ class ArrayBatch:
 
 
 class ArrayEnvPool:
-    """send/recv over an env with ``reset(seed)`` and ``step_envs(env_ids, actions)``."""
+    """send/recv over a ``jaxagent.envs.base.ArrayEnv`` (``reset``, ``step``, ``step_envs``,
+    ``num_envs``, ``act_dim``)."""
 
-    def __init__(self, env, seed: int = 0):
+    def __init__(self, env: ArrayEnv, seed: int = 0):
+        if not isinstance(env, ArrayEnv):
+            missing = [n for n in ("num_envs", "obs_dim", "act_dim", "reset", "step",
+                                   "step_envs", "close") if not hasattr(env, n)]
+            raise TypeError(f"ArrayEnvPool needs an ArrayEnv; {type(env).__name__} lacks "
+                            f"{missing} (see jaxagent.envs.base.ArrayEnv)")
         self.env = env
         self.seed = seed
         self.num_envs = env.num_envs

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-BACKENDS = ("thread", "process")
 START_METHODS = ("forkserver", "spawn", "fork")
 
 
@@ -13,7 +12,9 @@ class PoolConfig:
     """How ``EnvPool`` runs its environments. All fields are host-side (nothing is traced)."""
 
     num_envs: int  # number of concurrent environments (one worker each)
-    backend: str = "thread"  # "thread" for I/O-bound tool envs, "process" for CPU-bound or crashy
+    # a jaxagent.pool.backends.BACKENDS name: "thread" for I/O-bound tool envs, "process" for
+    # CPU-bound or crashy ones
+    backend: str = "thread"
     step_timeout_s: float = 30.0  # a step taking longer is a timeout: worker restarted, env_error
     reset_timeout_s: float = 60.0  # same for reset (resets are retried, see max_retries)
     start_timeout_s: float = 60.0  # a worker must build its env within this (else: timeout)
@@ -21,15 +22,18 @@ class PoolConfig:
     backoff_s: float = 0.05  # first retry waits backoff_s, then 2x, 4x ... (capped)
     backoff_max_s: float = 2.0  # cap of the retry back-off
     seed: int = 0  # pool seed: episode seeds derive from (seed, env id, episode, attempt)
-    max_observation_chars: int | None = None  # truncate observations (visible marker) if set
     start_method: str = "forkserver"  # process backend: forkserver keeps restarts cheap
     latency_window: int = 10_000  # calls kept for latency percentiles
 
     def __post_init__(self):
         if self.num_envs < 1:
             raise ValueError(f"PoolConfig.num_envs={self.num_envs} must be >= 1")
+        from jaxagent.pool.backends import BACKENDS  # local: backends import the workers
+
         if self.backend not in BACKENDS:
-            raise ValueError(f"PoolConfig.backend={self.backend!r}; choose one of {BACKENDS}")
+            raise ValueError(
+                f"PoolConfig.backend={self.backend!r}; choose one of {tuple(BACKENDS)}"
+            )
         if self.start_method not in START_METHODS:
             raise ValueError(
                 f"PoolConfig.start_method={self.start_method!r}; choose one of {START_METHODS}"
@@ -44,12 +48,3 @@ class PoolConfig:
                 f"PoolConfig.backoff_s={self.backoff_s}, backoff_max_s={self.backoff_max_s}: "
                 "need 0 <= backoff_s <= backoff_max_s"
             )
-        if self.max_observation_chars is not None and self.max_observation_chars < 64:
-            raise ValueError(
-                f"PoolConfig.max_observation_chars={self.max_observation_chars} must be >= 64 "
-                "(room for the truncation marker) or None"
-            )
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait before retry number ``attempt`` (1-based): exponential, capped."""
-        return min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))

@@ -22,12 +22,17 @@ Guarantees:
     abandoned and their late answers dropped.
   * Seeds are deterministic: episode ``k`` of env ``i`` (attempt ``a``) is seeded with
     ``episode_seed(config.seed, i, k, a)`` through the env's optional ``seed`` method.
+
+Where the envs run is the backend's business (``jaxagent.pool.backends``: thread, process, one
+table entry per backend); deadlines and reset retries live in ``jaxagent.pool.timers``.
+Observations come back whole: the one truncation knob is the rollout's
+(``rollout.max_observation_chars``, applied by ``jaxagent.agents.rollout``), so what the policy
+sees and what the episode records are cut in one place, the same way under every backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import numbers
 import queue
 import threading
@@ -35,11 +40,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from jaxagent.envs.base import StepResult, Task, Termination, env_error_info, truncate_observation
+from jaxagent.envs.base import StepResult, Task, Termination, env_error_info
+from jaxagent.pool.backends import make_backend
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.health import Health
-from jaxagent.pool.steps import PoolStep, check_picklable, episode_seed, validate_answer
-from jaxagent.pool.workers import Outcome, ProcessWorker, ThreadWorker, make_context
+from jaxagent.pool.steps import PoolStep, episode_seed, validate_answer
+from jaxagent.pool.timers import RETRY, RetryPolicy, Timers
+from jaxagent.pool.workers import Outcome
 
 
 @dataclasses.dataclass
@@ -77,18 +84,15 @@ class EnvPool:
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.RLock()
         self._ready: list[PoolStep] = []
-        # Bookkeeping that keeps recv O(log N) per answer (256 envs at 5k calls/s): the envs
-        # with a call in flight or a retry scheduled, and a heap of (time, seq, env_id) timers
-        # (seq -1: a reset retry); entries of finished calls go stale and are skipped.
+        # The envs with a call in flight or a retry scheduled (recv's pending count), and the
+        # deadlines of both (jaxagent.pool.timers).
         self._busy: set[int] = set()
-        self._timers: list[tuple[float, int, int]] = []
+        self._timers = Timers(self._timer_live, compact_at=4 * config.num_envs + 64)
+        self._retry = RetryPolicy.of(config)
         self._seq = 0
         self._next_episode = 0
         self._closed = False
-        self._context = None
-        if config.backend == "process":
-            check_picklable(env_fn)
-            self._context = make_context(config.start_method)
+        self._backend = make_backend(env_fn, config)
         self._slots = [_Slot(worker=self._spawn(i, 0)) for i in range(config.num_envs)]
 
     # ------------------------------------------------------------------ public API
@@ -178,7 +182,7 @@ class EnvPool:
                 ):
                     out, self._ready = self._ready, []
                     return out
-                wait = self._next_timer() - time.monotonic()
+                wait = self._timers.next_time() - time.monotonic()
             if give_up is not None:
                 wait = min(wait, give_up - time.monotonic())
                 if wait <= 0:
@@ -205,10 +209,7 @@ class EnvPool:
             self._closed = True
             workers = [s.worker for s in self._slots if s.worker is not None]
         for w in workers:
-            if self.config.backend == "process":
-                w.stop(timeout=1.0)
-            else:
-                w.stop(timeout=0.0)
+            w.stop(timeout=self._backend.stop_timeout_s)
 
     def __enter__(self):
         return self
@@ -240,9 +241,7 @@ class EnvPool:
                 raise ValueError(f"env {env_id} is busy; recv() its answer before {what}")
 
     def _spawn(self, env_id: int, generation: int):
-        if self.config.backend == "thread":
-            return ThreadWorker(self.env_fn, env_id, generation, self._results)
-        return ProcessWorker(self.env_fn, env_id, generation, self._results, self._context)
+        return self._backend.spawn(env_id, generation, self._results)
 
     def _restart(self, env_id: int) -> None:
         slot = self._slots[env_id]
@@ -263,7 +262,7 @@ class EnvPool:
         grace = 0.0 if slot.ready else self.config.start_timeout_s
         slot.call = _Call(self._seq, kind, payload, now + timeout + grace, now, attempt, timeout)
         self._busy.add(env_id)
-        self._push_timer(slot.call.deadline, self._seq, env_id)
+        self._timers.push(slot.call.deadline, self._seq, env_id)
         if slot.worker is None:
             slot.worker = self._spawn(env_id, slot.generation)
             self.health.add("restarts")
@@ -274,29 +273,16 @@ class EnvPool:
         seed = episode_seed(self.config.seed, env_id, slot.episode_index, attempt)
         self._submit(env_id, "reset", (slot.task, seed), self.config.reset_timeout_s, attempt)
 
-    def _push_timer(self, when: float, seq: int, env_id: int) -> None:
-        if len(self._timers) > 4 * self.num_envs + 64:  # drop stale entries now and then
-            self._timers = [t for t in self._timers if self._timer_live(*t)]
-            heapq.heapify(self._timers)
-        heapq.heappush(self._timers, (when, seq, env_id))
-
     def _timer_live(self, when: float, seq: int, env_id: int) -> bool:
         slot = self._slots[env_id]
-        if seq < 0:
+        if seq == RETRY:
             return slot.retry_at == when
         return slot.call is not None and slot.call.seq == seq and slot.call.deadline == when
 
-    def _next_timer(self) -> float:
-        return self._timers[0][0] if self._timers else time.monotonic() + 0.05
-
     def _poll_timers(self) -> None:
-        now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
-            when, seq, env_id = heapq.heappop(self._timers)
-            if not self._timer_live(when, seq, env_id):
-                continue
+        for _, seq, env_id in self._timers.due(time.monotonic()):
             slot = self._slots[env_id]
-            if seq < 0:
+            if seq == RETRY:
                 slot.retry_at = None
                 self._submit_reset(env_id, slot.retry_attempt)
                 continue
@@ -315,7 +301,7 @@ class EnvPool:
             if slot.call is not None:  # time the call from now, not from the worker's start
                 now = time.monotonic()
                 slot.call.sent_at, slot.call.deadline = now, now + slot.call.timeout
-                self._push_timer(slot.call.deadline, slot.call.seq, outcome.env_id)
+                self._timers.push(slot.call.deadline, slot.call.seq, outcome.env_id)
             return
         if outcome.seq is None:  # the worker died (or sent garbage) between calls
             if outcome.status == "crash":
@@ -358,7 +344,7 @@ class EnvPool:
         self.health.latency(latency)
         if call.kind == "reset":
             self.health.add("resets")
-            obs = self._truncate(value)
+            obs = value
             self._ready.append(
                 PoolStep(env_id, slot.episode_id, "reset", obs, 0.0, False, {}, latency)
             )
@@ -366,7 +352,7 @@ class EnvPool:
         self.health.add("steps")
         step = value if isinstance(value, StepResult) else StepResult(*value)
         info = dict(step.info)
-        obs = self._truncate(step.observation)
+        obs = step.observation
         if step.done or info.get("termination") == Termination.ENV_ERROR.value:
             # An env that reports its own failure ends the episode even without done=True.
             info.setdefault(
@@ -385,11 +371,12 @@ class EnvPool:
         """A call failed: retry a reset (bounded, with back-off) or end the episode labelled."""
         slot = self._slots[env_id]
         call, slot.call = slot.call, None
-        if call is not None and call.kind == "reset" and call.attempt < self.config.max_retries:
+        attempt = self._retry.next_attempt(call.kind, call.attempt) if call is not None else None
+        if attempt is not None:
             self.health.add("retries")
-            slot.retry_attempt = call.attempt + 1
-            slot.retry_at = time.monotonic() + self.config.backoff(slot.retry_attempt)
-            self._push_timer(slot.retry_at, -1, env_id)
+            slot.retry_attempt = attempt
+            slot.retry_at = time.monotonic() + self._retry.delay(attempt)
+            self._timers.push(slot.retry_at, RETRY, env_id)
             return
         self._busy.discard(env_id)
         if slot.episode_id is None:
@@ -408,7 +395,3 @@ class EnvPool:
             PoolStep(env_id, slot.episode_id, "step", obs, reward, True, info, latency)
         )
         slot.episode_id = None
-
-    def _truncate(self, text: str) -> str:
-        limit = self.config.max_observation_chars
-        return text if limit is None else truncate_observation(text, limit)

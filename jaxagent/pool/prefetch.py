@@ -6,6 +6,11 @@ to ``depth`` batches in flight: while the consumer works on batch k, batch k+1 i
 moving to the device. Every batch must have the shapes and dtypes of the first one (fixed-shape
 device buffers; a change would recompile every consumer), otherwise a readable error is raised
 in the consumer. float64 leaves are cast to float32 on the host (JAX runs without x64).
+
+It is for user loops that stream fixed-shape array batches (``ArrayEnvPool`` observations,
+pre-collated token data) into a jitted step. The trainer does not use it: its batches are
+built once per iteration after the rollout ends (``pack_episodes``), so there is nothing to
+overlap a transfer with.
 """
 
 from __future__ import annotations

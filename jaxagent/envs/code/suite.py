@@ -9,7 +9,6 @@ from typing import Any, Mapping
 
 from jaxagent.envs.base import Task
 from jaxagent.envs.code.env import CodeEnv, CodeEnvConfig
-from jaxagent.envs.code.sandbox import SandboxConfig
 from jaxagent.envs.code.tasks import CodeTaskSource
 from jaxagent.envs.registry import FLATTEN, EnvSpec, parse_options, register_env
 
