@@ -6,7 +6,7 @@
 rlimits, wall clock); ``CodeTaskSource`` gives train / validation (generated) and test
 (HumanEval) splits; ``CodeEnv`` is the single- or multi-turn ``TextEnv``;
 ``evaluate_samples`` scores n samples per task into pass@k / pass^k (``jaxagent.eval.passk``);
-``suite.build(options)`` gives the trainer's registry what it needs.
+``suite`` registers the suite (``env.name: code``) in ``jaxagent.envs.registry``.
 """
 
 import importlib
