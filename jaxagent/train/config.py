@@ -153,7 +153,9 @@ class RolloutSection:
     def __post_init__(self):
         for name in ("tasks_per_iteration", "max_turns", "max_new_tokens"):
             _positive(f"rollout.{name}", getattr(self, name))
-        _positive("rollout.samples_per_task", self.samples_per_task, allow_zero=True)
+        if self.samples_per_task < 0:
+            raise ConfigError(f"rollout.samples_per_task={self.samples_per_task!r} must be >= 1 "
+                              "(K samples per task), or 0 for the recipe's default group size")
         _positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
         if 0 < self.max_observation_chars < 64:
             raise ConfigError(f"rollout.max_observation_chars={self.max_observation_chars} "
