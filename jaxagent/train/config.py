@@ -443,7 +443,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
     Args:
       path: a YAML file (thin overlay on the defaults); None uses the defaults.
-      overrides: dotted ``key=value`` strings, e.g. ``["rl.learning_rate=3e-4"]``.
+      overrides: dotted ``key=value`` strings, e.g. ``["rl.optim.learning_rate=3e-4"]``.
 
     Returns:
       A validated, frozen ``Config``.
