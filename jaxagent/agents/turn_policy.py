@@ -5,8 +5,9 @@ A ``TurnPolicy`` holds one row per episode of a ``collect_episodes`` call.
 produces every row's first turn; ``resume(params, chunks, key, observations=...)`` appends one
 chunk of observation tokens per row (ragged lengths; ``None`` for rows that are finished) and
 produces the next turn of every active row. Both return the turn's tokens per row (ending
-with a stop id when one was produced) and their log-probs under the distribution the tokens
-were drawn from (0 for tokens a demonstrator wrote).
+with a stop id when one was produced) and their log-probs as the policy defines them (the LM
+samplers: under ``softmax(logits / temperature)``, see ``jaxagent.generate.sample_tokens``;
+0 for tokens a demonstrator wrote).
 
 Token ids are what the policy consumes and produces, so episodes are token-in/token-out
 whoever speaks. The texts (``tasks`` and the raw ``observations``, ``None`` for finished
