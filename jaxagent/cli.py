@@ -6,7 +6,7 @@
   jaxagent export --checkpoint RUN_DIR --out HF_DIR         write a Hugging Face directory
 
 Configs are YAML overlays on ``jaxagent.train.config.Config``; ``key=value`` overrides use
-dotted keys (``rl.overrides.learning_rate=3e-4``, ``train.seed=1``). Every input error (a
+dotted keys (``rl.optim.learning_rate=3e-4``, ``train.seed=1``). Every input error (a
 missing config file, a bad key or value, a missing or partial checkpoint, a bad ``--n``, an
 unknown split) exits with status 2 and one line on stderr naming the input, the value and the
 fix.

@@ -103,8 +103,8 @@ def lora_param_count(adapters: dict) -> int:
 
 @struct.dataclass
 class LoraParams:
-    """Base parameters and adapters, not merged: a log-prob function that accepts them (it
-    says so with ``accepts_lora_params = True``, e.g. ``model_logprob_fn``) merges each
+    """Base parameters and adapters, not merged: a log-prob function that accepts them (a
+    ``jaxagent.rl.model_fns.LoraAwareLogprobFn``, e.g. ``model_logprob_fn``) merges each
     block's kernels inside the block's rematerialisation, so that no merged copy of the
     model is kept for the backward pass."""
 

@@ -22,6 +22,7 @@ check it against ``apply_model``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import jax
@@ -33,6 +34,18 @@ from jaxagent.rl.losses import token_logprobs_and_entropy
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
 LogprobFn = Callable[..., tuple[jax.Array, jax.Array, Optional[jax.Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraAwareLogprobFn:
+    """A ``LogprobFn`` that takes ``LoraParams`` (base and adapters unmerged) and merges the
+    adapters itself, inside each rematerialised block; the update step hands such a function
+    the unmerged parameters instead of merging a full model copy first."""
+
+    fn: LogprobFn
+
+    def __call__(self, params, tokens, positions, segment_ids, *args, **kwargs):
+        return self.fn(params, tokens, positions, segment_ids, *args, **kwargs)
 
 
 def model_apply_fn(graphdef: Any) -> Callable:
@@ -100,8 +113,7 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 102
         return (jnp.concatenate([zero, lp.reshape(b, t - 1)], axis=1),
                 jnp.concatenate([zero, ent.reshape(b, t - 1)], axis=1), values)
 
-    logprob_fn.accepts_lora_params = True
-    return logprob_fn
+    return LoraAwareLogprobFn(logprob_fn)
 
 
 def _lazy_lora(params: LoraParams):

@@ -37,20 +37,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxagent.rl import losses as L
 from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.lora import LoraParams, merge_lora
-from jaxagent.rl.model_fns import (LogprobFn, logits_logprob_fn, model_apply_fn,  # noqa: F401
-                                   model_logprob_fn)
+from jaxagent.models import token_values
+from jaxagent.rl.model_fns import (LogprobFn, LoraAwareLogprobFn, logits_logprob_fn,  # noqa: F401
+                                   model_apply_fn, model_logprob_fn)
 from jaxagent.rl.prepare import compute_advantages as _compute_advantages
 from jaxagent.rl.config import POLICY_LOSSES, RLConfig
 from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.types import TokenBatch
 
 ApplyFn = Callable[..., tuple[jax.Array, Optional[jax.Array]]]
-
-
-def _shift_values(values_bt: jax.Array) -> jax.Array:
-    """Model value at t (state tokens[:t+1]) -> aligned value at t+1 (state before token t+1)."""
-    pad = jnp.zeros((values_bt.shape[0], 1), jnp.float32)
-    return jnp.concatenate([pad, values_bt[:, :-1].astype(jnp.float32)], axis=1)
 
 
 def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
@@ -84,7 +79,7 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
             if values_out is None:
                 raise ValueError("critic.enabled=True but the model returns no values; "
                                  "build it with value_head=True")
-            v_loss = tok_mean(L.value_loss(_shift_values(values_out), micro.values, micro.returns,
+            v_loss = tok_mean(L.value_loss(token_values(values_out), micro.values, micro.returns,
                                            config.critic.value_clip_eps or None))
             total = total + config.critic.value_coef * v_loss
             m["loss/value"] = v_loss
@@ -194,7 +189,7 @@ def make_update_step(
     if logprob_fn is None:
         logprob_fn = logits_logprob_fn(apply_fn)
     loss_fn = make_loss_fn(config, logprob_fn)
-    lazy_lora = getattr(logprob_fn, "accepts_lora_params", False)
+    lazy_lora = isinstance(logprob_fn, LoraAwareLogprobFn)
 
     def with_adapters(trainable, frozen, alpha_rank):
         if not alpha_rank[1]:
