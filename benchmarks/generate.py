@@ -43,9 +43,15 @@ CONFIGS = {
 def build(spec: dict, path: str):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=spec["vocab"], hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
-        num_attention_heads=spec["heads"], num_key_value_heads=spec["kv"],
-        intermediate_size=spec["mlp"], max_position_embeddings=2048, tie_word_embeddings=False)
+        vocab_size=spec["vocab"],
+        hidden_size=spec["hidden"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv"],
+        intermediate_size=spec["mlp"],
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.save_pretrained(path, safe_serialization=True)
     return model
@@ -53,9 +59,18 @@ def build(spec: dict, path: str):
 
 def time_hf(model, prompts: np.ndarray, reps: int) -> tuple[list[float], list[float]]:
     ids = torch.tensor(prompts)
-    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                  top_p=1.0, max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None,
-                  pad_token_id=0, use_cache=True)
+    kwargs = dict(
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        eos_token_id=None,
+        pad_token_id=0,
+        use_cache=True,
+    )
     times, cpu = [], []
     with torch.inference_mode():
         model.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
@@ -88,9 +103,15 @@ def time_jax(path: str, prompts: np.ndarray, reps: int):
 
 
 def _shape(spec: dict) -> dict:
-    return decoder_shape(layers=spec["layers"], hidden=spec["hidden"], heads=spec["heads"],
-                         kv_heads=spec["kv"], mlp=spec["mlp"],
-                         head_dim=spec["hidden"] // spec["heads"], vocab=spec["vocab"])
+    return decoder_shape(
+        layers=spec["layers"],
+        hidden=spec["hidden"],
+        heads=spec["heads"],
+        kv_heads=spec["kv"],
+        mlp=spec["mlp"],
+        head_dim=spec["hidden"] // spec["heads"],
+        vocab=spec["vocab"],
+    )
 
 
 def decode_cost(spec: dict, batch: int) -> tuple[float, float]:
@@ -107,8 +128,9 @@ def call_ceiling_s(spec: dict, peaks: dict) -> float:
     """Least time for one sampler call at this machine's peaks: the prompt's prefill (FLOPs)
     plus NEW - 1 decode steps (each the larger of its FLOP time and its weight + KV reads)."""
     b = spec["batch"]
-    prefill = forward_flops(**_shape(spec), tokens=b * PROMPT, mean_context=PROMPT / 2,
-                            head_positions=b)
+    prefill = forward_flops(
+        **_shape(spec), tokens=b * PROMPT, mean_context=PROMPT / 2, head_positions=b
+    )
     step_flops, step_bytes = decode_cost(spec, b)
     return ceiling_s(prefill, 0, peaks) + (NEW - 1) * ceiling_s(step_flops, step_bytes, peaks)
 
@@ -118,16 +140,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
     args = parser.parse_args()
-    print(f"setup: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"transformers {transformers.__version__}, fp32, prompt {PROMPT}, new tokens {NEW}, "
-          "sampling T=1 (no top-k/top-p), median of repeats")
+    print(
+        f"setup: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"transformers {transformers.__version__}, fp32, prompt {PROMPT}, new tokens {NEW}, "
+        "sampling T=1 (no top-k/top-p), median of repeats"
+    )
     peaks = measure_peaks()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"load average (1 min) before the run: {load:.1f} on {os.cpu_count()} CPUs"
-          + ("  [machine busy: wall-clock figures are noisy]" if load > 0.5 * os.cpu_count() else ""))
-    print(f"peaks: matmul {peaks['matmul_flop_s'] / 1e9:.1f} GFLOP/s, "
-          f"copy {peaks['copy_bytes_s'] / 1e9:.1f} GB/s")
+    print(
+        f"load average (1 min) before the run: {load:.1f} on {os.cpu_count()} CPUs"
+        + ("  [machine busy: wall-clock figures are noisy]" if load > 0.5 * os.cpu_count() else "")
+    )
+    print(
+        f"peaks: matmul {peaks['matmul_flop_s'] / 1e9:.1f} GFLOP/s, "
+        f"copy {peaks['copy_bytes_s'] / 1e9:.1f} GB/s"
+    )
     results = {}
     for name in args.configs.split(","):
         spec = CONFIGS[name]
@@ -146,7 +174,8 @@ def main() -> None:
         flops, step_bytes = decode_cost(spec, spec["batch"])
         steps_s = NEW / jax_s
         results[name] = {
-            "jaxagent_tok_s": round(jax_tok_s, 1), "hf_tok_s": round(hf_tok_s, 1),
+            "jaxagent_tok_s": round(jax_tok_s, 1),
+            "hf_tok_s": round(hf_tok_s, 1),
             "ratio_vs_hf": round(jax_tok_s / hf_tok_s, 2),
             "flop_s_frac_of_peak": round(flops * steps_s / peaks["matmul_flop_s"], 3),
             "bytes_s_frac_of_peak": round(step_bytes * steps_s / peaks["copy_bytes_s"], 3),
@@ -154,26 +183,32 @@ def main() -> None:
             # sharing the machine; spin-waiting thread pools inflate it for both.
             "jaxagent_tok_per_cpu_s": round(tokens / statistics.median(jax_cpu), 1),
             "hf_tok_per_cpu_s": round(tokens / statistics.median(hf_cpu), 1),
-            "compile_s": round(compile_s, 1), "recompiles": sampler.num_compiles,
+            "compile_s": round(compile_s, 1),
+            "recompiles": sampler.num_compiles,
             # The best any sampler could do here: the same FLOPs at the matmul peak and the
             # same weight / cache reads at the copy bandwidth measured above.
-            "ceiling_tok_s": round(tokens / call_ceiling_s(spec, peaks), 1)}
-        results[name]["ceiling_ratio_vs_hf"] = round(
-            results[name]["ceiling_tok_s"] / hf_tok_s, 2)
-        print(f"{name}: batch {spec['batch']}, D {spec['hidden']} x {spec['layers']} layers, "
-              f"vocab {spec['vocab']}: transformers.generate {hf_tok_s:.0f} tok/s (anchor), "
-              f"jaxagent {jax_tok_s:.0f} tok/s, ratio {jax_tok_s / hf_tok_s:.2f}x; "
-              f"decode ~{flops * steps_s / 1e9:.1f} GFLOP/s "
-              f"({100 * flops * steps_s / peaks['matmul_flop_s']:.0f}% of peak), "
-              f"~{step_bytes * steps_s / 1e9:.1f} GB/s "
-              f"({100 * step_bytes * steps_s / peaks['copy_bytes_s']:.0f}% of copy bandwidth); "
-              f"compile {compile_s:.1f}s; per CPU-second: jaxagent "
-              f"{results[name]['jaxagent_tok_per_cpu_s']:.0f}, transformers "
-              f"{results[name]['hf_tok_per_cpu_s']:.0f} tok; ceiling at the measured peaks "
-              f"{results[name]['ceiling_tok_s']:.0f} tok/s "
-              f"({results[name]['ceiling_ratio_vs_hf']:.1f}x transformers)")
-    print(json.dumps({"benchmark": "generate", "load_avg_1min": round(load, 2), "peaks": peaks,
-                      **results}))
+            "ceiling_tok_s": round(tokens / call_ceiling_s(spec, peaks), 1),
+        }
+        results[name]["ceiling_ratio_vs_hf"] = round(results[name]["ceiling_tok_s"] / hf_tok_s, 2)
+        print(
+            f"{name}: batch {spec['batch']}, D {spec['hidden']} x {spec['layers']} layers, "
+            f"vocab {spec['vocab']}: transformers.generate {hf_tok_s:.0f} tok/s (anchor), "
+            f"jaxagent {jax_tok_s:.0f} tok/s, ratio {jax_tok_s / hf_tok_s:.2f}x; "
+            f"decode ~{flops * steps_s / 1e9:.1f} GFLOP/s "
+            f"({100 * flops * steps_s / peaks['matmul_flop_s']:.0f}% of peak), "
+            f"~{step_bytes * steps_s / 1e9:.1f} GB/s "
+            f"({100 * step_bytes * steps_s / peaks['copy_bytes_s']:.0f}% of copy bandwidth); "
+            f"compile {compile_s:.1f}s; per CPU-second: jaxagent "
+            f"{results[name]['jaxagent_tok_per_cpu_s']:.0f}, transformers "
+            f"{results[name]['hf_tok_per_cpu_s']:.0f} tok; ceiling at the measured peaks "
+            f"{results[name]['ceiling_tok_s']:.0f} tok/s "
+            f"({results[name]['ceiling_ratio_vs_hf']:.1f}x transformers)"
+        )
+    print(
+        json.dumps(
+            {"benchmark": "generate", "load_avg_1min": round(load, 2), "peaks": peaks, **results}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -273,9 +273,7 @@ def main():
             + (f"{cpu_med[name]:.0f} per CPU-second" if name in cpu_med else "CPU: n/a")
         )
     ratios = {
-        f"ratio_vs_{k}": ours / v
-        for k, v in med.items()
-        if not k.startswith(("jaxagent", "raw"))
+        f"ratio_vs_{k}": ours / v for k, v in med.items() if not k.startswith(("jaxagent", "raw"))
     }
     # Per-round ratios: both sides of each measured seconds apart, under the same load.
     per_round = {

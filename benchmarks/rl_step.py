@@ -36,22 +36,35 @@ def trl_worker(steps: int) -> None:
     import torch
     import trl
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
-                              TrainerCallback)
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1",
-                                        unk_token="t0")
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS, intermediate_size=MLP, max_position_embeddings=2048,
-        tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=2))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="t0", eos_token="t1", unk_token="t0"
+    )
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            intermediate_size=MLP,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
+        )
+    )
     rng = torch.Generator().manual_seed(0)
-    prompts = [" ".join(f"t{int(i)}" for i in torch.randint(3, VOCAB, (PROMPT_LEN,), generator=rng))
-               for _ in range(PROMPTS)]
+    prompts = [
+        " ".join(f"t{int(i)}" for i in torch.randint(3, VOCAB, (PROMPT_LEN,), generator=rng))
+        for _ in range(PROMPTS)
+    ]
     data = datasets.Dataset.from_dict({"prompt": prompts * (steps + 2)})
 
     def reward(completions, **kwargs):
@@ -68,19 +81,48 @@ def trl_worker(steps: int) -> None:
 
     with tempfile.TemporaryDirectory() as out:
         args = trl.GRPOConfig(
-            output_dir=out, per_device_train_batch_size=PROMPTS * SAMPLES,
-            num_generations=SAMPLES, max_completion_length=NEW, max_steps=steps + 1,
-            learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-            bf16=False, seed=0, generation_kwargs={"min_new_tokens": NEW}, shuffle_dataset=False)
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                                  processing_class=tokenizer, callbacks=[Timer()])
+            output_dir=out,
+            per_device_train_batch_size=PROMPTS * SAMPLES,
+            num_generations=SAMPLES,
+            max_completion_length=NEW,
+            max_steps=steps + 1,
+            learning_rate=1e-6,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+            generation_kwargs={"min_new_tokens": NEW},
+            shuffle_dataset=False,
+        )
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[Timer()],
+        )
         trainer.train()
-        lengths = [h["completions/mean_length"] for h in trainer.state.log_history
-                   if "completions/mean_length" in h]
+        lengths = [
+            h["completions/mean_length"]
+            for h in trainer.state.log_history
+            if "completions/mean_length" in h
+        ]
     step = statistics.median(times[1:])
     n_tok = statistics.median(lengths[1:]) * PROMPTS * SAMPLES
-    print(json.dumps({"trl_version": trl.__version__, "step_s": step, "tok_s": n_tok / step,
-                      "completion_tokens": n_tok, "beta": args.beta}))
+    print(
+        json.dumps(
+            {
+                "trl_version": trl.__version__,
+                "step_s": step,
+                "tok_s": n_tok / step,
+                "completion_tokens": n_tok,
+                "beta": args.beta,
+            }
+        )
+    )
 
 
 if __name__ == "__main__" and "--trl-worker" in sys.argv:
@@ -107,21 +149,32 @@ TRL_ANCHOR_TOK_S = 654.0  # TRL 1.16 GRPOTrainer, same model and sizes, this mac
 def pack(prompts: np.ndarray, out) -> TokenBatch:
     gen = jnp.arange(NEW)[None, :] < out.lengths[:, None]
     reward = jnp.mean((out.tokens % 2 == 0) * gen, axis=1)  # a rule reward: even token ids
-    return TokenBatch.from_completions(prompts, out.tokens, out.logprobs, out.lengths, reward,
-                                       jnp.repeat(jnp.arange(PROMPTS), SAMPLES))
+    return TokenBatch.from_completions(
+        prompts,
+        out.tokens,
+        out.logprobs,
+        out.lengths,
+        reward,
+        jnp.repeat(jnp.arange(PROMPTS), SAMPLES),
+    )
 
 
 def run_jaxagent(steps: int) -> dict:
     cfg = ModelConfig.tiny()
     graphdef, params = init_model(cfg, jax.random.key(0))
     # TRL's GRPOConfig defaults: beta = 0 (no reference model), one iteration per batch.
-    config = get_recipe("grpo", update={"minibatch_size": PROMPTS * SAMPLES},
-                        optim={"learning_rate": 1e-6}, kl={"mode": "none", "beta": 0.0})
+    config = get_recipe(
+        "grpo",
+        update={"minibatch_size": PROMPTS * SAMPLES},
+        optim={"learning_rate": 1e-6},
+        kl={"mode": "none", "beta": 0.0},
+    )
     state = TrainState.create(jax.tree.map(jnp.copy, params), config, jax.random.key(1))
     # The tiny model's activations are small: no rematerialisation (it would cost a forward).
     # The prompt half of each row carries no loss: skip its vocabulary-head chunks.
-    update = make_update_step(config, logprob_fn=model_logprob_fn(
-        graphdef, remat=False, skip_unmasked_chunks=True))
+    update = make_update_step(
+        config, logprob_fn=model_logprob_fn(graphdef, remat=False, skip_unmasked_chunks=True)
+    )
     sampler = Sampler(graphdef)
     # Sample every row to the full length (no stop tokens), like TRL with a fixed budget.
     sampling = SamplingConfig(max_new_tokens=NEW)
@@ -147,16 +200,24 @@ def run_jaxagent(steps: int) -> dict:
         update_t.append(t2 - t1)
         n_tok = int(out.lengths.sum())
     step = statistics.median(times)
-    return dict(step_s=step, sample_s=statistics.median(sample_t),
-                update_s=statistics.median(update_t), completion_tokens=n_tok,
-                tok_s=n_tok / step, loss=float(metrics["loss/total"]))
+    return dict(
+        step_s=step,
+        sample_s=statistics.median(sample_t),
+        update_s=statistics.median(update_t),
+        completion_tokens=n_tok,
+        tok_s=n_tok / step,
+        loss=float(metrics["loss/total"]),
+    )
 
 
 def run_trl(python: str, steps: int) -> dict | None:
     try:
-        proc = subprocess.run([python, os.path.abspath(__file__), "--trl-worker", "--steps",
-                               str(steps)], capture_output=True,
-                              text=True, timeout=1500)
+        proc = subprocess.run(
+            [python, os.path.abspath(__file__), "--trl-worker", "--steps", str(steps)],
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         print(f"  TRL run failed: {e}")
         return None
@@ -172,15 +233,27 @@ def step_flops(cfg) -> dict:
     the update's forward + backward (backward = 2 x forward) over prompt + completion, with
     vocabulary logits at the completion positions only (no recomputation counted)."""
     rows = PROMPTS * SAMPLES
-    common = decoder_shape(layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads,
-                           kv_heads=cfg.num_kv_heads, mlp=cfg.intermediate_size,
-                           head_dim=cfg.head_dim, vocab=cfg.vocab_size)
-    prefill = forward_flops(**common, tokens=rows * PROMPT_LEN, mean_context=PROMPT_LEN / 2,
-                            head_positions=rows)
-    decode = (NEW - 1) * forward_flops(**common, tokens=rows, mean_context=PROMPT_LEN + NEW / 2,
-                                       head_positions=rows)
-    update = 3 * forward_flops(**common, tokens=rows * (PROMPT_LEN + NEW),
-                               mean_context=(PROMPT_LEN + NEW) / 2, head_positions=rows * NEW)
+    common = decoder_shape(
+        layers=cfg.num_layers,
+        hidden=cfg.hidden_size,
+        heads=cfg.num_heads,
+        kv_heads=cfg.num_kv_heads,
+        mlp=cfg.intermediate_size,
+        head_dim=cfg.head_dim,
+        vocab=cfg.vocab_size,
+    )
+    prefill = forward_flops(
+        **common, tokens=rows * PROMPT_LEN, mean_context=PROMPT_LEN / 2, head_positions=rows
+    )
+    decode = (NEW - 1) * forward_flops(
+        **common, tokens=rows, mean_context=PROMPT_LEN + NEW / 2, head_positions=rows
+    )
+    update = 3 * forward_flops(
+        **common,
+        tokens=rows * (PROMPT_LEN + NEW),
+        mean_context=(PROMPT_LEN + NEW) / 2,
+        head_positions=rows * NEW,
+    )
     return {"sample": prefill + decode, "update": update}
 
 
@@ -190,45 +263,67 @@ def main():
     ap.add_argument("--trl-python", default=None, help="python with trl installed (optional)")
     args = ap.parse_args()
     cfg = ModelConfig.tiny()
-    print(f"setup: tiny model (vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, "
-          f"{cfg.num_layers} layers, {cfg.num_heads} heads / {cfg.num_kv_heads} KV heads), "
-          f"{PROMPTS} prompts x {SAMPLES} samples x {NEW} new tokens, prompts of {PROMPT_LEN} "
-          f"tokens; GRPO as TRL's defaults (group-normalised advantages, beta 0: no reference, 1 epoch, "
-          f"1 minibatch of {PROMPTS * SAMPLES}); fp32, backend {jax.default_backend()}, "
-          f"{os.cpu_count()} CPUs; median of {args.steps} steps after a warm-up step")
+    print(
+        f"setup: tiny model (vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, "
+        f"{cfg.num_layers} layers, {cfg.num_heads} heads / {cfg.num_kv_heads} KV heads), "
+        f"{PROMPTS} prompts x {SAMPLES} samples x {NEW} new tokens, prompts of {PROMPT_LEN} "
+        f"tokens; GRPO as TRL's defaults (group-normalised advantages, beta 0: no reference, 1 epoch, "
+        f"1 minibatch of {PROMPTS * SAMPLES}); fp32, backend {jax.default_backend()}, "
+        f"{os.cpu_count()} CPUs; median of {args.steps} steps after a warm-up step"
+    )
     peaks = measure_peaks()
     ours = run_jaxagent(args.steps)
     flops = step_flops(cfg)
     ceiling = ours["completion_tokens"] / ceiling_s(sum(flops.values()), 0, peaks)
-    print(f"jaxagent: step {ours['step_s']:.3f} s (sample {ours['sample_s']:.3f} s + update "
-          f"{ours['update_s']:.3f} s), {ours['completion_tokens']} completion tokens -> "
-          f"{ours['tok_s']:.0f} tok/s")
-    print(f"work: sample {flops['sample'] / 1e9:.1f} GFLOP, update {flops['update'] / 1e9:.1f} "
-          f"GFLOP; achieved {flops['sample'] / ours['sample_s'] / 1e9:.0f} / "
-          f"{flops['update'] / ours['update_s'] / 1e9:.0f} GFLOP/s against a matmul peak of "
-          f"{peaks['matmul_flop_s'] / 1e9:.0f} measured now; ceiling (all of the step at the "
-          f"peak) {ceiling:.0f} tok/s")
-    result = {"jaxagent_tok_s": round(ours["tok_s"], 1), "step_s": round(ours["step_s"], 4),
-              "sample_s": round(ours["sample_s"], 4), "update_s": round(ours["update_s"], 4),
-              "sample_gflop": round(flops["sample"] / 1e9, 2),
-              "update_gflop": round(flops["update"] / 1e9, 2),
-              "matmul_peak_gflop_s": round(peaks["matmul_flop_s"] / 1e9, 1),
-              "ceiling_tok_s": round(ceiling, 1)}
+    print(
+        f"jaxagent: step {ours['step_s']:.3f} s (sample {ours['sample_s']:.3f} s + update "
+        f"{ours['update_s']:.3f} s), {ours['completion_tokens']} completion tokens -> "
+        f"{ours['tok_s']:.0f} tok/s"
+    )
+    print(
+        f"work: sample {flops['sample'] / 1e9:.1f} GFLOP, update {flops['update'] / 1e9:.1f} "
+        f"GFLOP; achieved {flops['sample'] / ours['sample_s'] / 1e9:.0f} / "
+        f"{flops['update'] / ours['update_s'] / 1e9:.0f} GFLOP/s against a matmul peak of "
+        f"{peaks['matmul_flop_s'] / 1e9:.0f} measured now; ceiling (all of the step at the "
+        f"peak) {ceiling:.0f} tok/s"
+    )
+    result = {
+        "jaxagent_tok_s": round(ours["tok_s"], 1),
+        "step_s": round(ours["step_s"], 4),
+        "sample_s": round(ours["sample_s"], 4),
+        "update_s": round(ours["update_s"], 4),
+        "sample_gflop": round(flops["sample"] / 1e9, 2),
+        "update_gflop": round(flops["update"] / 1e9, 2),
+        "matmul_peak_gflop_s": round(peaks["matmul_flop_s"] / 1e9, 1),
+        "ceiling_tok_s": round(ceiling, 1),
+    }
     trl = run_trl(args.trl_python, max(2, min(args.steps, 3))) if args.trl_python else None
     if trl is not None:
-        print(f"TRL {trl.get('trl_version')} GRPOTrainer (measured now): step {trl['step_s']:.3f} s "
-              f"-> {trl['tok_s']:.0f} tok/s")
-        result.update(trl_tok_s=round(trl["tok_s"], 1), trl_measured=True,
-                      ratio_vs_trl=round(ours["tok_s"] / trl["tok_s"], 2),
-                      ceiling_ratio_vs_trl=round(ceiling / trl["tok_s"], 2))
+        print(
+            f"TRL {trl.get('trl_version')} GRPOTrainer (measured now): step {trl['step_s']:.3f} s "
+            f"-> {trl['tok_s']:.0f} tok/s"
+        )
+        result.update(
+            trl_tok_s=round(trl["tok_s"], 1),
+            trl_measured=True,
+            ratio_vs_trl=round(ours["tok_s"] / trl["tok_s"], 2),
+            ceiling_ratio_vs_trl=round(ceiling / trl["tok_s"], 2),
+        )
     else:
-        print(f"TRL 1.16 GRPOTrainer anchor: {TRL_ANCHOR_TOK_S:.0f} tok/s (from the issue; NOT "
-              "re-measured in this run)")
-        result.update(trl_tok_s=TRL_ANCHOR_TOK_S, trl_measured=False,
-                      ratio_vs_trl=round(ours["tok_s"] / TRL_ANCHOR_TOK_S, 2),
-                      ceiling_ratio_vs_trl=round(ceiling / TRL_ANCHOR_TOK_S, 2))
-    print(f"ratio vs TRL: {result['ratio_vs_trl']:.2f}x (target >= 5x); the ceiling is "
-          f"{result['ceiling_ratio_vs_trl']:.2f}x")
+        print(
+            f"TRL 1.16 GRPOTrainer anchor: {TRL_ANCHOR_TOK_S:.0f} tok/s (from the issue; NOT "
+            "re-measured in this run)"
+        )
+        result.update(
+            trl_tok_s=TRL_ANCHOR_TOK_S,
+            trl_measured=False,
+            ratio_vs_trl=round(ours["tok_s"] / TRL_ANCHOR_TOK_S, 2),
+            ceiling_ratio_vs_trl=round(ceiling / TRL_ANCHOR_TOK_S, 2),
+        )
+    print(
+        f"ratio vs TRL: {result['ratio_vs_trl']:.2f}x (target >= 5x); the ceiling is "
+        f"{result['ceiling_ratio_vs_trl']:.2f}x"
+    )
     print(json.dumps(result))
 
 

@@ -45,15 +45,32 @@ def layer_params(hidden: int, heads: int, kv_heads: int, mlp: int, head_dim: int
     return hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * mlp
 
 
-def decoder_shape(*, layers: int, hidden: int, heads: int, kv_heads: int, mlp: int,
-                  head_dim: int, vocab: int) -> dict:
+def decoder_shape(
+    *, layers: int, hidden: int, heads: int, kv_heads: int, mlp: int, head_dim: int, vocab: int
+) -> dict:
     """The model arguments of ``forward_flops`` for a Llama-style decoder."""
-    return dict(layers=layers, layer_p=layer_params(hidden, heads, kv_heads, mlp, head_dim),
-                hidden=hidden, vocab=vocab, heads=heads, head_dim=head_dim)
+    return dict(
+        layers=layers,
+        layer_p=layer_params(hidden, heads, kv_heads, mlp, head_dim),
+        hidden=hidden,
+        vocab=vocab,
+        heads=heads,
+        head_dim=head_dim,
+    )
 
 
-def forward_flops(*, layers: int, layer_p: int, hidden: int, vocab: int, heads: int,
-                  head_dim: int, tokens: int, mean_context: float, head_positions: int) -> float:
+def forward_flops(
+    *,
+    layers: int,
+    layer_p: int,
+    hidden: int,
+    vocab: int,
+    heads: int,
+    head_dim: int,
+    tokens: int,
+    mean_context: float,
+    head_positions: int,
+) -> float:
     """One forward pass over ``tokens`` tokens, each attending ``mean_context`` keys on
     average, with vocabulary logits at ``head_positions`` positions."""
     attention = 4 * layers * heads * head_dim * mean_context * tokens

@@ -49,9 +49,18 @@ def abstract_batch(b: int, t: int, with_values: bool) -> TokenBatch:
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     extra = dict(values=f32(b, t)) if with_values else {}
-    return TokenBatch(tokens=i32(b, t), positions=i32(b, t), segment_ids=i32(b, t),
-                      loss_mask=f32(b, t), old_logprobs=f32(b, t), advantages=f32(b, t),
-                      rewards=f32(b), group_ids=i32(b), turn_ids=i32(b, t), **extra)
+    return TokenBatch(
+        tokens=i32(b, t),
+        positions=i32(b, t),
+        segment_ids=i32(b, t),
+        loss_mask=f32(b, t),
+        old_logprobs=f32(b, t),
+        advantages=f32(b, t),
+        rewards=f32(b),
+        group_ids=i32(b),
+        turn_ids=i32(b, t),
+        **extra,
+    )
 
 
 def critic_logprob_fn(policy_graphdef, critic_graphdef):
@@ -63,8 +72,9 @@ def critic_logprob_fn(policy_graphdef, critic_graphdef):
     def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
         logp, ent, _ = policy(params["policy"], tokens, positions, segment_ids, loss_mask)
         # An all-zero mask: the critic's vocabulary head is skipped, only values are used.
-        _, _, values = critic(params["critic"], tokens, positions, segment_ids,
-                              jnp.zeros(tokens.shape, jnp.float32))
+        _, _, values = critic(
+            params["critic"], tokens, positions, segment_ids, jnp.zeros(tokens.shape, jnp.float32)
+        )
         return logp, ent, values
 
     return logprob_fn
@@ -72,16 +82,28 @@ def critic_logprob_fn(policy_graphdef, critic_graphdef):
 
 def measure(name, config, logprob_fn, params_shape, batch, ref_shape=None):
     tx = make_optimizer(config)
-    state = jax.eval_shape(lambda p, r: TrainState.create(p, config, jax.random.key(0),
-                                                          optimizer=tx, ref_params=r),
-                           params_shape, ref_shape)
+    state = jax.eval_shape(
+        lambda p, r: TrainState.create(p, config, jax.random.key(0), optimizer=tx, ref_params=r),
+        params_shape,
+        ref_shape,
+    )
     update = make_update_step(config, optimizer=tx, logprob_fn=logprob_fn)
     compiled = update.lower(state, batch).compile()
     mem = compiled.memory_analysis()
-    peak = (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
-            - mem.alias_size_in_bytes)
-    return dict(name=name, peak=peak, args=mem.argument_size_in_bytes, temp=mem.temp_size_in_bytes,
-                out=mem.output_size_in_bytes, alias=mem.alias_size_in_bytes)
+    peak = (
+        mem.argument_size_in_bytes
+        + mem.temp_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+    )
+    return dict(
+        name=name,
+        peak=peak,
+        args=mem.argument_size_in_bytes,
+        temp=mem.temp_size_in_bytes,
+        out=mem.output_size_in_bytes,
+        alias=mem.alias_size_in_bytes,
+    )
 
 
 def nbytes(tree) -> int:
@@ -103,10 +125,14 @@ def main():
     base = 4 * p_bytes  # params + grads + Adam mu + Adam nu
     b, t = args.batch, args.seq
     common = dict(update=dict(minibatch_size=b, microbatch_size=args.micro, num_epochs=1))
-    print(f"model: hidden {model_cfg.hidden_size} x {model_cfg.num_layers} layers, vocab "
-          f"{model_cfg.vocab_size}, {p_bytes / 4 / 1e6:.1f}M fp32 params = {p_bytes / 2**20:.0f} MiB")
-    print(f"batch {b} x {t} tokens, microbatches of {args.micro}; anchor (params + grads + Adam "
-          f"moments) = {base / 2**20:.0f} MiB; backend {jax.default_backend()}")
+    print(
+        f"model: hidden {model_cfg.hidden_size} x {model_cfg.num_layers} layers, vocab "
+        f"{model_cfg.vocab_size}, {p_bytes / 4 / 1e6:.1f}M fp32 params = {p_bytes / 2**20:.0f} MiB"
+    )
+    print(
+        f"batch {b} x {t} tokens, microbatches of {args.micro}; anchor (params + grads + Adam "
+        f"moments) = {base / 2**20:.0f} MiB; backend {jax.default_backend()}"
+    )
 
     apply_fn = model_logprob_fn(graphdef, skip_unmasked_chunks=True)
     results = {}
@@ -118,27 +144,50 @@ def main():
     critic_cfg = model_cfg.replace(value_head=True)
     critic_graphdef = abstract_graphdef(critic_cfg)
     critic = jax.eval_shape(lambda k: init_model(critic_cfg, k)[1], jax.random.key(1))
-    runs.append(("ppo_critic", get_recipe("ppo", kl={"mode": "none"}, **common),
-                 critic_logprob_fn(graphdef, critic_graphdef), {"policy": params, "critic": critic},
-                 None, True))
+    runs.append(
+        (
+            "ppo_critic",
+            get_recipe("ppo", kl={"mode": "none"}, **common),
+            critic_logprob_fn(graphdef, critic_graphdef),
+            {"policy": params, "critic": critic},
+            None,
+            True,
+        )
+    )
     # The same LOOP update with one microbatch per optimiser step (batch = microbatch): no
     # gradient accumulator, so no second gradient buffer.
-    runs.insert(1, ("loop_one_microbatch", get_recipe(
-        "loop", lora={"rank": 0}, update={"minibatch_size": args.micro, "num_epochs": 1}), apply_fn, params, None, False))
+    runs.insert(
+        1,
+        (
+            "loop_one_microbatch",
+            get_recipe(
+                "loop", lora={"rank": 0}, update={"minibatch_size": args.micro, "num_epochs": 1}
+            ),
+            apply_fn,
+            params,
+            None,
+            False,
+        ),
+    )
     for name, cfg, fn, p, ref, values in runs:
         rows = args.micro if name == "loop_one_microbatch" else b
         r = measure(name, cfg, fn, p, abstract_batch(rows, t, values), ref)
         ratio = r["peak"] / base
-        results[name] = {"ratio": round(ratio, 4), "peak_mib": round(r["peak"] / 2**20, 1),
-                         "args_mib": round(r["args"] / 2**20, 1),
-                         "temp_mib": round(r["temp"] / 2**20, 1)}
+        results[name] = {
+            "ratio": round(ratio, 4),
+            "peak_mib": round(r["peak"] / 2**20, 1),
+            "args_mib": round(r["args"] / 2**20, 1),
+            "temp_mib": round(r["temp"] / 2**20, 1),
+        }
         extra = ""
         if name == "loop_lora":
             results[name]["ratio_vs_one_model_copy"] = round(r["peak"] / p_bytes, 4)
             extra = f"  (vs one fp32 model copy: {r['peak'] / p_bytes:.3f})"
-        print(f"{name:19s} peak {r['peak'] / 2**20:8.1f} MiB = args {r['args'] / 2**20:.0f} + temp "
-              f"{r['temp'] / 2**20:.0f} + out {r['out'] / 2**20:.0f} - alias {r['alias'] / 2**20:.0f}"
-              f"  ratio vs params+grads+Adam {ratio:.3f}{extra}")
+        print(
+            f"{name:19s} peak {r['peak'] / 2**20:8.1f} MiB = args {r['args'] / 2**20:.0f} + temp "
+            f"{r['temp'] / 2**20:.0f} + out {r['out'] / 2**20:.0f} - alias {r['alias'] / 2**20:.0f}"
+            f"  ratio vs params+grads+Adam {ratio:.3f}{extra}"
+        )
     print("target: loop ratio <= 1.15")
     print(json.dumps(results))
 

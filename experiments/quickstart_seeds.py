@@ -40,12 +40,26 @@ def main() -> int:
     print(f"start; {_load()}", flush=True)
     procs = {}
     for seed in args.seeds:
-        cmd = [sys.executable, "-m", "jaxagent.cli", "train", args.config, f"train.seed={seed}",
-               f"train.out_dir={args.out}/seed{seed}", "train.progress=none", *args.overrides]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])}
-        procs[seed] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True, env=env)
+        cmd = [
+            sys.executable,
+            "-m",
+            "jaxagent.cli",
+            "train",
+            args.config,
+            f"train.seed={seed}",
+            f"train.out_dir={args.out}/seed{seed}",
+            "train.progress=none",
+            *args.overrides,
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p]
+            ),
+        }
+        procs[seed] = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         if not args.parallel:
             print(procs[seed].communicate()[0], flush=True)
             print(f"seed {seed} done; {_load()}", flush=True)
@@ -61,16 +75,20 @@ def main() -> int:
         results[seed] = json.loads((Path(args.out) / f"seed{seed}" / "summary.json").read_text())
     has_val = all("success_best_val" in r for r in results.values())
     val_cols = f"  {'best-val (iter)':>15}  {'gain':>6}" if has_val else ""
-    print(f"{'seed':>4}  {'before RL':>9}  {'after RL':>8}  {'gain':>6}{val_cols}  "
-          f"{'avg steps':>9}  {'wall s':>7}")
+    print(
+        f"{'seed':>4}  {'before RL':>9}  {'after RL':>8}  {'gain':>6}{val_cols}  "
+        f"{'avg steps':>9}  {'wall s':>7}"
+    )
     for seed, r in results.items():
         gain = r["success_after_rl"] - r["success_before_rl"]
         val = ""
         if has_val:
             sel = f"{r['success_best_val']:.3f} ({r['best_val_iteration']})"
             val = f"  {sel:>15}  {r['success_best_val'] - r['success_before_rl']:>+6.3f}"
-        print(f"{seed:>4}  {r['success_before_rl']:>9.3f}  {r['success_after_rl']:>8.3f}  "
-              f"{gain:>+6.3f}{val}  {r['avg_steps']:>9.2f}  {r['wall_s']:>7.0f}")
+        print(
+            f"{seed:>4}  {r['success_before_rl']:>9.3f}  {r['success_after_rl']:>8.3f}  "
+            f"{gain:>+6.3f}{val}  {r['avg_steps']:>9.2f}  {r['wall_s']:>7.0f}"
+        )
     line = {"seeds": list(results)}
     for name, key in (("gain", "success_after_rl"), ("gain_best_val", "success_best_val")):
         if key == "success_best_val" and not has_val:
@@ -78,14 +96,24 @@ def main() -> int:
         diffs = [r[key] - r["success_before_rl"] for r in results.values()]
         stats = seed_summary(diffs)
         what = "last" if name == "gain" else "best-validation checkpoint"
-        print(f"{name} ({what}) over {stats['n']} seeds: {stats['mean']:+.3f} +- "
-              f"{stats['ci95']:.3f} (95% t), min {min(diffs):+.3f}")
-        line.update({f"{name}_mean": round(stats["mean"], 4),
-                     f"{name}_ci95": round(stats["ci95"], 4), f"{name}_min": round(min(diffs), 4)})
-    line.update({
-        "success_before_rl": [r["success_before_rl"] for r in results.values()],
-        "success_after_rl": [r["success_after_rl"] for r in results.values()],
-        "wall_s": [r["wall_s"] for r in results.values()]})
+        print(
+            f"{name} ({what}) over {stats['n']} seeds: {stats['mean']:+.3f} +- "
+            f"{stats['ci95']:.3f} (95% t), min {min(diffs):+.3f}"
+        )
+        line.update(
+            {
+                f"{name}_mean": round(stats["mean"], 4),
+                f"{name}_ci95": round(stats["ci95"], 4),
+                f"{name}_min": round(min(diffs), 4),
+            }
+        )
+    line.update(
+        {
+            "success_before_rl": [r["success_before_rl"] for r in results.values()],
+            "success_after_rl": [r["success_after_rl"] for r in results.values()],
+            "wall_s": [r["wall_s"] for r in results.values()],
+        }
+    )
     if has_val:
         line["success_best_val"] = [r["success_best_val"] for r in results.values()]
         line["best_val_iteration"] = [r["best_val_iteration"] for r in results.values()]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 
-def bucket(n: int, *, multiple: int = 1, pow2: bool = False, minimum: int = 1,
-           cap: Optional[int] = None) -> int:
+def bucket(
+    n: int, *, multiple: int = 1, pow2: bool = False, minimum: int = 1, cap: Optional[int] = None
+) -> int:
     """The bucket of size ``n``: rounded up to a power of two (``pow2``) or to a multiple of
     ``multiple``, at least ``minimum``, at most ``cap``.
 
@@ -34,4 +35,5 @@ def pick_bucket(n: int, buckets: Sequence[int], what: str = "length") -> int:
             return int(b)
     raise ValueError(
         f"{what} {n} exceeds the largest bucket {max(buckets)}; add a larger bucket or "
-        "truncate the input (e.g. rollout.max_observation_chars)")
+        "truncate the input (e.g. rollout.max_observation_chars)"
+    )

@@ -58,19 +58,37 @@ def _cmd_eval(args) -> int:
     config, policy, run = _run_for(args)
     try:
         # The trainer's evaluation key for this checkpoint: same tasks, same samples.
-        result = evaluate(run.eval_sampler, run.tasks.eval, run.rollout,
-                          eval_key(config.train.seed, int(policy.meta.get("iteration", 0))),
-                          params=run.params, samples_per_task=config.eval.samples_per_task)
+        result = evaluate(
+            run.eval_sampler,
+            run.tasks.eval,
+            run.rollout,
+            eval_key(config.train.seed, int(policy.meta.get("iteration", 0))),
+            params=run.params,
+            samples_per_task=config.eval.samples_per_task,
+        )
     finally:
         run.close()
     report = result.report
-    print(f"checkpoint {args.checkpoint} (step {policy.step}): {report.episodes} episodes on "
-          f"{config.env.name}/{config.env.eval_split}")
-    print(f"  success {report.success:.3f}  avg steps {report.avg_steps:.2f}  env errors "
-          f"{report.env_errors}  failure modes {report.failure_modes}")
-    print(json.dumps({"success": report.success, "avg_steps": report.avg_steps,
-                      "env_errors": report.env_errors, "failure_modes": report.failure_modes,
-                      "episodes": report.episodes, "step": policy.step}))
+    print(
+        f"checkpoint {args.checkpoint} (step {policy.step}): {report.episodes} episodes on "
+        f"{config.env.name}/{config.env.eval_split}"
+    )
+    print(
+        f"  success {report.success:.3f}  avg steps {report.avg_steps:.2f}  env errors "
+        f"{report.env_errors}  failure modes {report.failure_modes}"
+    )
+    print(
+        json.dumps(
+            {
+                "success": report.success,
+                "avg_steps": report.avg_steps,
+                "env_errors": report.env_errors,
+                "failure_modes": report.failure_modes,
+                "episodes": report.episodes,
+                "step": policy.step,
+            }
+        )
+    )
     return 0
 
 
@@ -85,8 +103,10 @@ def _cmd_rollout(args) -> int:
     try:
         splits = run.env.make_source().splits()
         if args.split not in splits:
-            raise InputError(f"--split {args.split!r} is not a split of env "
-                             f"{config.env.name!r}; choose one of {list(splits)}")
+            raise InputError(
+                f"--split {args.split!r} is not a split of env "
+                f"{config.env.name!r}; choose one of {list(splits)}"
+            )
         tasks = list(run.env.make_source().tasks(args.split))[: args.n]
         sampler = run.sampler
         if args.temperature is not None:
@@ -94,12 +114,14 @@ def _cmd_rollout(args) -> int:
             from jaxagent.train.policy import make_turn_sampler
 
             sampling = SamplingConfig.create(
-                max_new_tokens=config.rollout.max_new_tokens, temperature=args.temperature,
-                stop_token_ids=run.chat.stop_ids)
-            sampler = make_turn_sampler(run.graphdef, sampling, run.max_len,
-                                        pad_id=run.chat.pad_id)
-        result = evaluate(sampler, tasks, run.rollout, jax.random.key(config.train.seed),
-                          params=run.params)
+                max_new_tokens=config.rollout.max_new_tokens,
+                temperature=args.temperature,
+                stop_token_ids=run.chat.stop_ids,
+            )
+            sampler = make_turn_sampler(run.graphdef, sampling, run.max_len, pad_id=run.chat.pad_id)
+        result = evaluate(
+            sampler, tasks, run.rollout, jax.random.key(config.train.seed), params=run.params
+        )
     finally:
         run.close()
     for ep in result.episodes:
@@ -119,14 +141,17 @@ def _cmd_export(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     save_hf(str(out), policy.model_config, policy.graphdef, policy.params)
     policy.tokenizer.save_pretrained(str(out))
-    print(f"exported checkpoint step {policy.step} to {out} (config.json, safetensors, "
-          "tokenizer with chat template): load it with transformers.AutoModelForCausalLM")
+    print(
+        f"exported checkpoint step {policy.step} to {out} (config.json, safetensors, "
+        "tokenizer with chat template): load it with transformers.AutoModelForCausalLM"
+    )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="jaxagent", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="jaxagent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train from a YAML config")
     train.add_argument("config")
@@ -159,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     from jaxagent.train.config import ConfigError
     from jaxagent.train.session import CheckpointError
 
-    handlers = {"train": _cmd_train, "eval": _cmd_eval, "rollout": _cmd_rollout,
-                "export": _cmd_export}
+    handlers = {
+        "train": _cmd_train,
+        "eval": _cmd_eval,
+        "rollout": _cmd_rollout,
+        "export": _cmd_export,
+    }
     try:
         return handlers[args.command](args)
     except ConfigError as err:

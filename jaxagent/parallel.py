@@ -53,8 +53,12 @@ class MeshConfig:
     fsdp: int = 1  # parameter-sharded data-parallel size
     tensor: int = 1  # tensor-parallel size
     rules: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_RULES  # logical -> mesh axes
-    distributed: str = "off"  # off | auto (jax.distributed.initialize() auto-detects TPU/SLURM) | explicit
-    coordinator_address: Optional[str] = None  # "host:port" (explicit; or env JAX_COORDINATOR_ADDRESS)
+    distributed: str = (
+        "off"  # off | auto (jax.distributed.initialize() auto-detects TPU/SLURM) | explicit
+    )
+    coordinator_address: Optional[str] = (
+        None  # "host:port" (explicit; or env JAX_COORDINATOR_ADDRESS)
+    )
     num_processes: Optional[int] = None  # explicit; or env JAX_NUM_PROCESSES
     process_id: Optional[int] = None  # explicit; or env JAX_PROCESS_ID
 
@@ -64,17 +68,24 @@ class MeshConfig:
             if value == 0 or value < -1 or (value == -1 and name != "data"):
                 raise ValueError(
                     f"MeshConfig.{name}={value} is invalid; use a positive size"
-                    + (" or -1 (all remaining devices)" if name == "data" else ""))
+                    + (" or -1 (all remaining devices)" if name == "data" else "")
+                )
         if self.distributed not in ("off", "auto", "explicit"):
-            raise ValueError(f"MeshConfig.distributed={self.distributed!r}; use off, auto or explicit")
+            raise ValueError(
+                f"MeshConfig.distributed={self.distributed!r}; use off, auto or explicit"
+            )
         known = {name for name, _ in self.rules}
         for name, axes in self.rules:
             bad = [a for a in axes if a not in MESH_AXES]
             if bad:
-                raise ValueError(f"MeshConfig.rules maps {name!r} to unknown mesh axes {bad}; "
-                                 f"mesh axes are {MESH_AXES}")
+                raise ValueError(
+                    f"MeshConfig.rules maps {name!r} to unknown mesh axes {bad}; "
+                    f"mesh axes are {MESH_AXES}"
+                )
         if "batch" not in known:
-            raise ValueError("MeshConfig.rules needs a 'batch' entry (e.g. ('batch', ('data', 'fsdp')))")
+            raise ValueError(
+                "MeshConfig.rules needs a 'batch' entry (e.g. ('batch', ('data', 'fsdp')))"
+            )
 
     def axis_sizes(self, num_devices: int) -> tuple[int, int, int]:
         """(data, fsdp, tensor) for ``num_devices``; raises when they do not multiply out."""
@@ -83,12 +94,14 @@ class MeshConfig:
         if data < 1 or data * rest != num_devices:
             raise ValueError(
                 f"mesh data={self.data} x fsdp={self.fsdp} x tensor={self.tensor} does not fit "
-                f"{num_devices} devices; make the product equal the device count (or data=-1)")
+                f"{num_devices} devices; make the product equal the device count (or data=-1)"
+            )
         return data, self.fsdp, self.tensor
 
 
-def make_mesh(config: Optional[MeshConfig] = None, *, devices: Optional[Sequence] = None,
-              **sizes: int) -> Mesh:
+def make_mesh(
+    config: Optional[MeshConfig] = None, *, devices: Optional[Sequence] = None, **sizes: int
+) -> Mesh:
     """A ('data', 'fsdp', 'tensor') mesh over ``devices`` (default: all devices, all hosts).
 
     ``make_mesh(data=4, fsdp=2)`` is shorthand for ``make_mesh(MeshConfig(data=4, fsdp=2))``.
@@ -106,8 +119,9 @@ def _rules_dict(rules) -> dict[str, tuple[str, ...]]:
     return {name: tuple(axes) for name, axes in rules}
 
 
-def logical_to_spec(axes: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh,
-                    rules=DEFAULT_RULES) -> P:
+def logical_to_spec(
+    axes: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh, rules=DEFAULT_RULES
+) -> P:
     """PartitionSpec for one array from its logical axis names.
 
     A dimension is split only over mesh axes of size > 1 that divide it and are not already
@@ -133,11 +147,19 @@ def param_shardings(params: Any, logical_axes: Any, mesh: Mesh, rules=DEFAULT_RU
         return jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
     return jax.tree.map(
         lambda axes, x: NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh, rules)),
-        logical_axes, params, is_leaf=lambda x: isinstance(x, tuple))
+        logical_axes,
+        params,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
-def state_shardings(state: Any, mesh: Mesh, logical_axes: Any,
-                    optimizer: optax.GradientTransformation, rules=DEFAULT_RULES) -> Any:
+def state_shardings(
+    state: Any,
+    mesh: Mesh,
+    logical_axes: Any,
+    optimizer: optax.GradientTransformation,
+    rules=DEFAULT_RULES,
+) -> Any:
     """Shardings for a ``jaxagent.rl.TrainState``: parameters (and the reference and LoRA base)
     by their logical axes, Adam moments like their parameters, scalars replicated. LoRA
     adapters are small and replicated."""
@@ -148,12 +170,26 @@ def state_shardings(state: Any, mesh: Mesh, logical_axes: Any,
     else:
         trained = param_shardings(state.params, logical_axes, mesh, rules)
         frozen = None
-    opt = optax.tree_map_params(optimizer, lambda _, sh: sh, state.opt_state, trained,
-                                transform_non_params=lambda _: replicated)
-    ref = (None if state.ref_params is None
-           else param_shardings(state.ref_params, logical_axes, mesh, rules))
-    return state.replace(params=trained, opt_state=opt, step=replicated, rng=replicated,
-                         frozen_params=frozen, ref_params=ref)
+    opt = optax.tree_map_params(
+        optimizer,
+        lambda _, sh: sh,
+        state.opt_state,
+        trained,
+        transform_non_params=lambda _: replicated,
+    )
+    ref = (
+        None
+        if state.ref_params is None
+        else param_shardings(state.ref_params, logical_axes, mesh, rules)
+    )
+    return state.replace(
+        params=trained,
+        opt_state=opt,
+        step=replicated,
+        rng=replicated,
+        frozen_params=frozen,
+        ref_params=ref,
+    )
 
 
 def batch_shardings(mesh: Mesh, batch: Any, rules=DEFAULT_RULES) -> Any:
@@ -163,8 +199,10 @@ def batch_shardings(mesh: Mesh, batch: Any, rules=DEFAULT_RULES) -> Any:
     def one(x):
         n = math.prod(mesh.shape[a] for a in axes)
         if not axes or x.shape[0] % n:
-            raise ValueError(f"batch dimension {x.shape[0]} is not divisible by the {n} devices of "
-                             f"mesh axes {axes}; use a batch size that is a multiple of {n}")
+            raise ValueError(
+                f"batch dimension {x.shape[0]} is not divisible by the {n} devices of "
+                f"mesh axes {axes}; use a batch size that is a multiple of {n}"
+            )
         return NamedSharding(mesh, P(axes if len(axes) > 1 else axes[0]))
 
     if not axes:
@@ -175,8 +213,9 @@ def batch_shardings(mesh: Mesh, batch: Any, rules=DEFAULT_RULES) -> Any:
 def host_local_to_global(batch: Any, shardings: Any) -> Any:
     """Assemble a global batch from each process's local rows (multi-host; identity-like on one
     host): ``jax.make_array_from_process_local_data`` per leaf."""
-    return jax.tree.map(lambda sh, x: jax.make_array_from_process_local_data(sh, np.asarray(x)),
-                        shardings, batch)
+    return jax.tree.map(
+        lambda sh, x: jax.make_array_from_process_local_data(sh, np.asarray(x)), shardings, batch
+    )
 
 
 def initialize_distributed(config: Optional[MeshConfig] = None) -> bool:
@@ -198,14 +237,21 @@ def initialize_distributed(config: Optional[MeshConfig] = None) -> bool:
     if mode == "auto":
         jax.distributed.initialize()
         return True
-    num = config.num_processes or (int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env else None)
+    num = config.num_processes or (
+        int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env else None
+    )
     pid = config.process_id
     if pid is None and "JAX_PROCESS_ID" in env:
         pid = int(env["JAX_PROCESS_ID"])
-    missing = [n for n, v in (("coordinator_address", address), ("num_processes", num),
-                              ("process_id", pid)) if v is None]
+    missing = [
+        n
+        for n, v in (("coordinator_address", address), ("num_processes", num), ("process_id", pid))
+        if v is None
+    ]
     if missing:
-        raise ValueError(f"distributed start-up needs {missing}: set MeshConfig fields or the "
-                         "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables")
+        raise ValueError(
+            f"distributed start-up needs {missing}: set MeshConfig fields or the "
+            "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables"
+        )
     jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
     return True

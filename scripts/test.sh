@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0
 python -m pip install -q --no-deps bfcl-eval
 python -m pip install -q -e '.[test]'
+# The code is kept in ruff's format (pinned in the test extra) and free of pyflakes errors.
+python -m ruff format --check --quiet jaxagent tests benchmarks experiments \
+  || { echo "ruff format: files above are not formatted; run: ruff format jaxagent tests benchmarks experiments" >&2; exit 1; }
+python -m ruff check --quiet --select F,E9 jaxagent tests benchmarks experiments
 set +e
 python -m pytest -q "$@"
 rc=$?

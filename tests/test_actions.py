@@ -9,26 +9,54 @@ from jaxagent.envs import actions as A
 from jaxagent.envs.base import FailureMode
 
 TOOLS = [
-    A.ToolSpec("mul", "a times b", {"type": "object", "properties": {
-        "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}),
-    A.ToolSpec("price", "price of a stock", {"properties": {
-        "item": {"type": "string", "enum": ["acme", "bolt"]},
-        "when": {"type": "string"}}, "required": ["item"]}),
-    A.ToolSpec("send", "send a message", {"properties": {"to": {"type": "string"}, "tags": {
-        "type": "array", "items": {"type": "string"}}}, "required": ["to"]}, dangerous=True),
+    A.ToolSpec(
+        "mul",
+        "a times b",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    ),
+    A.ToolSpec(
+        "price",
+        "price of a stock",
+        {
+            "properties": {
+                "item": {"type": "string", "enum": ["acme", "bolt"]},
+                "when": {"type": "string"},
+            },
+            "required": ["item"],
+        },
+    ),
+    A.ToolSpec(
+        "send",
+        "send a message",
+        {
+            "properties": {
+                "to": {"type": "string"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["to"],
+        },
+        dangerous=True,
+    ),
 ]
 
 
-@pytest.mark.parametrize("text", [
-    "Action: mul(a=6, b=7)",
-    "Thought: multiply\nAction: mul(6, 7)",
-    "mul(a=6, b=7)",
-    "Action: mul(6, b=7)",
-    '{"name": "mul", "arguments": {"a": 6, "b": 7}}',
-    '{"name": "mul", "arguments": "{\\"a\\": 6, \\"b\\": 7}"}',
-    '{"function": {"name": "mul", "arguments": {"a": 6, "b": 7}}}',
-    'Action: {"name": "mul", "arguments": {"a": 6, "b": 7}}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Action: mul(a=6, b=7)",
+        "Thought: multiply\nAction: mul(6, 7)",
+        "mul(a=6, b=7)",
+        "Action: mul(6, b=7)",
+        '{"name": "mul", "arguments": {"a": 6, "b": 7}}',
+        '{"name": "mul", "arguments": "{\\"a\\": 6, \\"b\\": 7}"}',
+        '{"function": {"name": "mul", "arguments": {"a": 6, "b": 7}}}',
+        'Action: {"name": "mul", "arguments": {"a": 6, "b": 7}}',
+    ],
+)
 def test_three_syntaxes_give_the_same_call(text):
     parsed = A.resolve_action(text, TOOLS)
     assert isinstance(parsed, A.ParsedAction), parsed
@@ -52,56 +80,158 @@ def test_react_thought_final_and_lists():
 MALFORMED = [
     ("", A.ErrorKind.EMPTY, FailureMode.GAVE_UP, ["empty", "Action:"], None),
     ("   \n", A.ErrorKind.EMPTY, FailureMode.GAVE_UP, ["empty"], None),
-    ("the answer is five", A.ErrorKind.NO_ACTION, FailureMode.INVALID_SYNTAX,
-     ["no 'Action:'", "Final:"], None),
+    (
+        "the answer is five",
+        A.ErrorKind.NO_ACTION,
+        FailureMode.INVALID_SYNTAX,
+        ["no 'Action:'", "Final:"],
+        None,
+    ),
     ("Thought: hmm", A.ErrorKind.NO_ACTION, FailureMode.INVALID_SYNTAX, ["no 'Action:'"], None),
-    ("Action: mul(a=1, b=2)\nFinal: 2", A.ErrorKind.ACTION_AND_FINAL,
-     FailureMode.INVALID_SYNTAX, ["both"], None),
-    ("Action:", A.ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX, ["followed by nothing"],
-     None),
-    ("Action: mul(a=1, b=2", A.ErrorKind.PYTHON_SYNTAX, FailureMode.INVALID_SYNTAX,
-     ["not valid syntax", "never closed"], None),
-    ("Action: 3 + 4", A.ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX,
-     ["not a tool call"], None),
-    ("Action: x = mul(a=1, b=2)", A.ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX,
-     ["statement"], None),
-    ("Action: mul(a=__import__('os').getcwd(), b=2)", A.ErrorKind.NON_LITERAL_ARGUMENT,
-     FailureMode.INVALID_SYNTAX, ["'a'", "not a literal"], "a"),
-    ("Action: mul(a=x, b=2)", A.ErrorKind.NON_LITERAL_ARGUMENT, FailureMode.INVALID_SYNTAX,
-     ["not a literal"], "a"),
-    ("Action: mul(**kw)", A.ErrorKind.NON_LITERAL_ARGUMENT, FailureMode.INVALID_SYNTAX,
-     ["name each argument"], None),
-    ('{"name": "mul", "arguments": {"a": 1,', A.ErrorKind.JSON_SYNTAX,
-     FailureMode.INVALID_SYNTAX, ["JSON", "does not parse"], None),
-    ('{"name": "mul", "arguments": "{a: 1}"}', A.ErrorKind.JSON_SYNTAX,
-     FailureMode.INVALID_SYNTAX, ['"arguments" string of mul'], None),
+    (
+        "Action: mul(a=1, b=2)\nFinal: 2",
+        A.ErrorKind.ACTION_AND_FINAL,
+        FailureMode.INVALID_SYNTAX,
+        ["both"],
+        None,
+    ),
+    ("Action:", A.ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX, ["followed by nothing"], None),
+    (
+        "Action: mul(a=1, b=2",
+        A.ErrorKind.PYTHON_SYNTAX,
+        FailureMode.INVALID_SYNTAX,
+        ["not valid syntax", "never closed"],
+        None,
+    ),
+    (
+        "Action: 3 + 4",
+        A.ErrorKind.NOT_A_CALL,
+        FailureMode.INVALID_SYNTAX,
+        ["not a tool call"],
+        None,
+    ),
+    (
+        "Action: x = mul(a=1, b=2)",
+        A.ErrorKind.NOT_A_CALL,
+        FailureMode.INVALID_SYNTAX,
+        ["statement"],
+        None,
+    ),
+    (
+        "Action: mul(a=__import__('os').getcwd(), b=2)",
+        A.ErrorKind.NON_LITERAL_ARGUMENT,
+        FailureMode.INVALID_SYNTAX,
+        ["'a'", "not a literal"],
+        "a",
+    ),
+    (
+        "Action: mul(a=x, b=2)",
+        A.ErrorKind.NON_LITERAL_ARGUMENT,
+        FailureMode.INVALID_SYNTAX,
+        ["not a literal"],
+        "a",
+    ),
+    (
+        "Action: mul(**kw)",
+        A.ErrorKind.NON_LITERAL_ARGUMENT,
+        FailureMode.INVALID_SYNTAX,
+        ["name each argument"],
+        None,
+    ),
+    (
+        '{"name": "mul", "arguments": {"a": 1,',
+        A.ErrorKind.JSON_SYNTAX,
+        FailureMode.INVALID_SYNTAX,
+        ["JSON", "does not parse"],
+        None,
+    ),
+    (
+        '{"name": "mul", "arguments": "{a: 1}"}',
+        A.ErrorKind.JSON_SYNTAX,
+        FailureMode.INVALID_SYNTAX,
+        ['"arguments" string of mul'],
+        None,
+    ),
     ('{"tool": "mul"}', A.ErrorKind.JSON_SHAPE, FailureMode.INVALID_SYNTAX, ['"name"'], None),
-    ('{"name": "mul", "arguments": [1, 2]}', A.ErrorKind.JSON_SHAPE,
-     FailureMode.INVALID_SYNTAX, ["must be a JSON object"], None),
+    (
+        '{"name": "mul", "arguments": [1, 2]}',
+        A.ErrorKind.JSON_SHAPE,
+        FailureMode.INVALID_SYNTAX,
+        ["must be a JSON object"],
+        None,
+    ),
     ("[]", A.ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX, ["no call"], None),
-    ("Action: mult(a=1, b=2)", A.ErrorKind.UNKNOWN_TOOL, FailureMode.UNKNOWN_TOOL,
-     ["unknown tool 'mult'", "Did you mean mul", "Available tools: mul, price, send"], None),
-    ("Action: mul(1, 2, 3)", A.ErrorKind.TOO_MANY_POSITIONAL, FailureMode.BAD_ARGUMENTS,
-     ["takes 2", "got 3", "mul(a: integer, b: integer)"], None),
-    ("Action: mul(1, a=2)", A.ErrorKind.DUPLICATE_ARGUMENT, FailureMode.BAD_ARGUMENTS,
-     ["'a'", "both by position and by name"], "a"),
-    ("Action: mul(a=1, a=2)", A.ErrorKind.DUPLICATE_ARGUMENT, FailureMode.BAD_ARGUMENTS,
-     ["'a' twice"], "a"),
-    ("Action: mul(a=1)", A.ErrorKind.INVALID_ARGUMENTS, FailureMode.BAD_ARGUMENTS,
-     ["missing required argument 'b'", "Expected: mul(a: integer, b: integer)"], "b"),
-    ("Action: mul(a='6', b=7)", A.ErrorKind.INVALID_ARGUMENTS, FailureMode.BAD_ARGUMENTS,
-     ["argument 'a' must be of type integer", '"6"'], "a"),
-    ("Action: mul(a=1, b=2, c=3)", A.ErrorKind.INVALID_ARGUMENTS, FailureMode.BAD_ARGUMENTS,
-     ["unexpected argument 'c'", "known arguments: a, b"], "c"),
-    ('Action: price(item="zeta")', A.ErrorKind.INVALID_ARGUMENTS, FailureMode.BAD_ARGUMENTS,
-     ["argument 'item' must be one of \"acme\", \"bolt\"", '"zeta"'], "item"),
-    ('Action: send(to="bob", tags=["a", 3])', A.ErrorKind.INVALID_ARGUMENTS,
-     FailureMode.BAD_ARGUMENTS, ["argument 'tags'[1] must be of type string"], "tags"),
+    (
+        "Action: mult(a=1, b=2)",
+        A.ErrorKind.UNKNOWN_TOOL,
+        FailureMode.UNKNOWN_TOOL,
+        ["unknown tool 'mult'", "Did you mean mul", "Available tools: mul, price, send"],
+        None,
+    ),
+    (
+        "Action: mul(1, 2, 3)",
+        A.ErrorKind.TOO_MANY_POSITIONAL,
+        FailureMode.BAD_ARGUMENTS,
+        ["takes 2", "got 3", "mul(a: integer, b: integer)"],
+        None,
+    ),
+    (
+        "Action: mul(1, a=2)",
+        A.ErrorKind.DUPLICATE_ARGUMENT,
+        FailureMode.BAD_ARGUMENTS,
+        ["'a'", "both by position and by name"],
+        "a",
+    ),
+    (
+        "Action: mul(a=1, a=2)",
+        A.ErrorKind.DUPLICATE_ARGUMENT,
+        FailureMode.BAD_ARGUMENTS,
+        ["'a' twice"],
+        "a",
+    ),
+    (
+        "Action: mul(a=1)",
+        A.ErrorKind.INVALID_ARGUMENTS,
+        FailureMode.BAD_ARGUMENTS,
+        ["missing required argument 'b'", "Expected: mul(a: integer, b: integer)"],
+        "b",
+    ),
+    (
+        "Action: mul(a='6', b=7)",
+        A.ErrorKind.INVALID_ARGUMENTS,
+        FailureMode.BAD_ARGUMENTS,
+        ["argument 'a' must be of type integer", '"6"'],
+        "a",
+    ),
+    (
+        "Action: mul(a=1, b=2, c=3)",
+        A.ErrorKind.INVALID_ARGUMENTS,
+        FailureMode.BAD_ARGUMENTS,
+        ["unexpected argument 'c'", "known arguments: a, b"],
+        "c",
+    ),
+    (
+        'Action: price(item="zeta")',
+        A.ErrorKind.INVALID_ARGUMENTS,
+        FailureMode.BAD_ARGUMENTS,
+        ['argument \'item\' must be one of "acme", "bolt"', '"zeta"'],
+        "item",
+    ),
+    (
+        'Action: send(to="bob", tags=["a", 3])',
+        A.ErrorKind.INVALID_ARGUMENTS,
+        FailureMode.BAD_ARGUMENTS,
+        ["argument 'tags'[1] must be of type string"],
+        "tags",
+    ),
 ]
 
 
-@pytest.mark.parametrize("text,kind,mode,phrases,argument", MALFORMED,
-                         ids=[f"{i}-{m[1].value}" for i, m in enumerate(MALFORMED)])
+@pytest.mark.parametrize(
+    "text,kind,mode,phrases,argument",
+    MALFORMED,
+    ids=[f"{i}-{m[1].value}" for i, m in enumerate(MALFORMED)],
+)
 def test_malformed_call_gives_readable_error(text, kind, mode, phrases, argument):
     result = A.resolve_action(text, TOOLS)
     assert isinstance(result, A.ActionError), result
@@ -120,8 +250,7 @@ def test_every_error_kind_is_covered():
 def test_parser_never_raises_on_garbage():
     rng = random.Random(0)
     alphabet = "mul(a=1,b'\"[]{}):\n Action Final Thought \\ ** lambda x:0 #"
-    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
-             for _ in range(400)]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(400)]
     good = 'Action: send(to="bob", tags=["x"])'
     texts += [good[:i] for i in range(len(good))] + ["(" * 500 + ")" * 500, "1" * 5000]
     for text in texts:
@@ -137,10 +266,20 @@ def test_nothing_is_evaluated(tmp_path):
 
 
 def test_tool_spec_schema_normalisation_and_errors():
-    bfcl_style = {"name": "move", "description": "move a file", "parameters": {
-        "type": "dict", "properties": {"src": {"type": "string"}, "ratio": {"type": "float"},
-                                       "pair": {"type": "tuple", "items": {"type": "integer"}}},
-        "required": ["src"]}, "response": {"type": "dict", "properties": {}}}
+    bfcl_style = {
+        "name": "move",
+        "description": "move a file",
+        "parameters": {
+            "type": "dict",
+            "properties": {
+                "src": {"type": "string"},
+                "ratio": {"type": "float"},
+                "pair": {"type": "tuple", "items": {"type": "integer"}},
+            },
+            "required": ["src"],
+        },
+        "response": {"type": "dict", "properties": {}},
+    }
     spec = A.ToolSpec.from_json(bfcl_style)
     assert spec.parameters["type"] == "object"
     assert spec.parameters["properties"]["ratio"]["type"] == "number"
@@ -161,8 +300,10 @@ def test_tool_spec_schema_normalisation_and_errors():
 
 
 def test_param_order_override_for_positional_binding():
-    spec = A.ToolSpec("diff", parameters={"properties": {"x": {"type": "string"},
-                                                         "y": {"type": "string"}}},
-                      param_order=("y", "x"))
+    spec = A.ToolSpec(
+        "diff",
+        parameters={"properties": {"x": {"type": "string"}, "y": {"type": "string"}}},
+        param_order=("y", "x"),
+    )
     parsed = A.resolve_action("diff('first', 'second')", [spec])
     assert parsed.calls[0].kwargs == {"y": "first", "x": "second"}

@@ -31,8 +31,12 @@ class EchoEnv:
 
     def step(self, action: str) -> StepResult:
         hit = self.word in action.split()
-        return StepResult("", self.bonus * hit, True, {
-            "success": hit, "failure_mode": None if hit else "wrong_answer"})
+        return StepResult(
+            "",
+            self.bonus * hit,
+            True,
+            {"success": hit, "failure_mode": None if hit else "wrong_answer"},
+        )
 
     def close(self) -> None:
         pass
@@ -46,14 +50,19 @@ class EchoSource:
         return ("train", "test")
 
     def tasks(self, split):
-        return [Task(f"{split}-{i}", split, "", {"word": WORDS[i % len(WORDS)]})
-                for i in range(self.n)]
+        return [
+            Task(f"{split}-{i}", split, "", {"word": WORDS[i % len(WORDS)]}) for i in range(self.n)
+        ]
 
 
 def build(options: EchoOptions) -> EnvSpec:
-    return EnvSpec(name="echo", make_source=functools.partial(EchoSource, options.num_tasks),
-                   make_env=functools.partial(EchoEnv, options.bonus), system_prompt="",
-                   vocabulary=lambda: WORDS + ["say"])
+    return EnvSpec(
+        name="echo",
+        make_source=functools.partial(EchoSource, options.num_tasks),
+        make_env=functools.partial(EchoEnv, options.bonus),
+        system_prompt="",
+        vocabulary=lambda: WORDS + ["say"],
+    )
 
 
 def _register():
@@ -68,19 +77,39 @@ def test_echo_suite_trains_one_iteration(tmp_path):
     from jaxagent.train.trainer import Trainer
 
     overrides = [
-        "name=echo", "env.name=echo", "env.backend=inline", "env.options.num_tasks=8",
-        "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "model.intermediate_size=64", "model.max_seq_len=64",
-        "rollout.tasks_per_iteration=4", "rollout.samples_per_task=2", "rollout.max_turns=1",
-        "rollout.max_new_tokens=4", "eval.num_tasks=4", "eval.samples_per_task=1",
-        "eval.every=0", "train.iterations=1", "train.checkpoint_every=0",
-        "train.progress=none", "train.tensorboard=false", "train.plot=false",
-        f"train.out_dir={tmp_path}/run"]
-    with pytest.raises(ConfigError, match=r"env\.options\.num_task=8 .*did you mean "
-                                          r"env\.options\.num_tasks\?"):
+        "name=echo",
+        "env.name=echo",
+        "env.backend=inline",
+        "env.options.num_tasks=8",
+        "model.hidden_size=32",
+        "model.num_layers=1",
+        "model.num_heads=2",
+        "model.num_kv_heads=1",
+        "model.intermediate_size=64",
+        "model.max_seq_len=64",
+        "rollout.tasks_per_iteration=4",
+        "rollout.samples_per_task=2",
+        "rollout.max_turns=1",
+        "rollout.max_new_tokens=4",
+        "eval.num_tasks=4",
+        "eval.samples_per_task=1",
+        "eval.every=0",
+        "train.iterations=1",
+        "train.checkpoint_every=0",
+        "train.progress=none",
+        "train.tensorboard=false",
+        "train.plot=false",
+        f"train.out_dir={tmp_path}/run",
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"env\.options\.num_task=8 .*did you mean "
+        r"env\.options\.num_tasks\?",
+    ):
         load_config(None, overrides[:3] + ["env.options.num_task=8"])
     Trainer(load_config(None, overrides), echo=lambda s: None).run()
-    (record,) = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")
-                 if "train/avg_reward" in r]
+    (record,) = [
+        r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/avg_reward" in r
+    ]
     assert 0.0 <= record["train/avg_reward"] <= 1.0
     assert record["env_health/env_error_episodes"] == 0

@@ -12,8 +12,12 @@ pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval")
 from jaxagent.envs.tools import bfcl as B  # noqa: E402
 from jaxagent.envs.tools.bfcl import data as D  # noqa: E402
 
-MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
-              "multi_turn_long_context")
+MULTI_TURN = (
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+)
 
 
 def _entry(category="multi_turn_base", index=0):
@@ -92,8 +96,10 @@ def test_turn_failure_labels_and_scores():
     assert end.info["termination"] == "terminated"
 
     env, _ = _env(entry)
-    env.step("[cd(folder='document'), mkdir(dir_name='temp'), mv(source='final_report.pdf', "
-             "destination='temp')]")
+    env.step(
+        "[cd(folder='document'), mkdir(dir_name='temp'), mv(source='final_report.pdf', "
+        "destination='temp')]"
+    )
     nxt = env.step("Final: moved it")  # turn 0 passes -> turn 1's user message
     assert not nxt.done and nxt.info["reward_terms"]["outcome"] == 1.0
     assert nxt.observation.startswith("User: Perform a detailed search using grep")
@@ -107,8 +113,10 @@ def test_turn_failure_labels_and_scores():
     assert end.reward == 0.0 and end.info["reward_terms"]["outcome"] == 0.0
 
     shaped, _ = _env(entry, outcome_weight=0.5)  # pass turn 0 of 4, fail turn 1
-    shaped.step("[cd(folder='document'), mkdir(dir_name='temp'), mv(source='final_report.pdf', "
-                "destination='temp')]")
+    shaped.step(
+        "[cd(folder='document'), mkdir(dir_name='temp'), mv(source='final_report.pdf', "
+        "destination='temp')]"
+    )
     assert shaped.step("Final: ok").reward == 0.0  # paid at the end
     last = shaped.step("Final: done")
     assert last.done and last.info["reward_terms"]["outcome"] == pytest.approx(1 / 4)
@@ -117,12 +125,14 @@ def test_turn_failure_labels_and_scores():
 
 def test_step_level_labels_and_readable_errors():
     env, _ = _env(_entry(), max_steps_per_turn=8)
-    cases = [("cd(folder='document'", "invalid_syntax", "not valid syntax"),
-             ("frobnicate(x=1)", "unknown_tool", "unknown tool 'frobnicate'"),
-             ("mkdri(dir_name='a')", "unknown_tool", "Did you mean mkdir"),
-             ("cd(folder=3)", "bad_arguments", "argument 'folder' must be of type string"),
-             ("cd(folder='no_such_dir')", "tool_error", "no_such_dir"),
-             ('{"name": "pwd", "arguments": {}}', None, "pwd() -> ")]
+    cases = [
+        ("cd(folder='document'", "invalid_syntax", "not valid syntax"),
+        ("frobnicate(x=1)", "unknown_tool", "unknown tool 'frobnicate'"),
+        ("mkdri(dir_name='a')", "unknown_tool", "Did you mean mkdir"),
+        ("cd(folder=3)", "bad_arguments", "argument 'folder' must be of type string"),
+        ("cd(folder='no_such_dir')", "tool_error", "no_such_dir"),
+        ('{"name": "pwd", "arguments": {}}', None, "pwd() -> "),
+    ]
     for action, label, phrase in cases:
         step = env.step(action)
         assert not step.done
@@ -157,8 +167,11 @@ def test_dangerous_actions_marked_unless_asked():
     env, _ = _env(_entry())  # turn 0 asks to move a file, not to delete one
     step = env.step("[cd(folder='document'), rm(file_name='previous_report.pdf')]")
     assert step.info["dangerous"] == ["rm(file_name='previous_report.pdf')"]
-    asked = next(e for e in D.load_entries("multi_turn_base")
-                 if any("post_tweet(" in c for c in e["ground_truth"][0]))
+    asked = next(
+        e
+        for e in D.load_entries("multi_turn_base")
+        if any("post_tweet(" in c for c in e["ground_truth"][0])
+    )
     env, _ = _env(asked)
     step = env.step("[" + ", ".join(asked["ground_truth"][0]) + "]")
     assert step.info["dangerous"] == []
@@ -180,22 +193,28 @@ def test_truncation_marker_and_source_splits():
 
 def _cli(*args, block_bfcl=False):
     prelude = "import sys; sys.modules['bfcl_eval'] = None; " if block_bfcl else "import sys; "
-    code = (prelude + f"sys.argv = ['bfcl'] + {list(args)!r}; import runpy; "
-            "runpy.run_module('jaxagent.envs.tools.bfcl', run_name='__main__')")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    code = (
+        prelude + f"sys.argv = ['bfcl'] + {list(args)!r}; import runpy; "
+        "runpy.run_module('jaxagent.envs.tools.bfcl', run_name='__main__')"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
 
 def test_health_check_cli():
     listing = _cli("--list")
     assert listing.returncode == 0
-    assert any(line.split()[:2] == ["multi_turn_base", "200"]
-               for line in listing.stdout.splitlines())
+    assert any(
+        line.split()[:2] == ["multi_turn_base", "200"] for line in listing.stdout.splitlines()
+    )
     check = _cli("--check", "multi_turn_miss_func", "--limit", "5")
     assert check.returncode == 0, check.stderr
     report = json.loads(check.stdout.strip().splitlines()[-1])
-    assert report == {"category": "multi_turn_miss_func", "tasks": 5,
-                      "ground_truth_success": 1.0, "errors": []}
+    assert report == {
+        "category": "multi_turn_miss_func",
+        "tasks": 5,
+        "ground_truth_success": 1.0,
+        "errors": [],
+    }
     for args in (("--list",), ("--check", "multi_turn_base")):
         missing = _cli(*args, block_bfcl=True)
         assert missing.returncode == 2

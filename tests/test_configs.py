@@ -14,8 +14,15 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
 
 def test_overrides_are_typed_and_applied():
-    c = load_config(None, ["rl.recipe=grpo", "rl.optim.learning_rate=0.001",
-                           "rollout.samples_per_task=4", "env.options.num_train=50"])
+    c = load_config(
+        None,
+        [
+            "rl.recipe=grpo",
+            "rl.optim.learning_rate=0.001",
+            "rollout.samples_per_task=4",
+            "env.options.num_train=50",
+        ],
+    )
     assert c.rl_config().name == "grpo" and c.rl_config().optim.learning_rate == 1e-3
     assert c.group_size == 4 and c.env.options == {"num_train": 50}
     assert isinstance(c, Config)
@@ -23,22 +30,25 @@ def test_overrides_are_typed_and_applied():
         c.train.seed = 3  # frozen
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("model.hiden_size=8", "did you mean 'hidden_size'"),
-    ("trian.seed=1", "allowed keys here: ['name', 'paper', 'model'"),
-    ("model.hidden_size=big", "model.hidden_size"),
-    ("train.progress=fancy", "choose one of ['rich', 'tqdm', 'none']"),
-    ("rl.recipe=ppo2", "choose one of"),
-    ("rl.optim.lr=1", "allowed keys here: ['learning_rate'"),
-    ("rl.loss.clip_eps_high=wide", "rl.loss.clip_eps_high"),
-    ("rl.loss.clip_eps_low=1.5", "rl.loss.clip_eps_low=1.5"),
-    ("rl.advantage.truncated=skip", "rl.advantage.truncated='skip'"),
-    ("rl.overrides.learning_rate=1", "replaced by typed sections: rl.optim.learning_rate"),
-    ("env.name=atari", "choose one of ['quickstart'"),
-    ("rollout.top_p=0", "rollout.top_p"),
-    ("model.num_heads=3", "divisible"),
-    ("seed", "key=value"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("model.hiden_size=8", "did you mean 'hidden_size'"),
+        ("trian.seed=1", "allowed keys here: ['name', 'paper', 'model'"),
+        ("model.hidden_size=big", "model.hidden_size"),
+        ("train.progress=fancy", "choose one of ['rich', 'tqdm', 'none']"),
+        ("rl.recipe=ppo2", "choose one of"),
+        ("rl.optim.lr=1", "allowed keys here: ['learning_rate'"),
+        ("rl.loss.clip_eps_high=wide", "rl.loss.clip_eps_high"),
+        ("rl.loss.clip_eps_low=1.5", "rl.loss.clip_eps_low=1.5"),
+        ("rl.advantage.truncated=skip", "rl.advantage.truncated='skip'"),
+        ("rl.overrides.learning_rate=1", "replaced by typed sections: rl.optim.learning_rate"),
+        ("env.name=atari", "choose one of ['quickstart'"),
+        ("rollout.top_p=0", "rollout.top_p"),
+        ("model.num_heads=3", "divisible"),
+        ("seed", "key=value"),
+    ],
+)
 def test_bad_keys_and_values_name_the_key_and_allowed_values(override, needle):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
@@ -55,13 +65,32 @@ def test_every_config_names_its_paper_and_loads():
 
 # Overrides that shrink any config to a one-iteration smoke size.
 SHRINK = [
-    "model.init_from=''", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-    "model.num_kv_heads=1", "model.intermediate_size=64", "model.max_seq_len=320",
-    "tokenizer.vocab_size=320", "rollout.tasks_per_iteration=2", "rollout.samples_per_task=2",
-    "rollout.max_turns=2", "rollout.max_new_tokens=8", "rollout.max_observation_chars=200",
-    "rl.update.minibatch_size=4", "rl.data.max_sampling_rounds=2", "sft.num_demos=4", "sft.steps=2", "sft.batch_size=2",
-    "eval.num_tasks=4", "eval.every=1", "eval.temperature=1.0", "train.iterations=1", "train.checkpoint_every=1",
-    "train.progress=none", "train.tensorboard=false", "train.plot=false",
+    "model.init_from=''",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "model.max_seq_len=320",
+    "tokenizer.vocab_size=320",
+    "rollout.tasks_per_iteration=2",
+    "rollout.samples_per_task=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_observation_chars=200",
+    "rl.update.minibatch_size=4",
+    "rl.data.max_sampling_rounds=2",
+    "sft.num_demos=4",
+    "sft.steps=2",
+    "sft.batch_size=2",
+    "eval.num_tasks=4",
+    "eval.every=1",
+    "eval.temperature=1.0",
+    "train.iterations=1",
+    "train.checkpoint_every=1",
+    "train.progress=none",
+    "train.tensorboard=false",
+    "train.plot=false",
     "env.backend=inline",
 ]
 ENV_SHRINK = {
@@ -107,10 +136,12 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
 
     before = load_policy(tmp_path / "run", step=0).params
     after = load_policy(tmp_path / "run", step=1).params
-    changed = any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
-                                                            jax.tree.leaves(after)))
-    signal = (rl.loss.policy == "sft" or rl.critic.enabled or rec["adv/max"] != 0
-              or rec["adv/min"] != 0)
+    changed = any(
+        not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
+    )
+    signal = (
+        rl.loss.policy == "sft" or rl.critic.enabled or rec["adv/max"] != 0 or rec["adv/min"] != 0
+    )
     assert changed == ((rec["tokens/policy"] > 0 and signal) or rl.optim.weight_decay > 0), rec
 
 
@@ -144,8 +175,9 @@ def test_group_size_has_one_home():
         load_config(None, ["rl.update.group_size=4"])
 
 
-@pytest.mark.parametrize("override", ["rollout.temperature=0.7", "rollout.top_k=20",
-                                      "rollout.top_p=0.9"])
+@pytest.mark.parametrize(
+    "override", ["rollout.temperature=0.7", "rollout.top_k=20", "rollout.top_p=0.9"]
+)
 @pytest.mark.parametrize("recipe", ["loop", "grpo", "reinforce", "ppo"])
 def test_ratio_and_on_policy_recipes_refuse_filtered_sampling(recipe, override):
     # The sampler records log-probs of the unfiltered temperature-1 distribution: any other

@@ -70,12 +70,18 @@ def test_refill_tasks_are_deterministic_fresh_draws():
     assert len(set(a)) == 8
 
 
-@pytest.mark.parametrize("length, expected", [
-    (0, 0.0), (400, 0.0), (410, 0.0),  # up to L_max - L_cache = 410: no penalty
-    (461, -0.5),  # (410 - 461) / 102
-    (512, -1.0),  # L_max: the linear part reaches -1
-    (513, -1.0), (2000, -1.0),  # beyond L_max
-])
+@pytest.mark.parametrize(
+    "length, expected",
+    [
+        (0, 0.0),
+        (400, 0.0),
+        (410, 0.0),  # up to L_max - L_cache = 410: no penalty
+        (461, -0.5),  # (410 - 461) / 102
+        (512, -1.0),  # L_max: the linear part reaches -1
+        (513, -1.0),
+        (2000, -1.0),  # beyond L_max
+    ],
+)
 def test_soft_overlong_penalty_is_the_papers_formula(length, expected):
     assert dapo.overlong_penalty(length, max_len=512, cache_len=102) == pytest.approx(expected)
     # The paper's own values: L_max 20480, L_cache 4096, so the penalty starts at 16384.
@@ -84,11 +90,16 @@ def test_soft_overlong_penalty_is_the_papers_formula(length, expected):
 
 
 def test_overlong_filter_gives_truncated_and_cut_episodes_no_loss():
-    eps = [_ep(0, 1.0), _ep(0, 0.0, Termination.TRUNCATED), _ep(0, 0.0, hit_limit=True),
-           _ep(0, 0.5)]
+    eps = [
+        _ep(0, 1.0),
+        _ep(0, 0.0, Termination.TRUNCATED),
+        _ep(0, 0.0, hit_limit=True),
+        _ep(0, 0.5),
+    ]
     batch, _ = pack_episodes(eps, pad_id=0, max_len=16, length_multiple=8)
-    data = RLDataSection(overlong_filter=True, overlong_penalty=1.0, overlong_max_len=3,
-                         overlong_cache_len=2)
+    data = RLDataSection(
+        overlong_filter=True, overlong_penalty=1.0, overlong_max_len=3, overlong_cache_len=2
+    )
     shaped, m = dapo.shape_batch(batch, eps, data, default_max_len=100)
     np.testing.assert_array_equal(shaped.loss_mask.sum(axis=1), [2, 0, 0, 2])
     assert m["data/overlong_frac"] == 0.5

@@ -9,8 +9,11 @@ DOC = (ROOT / "DESIGN.md").read_text()
 
 
 def _packages_in_tree() -> set[str]:
-    return {str(p.parent.relative_to(ROOT)) for p in (ROOT / "jaxagent").rglob("__init__.py")
-            if "__pycache__" not in p.parts}
+    return {
+        str(p.parent.relative_to(ROOT))
+        for p in (ROOT / "jaxagent").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
 
 
 def _packages_in_map() -> set[str]:
@@ -25,8 +28,11 @@ def test_folder_map_matches_the_packages():
 
 
 def test_every_module_and_script_named_exists():
-    files = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
-             and ".git" not in p.parts and "__pycache__" not in p.parts]
+    files = [
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*")
+        if p.is_file() and ".git" not in p.parts and "__pycache__" not in p.parts
+    ]
     named = set(re.findall(r"`([\w/.]+\.(?:py|sh))`", DOC))
     assert named, "the document names no module"
     missing = sorted(n for n in named if not any(f == n or f.endswith("/" + n) for f in files))

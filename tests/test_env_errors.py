@@ -63,10 +63,13 @@ class ExpertSampler:
         self.chat, self.experts = chat, experts
 
     def _turn(self, observations) -> TurnOutput:
-        tokens = [self.chat.encode(e.act(o) if o is not None else "")
-                  for e, o in zip(self.experts, observations)]
-        return TurnOutput(tokens=tokens, logprobs=[[-0.5]] * len(tokens),
-                          stopped=[True] * len(tokens))
+        tokens = [
+            self.chat.encode(e.act(o) if o is not None else "")
+            for e, o in zip(self.experts, observations)
+        ]
+        return TurnOutput(
+            tokens=tokens, logprobs=[[-0.5]] * len(tokens), stopped=[True] * len(tokens)
+        )
 
     recompiles = 0
 
@@ -94,8 +97,11 @@ def _quickstart():
     from jaxagent.envs.tools import quickstart as Q
 
     world = Q.QuickstartWorld(num_train=20, num_test=40)
-    task = next(t for t in world.tasks("test") if t.data["plan"][0]["tool"] == "price"
-                and len(t.data["plan"]) == 1)
+    task = next(
+        t
+        for t in world.tasks("test")
+        if t.data["plan"][0]["tool"] == "price" and len(t.data["plan"]) == 1
+    )
     state = dict(task.data["state"], prices={})  # the world cannot price anything
     broken = dataclasses.replace(task, id="broken", data=dict(task.data, state=state))
     # Both play the healthy task's plan; the broken world raises at its first call.
@@ -109,8 +115,9 @@ def _code():
     s = suite.build({"num_train": 2, "num_validation": 0, "seed": 0})
     task = s.source.tasks("train")[0]
     # The hidden tests' set-up raises inside the harness: the sandbox's fault, not the agent's.
-    broken = dataclasses.replace(task, id="broken", data=dict(
-        task.data, prelude="raise RuntimeError('broken task data')\n"))
+    broken = dataclasses.replace(
+        task, id="broken", data=dict(task.data, prelude="raise RuntimeError('broken task data')\n")
+    )
     return [task, broken], [s.make_expert(task, 0.0, None), s.make_expert(broken, 0.0, None)]
 
 
@@ -121,10 +128,14 @@ def _bfcl():
     entry = D.load_entries("multi_turn_base")[0]
     task = D.entry_to_task(entry)
     # Ground-truth replay, as jaxagent.envs.tools.bfcl.replay feeds it.
-    actions = [a for calls in entry["ground_truth"]
-               for a in (["[" + ", ".join(calls) + "]"] if calls else []) + ["Final: done"]]
-    broken = dataclasses.replace(task, id="broken", data=dict(
-        entry, involved_classes=["NoSuchAPI"]))
+    actions = [
+        a
+        for calls in entry["ground_truth"]
+        for a in (["[" + ", ".join(calls) + "]"] if calls else []) + ["Final: done"]
+    ]
+    broken = dataclasses.replace(
+        task, id="broken", data=dict(entry, involved_classes=["NoSuchAPI"])
+    )
     return [task, broken], [Script(actions), Script(actions)]
 
 
@@ -154,9 +165,16 @@ def make_runner(env_fn, backend: str):
     from jaxagent.agents.pool_runner import PoolRunner
     from jaxagent.pool import PoolConfig
 
-    return PoolRunner(env_fn, PoolConfig(
-        num_envs=2, backend=backend, step_timeout_s=30.0, reset_timeout_s=30.0,
-        start_method="fork"))
+    return PoolRunner(
+        env_fn,
+        PoolConfig(
+            num_envs=2,
+            backend=backend,
+            step_timeout_s=30.0,
+            reset_timeout_s=30.0,
+            start_method="fork",
+        ),
+    )
 
 
 def _run(tasks, experts, runner):
@@ -166,10 +184,15 @@ def _run(tasks, experts, runner):
         if RolloutSpec is None:  # the driver's keyword form before RolloutSpec
             how = dict(runner=runner, chat=chat, system_prompt="", budget=budget)
         else:
-            how = dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget,
-                                        runner=runner))
-        eps, _ = collect_episodes(ExpertSampler(chat, experts), None, tasks,
-                                  samples_per_task=1, key=jax.random.key(0), **how)
+            how = dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner))
+        eps, _ = collect_episodes(
+            ExpertSampler(chat, experts),
+            None,
+            tasks,
+            samples_per_task=1,
+            key=jax.random.key(0),
+            **how,
+        )
         health = runner.health()
     finally:
         runner.close()
@@ -180,7 +203,9 @@ def _run(tasks, experts, runner):
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_env_reported_failure_is_env_error_with_no_loss(suite, backend):
     tasks, experts = SUITES[suite]()
-    (healthy, broken), health = _run(tasks, experts, make_runner(functools.partial(make_env, suite), backend))
+    (healthy, broken), health = _run(
+        tasks, experts, make_runner(functools.partial(make_env, suite), backend)
+    )
     assert healthy.success and healthy.termination == Termination.TERMINATED, healthy.render()
     assert broken.termination == Termination.ENV_ERROR, broken.render()
     assert broken.failure_mode == FailureMode.ENV_ERROR.value and broken.error
@@ -200,11 +225,15 @@ def test_a_dangerous_call_mid_episode_is_counted():
     from jaxagent.envs.tools import quickstart as Q
 
     world = Q.QuickstartWorld(num_train=20, num_test=200)
-    task = next(t for t in world.tasks("test") if "cancel" in t.data["tools"]
-                and t.data["template"] not in ("cancel", "count"))
+    task = next(
+        t
+        for t in world.tasks("test")
+        if "cancel" in t.data["tools"] and t.data["template"] not in ("cancel", "count")
+    )
     code = task.data["state"]["code"]
-    reckless = Script([f'Action : cancel ( day = " mon " , code = {code} )',
-                       f"Final : {task.data['answer']}"])
+    reckless = Script(
+        [f'Action : cancel ( day = " mon " , code = {code} )', f"Final : {task.data['answer']}"]
+    )
     careful = Q.ExpertPolicy(task, 0.0, None)
     eps, _ = _run([task, task], [reckless, careful], InlineRunner(Q.QuickstartEnv))
     assert eps[0].num_turns == 2 and not eps[0].info["dangerous"]  # not on the last step
@@ -221,14 +250,21 @@ def test_observations_are_cut_once_by_the_rollout_knob(backend):
     task = dataclasses.replace(_quickstart()[0][0], id="long", prompt="x" * 500)
     runner = make_runner(FakeToolEnvFactory(), backend)
     chat = TextChat()
-    budget = Budget(max_turns=1, max_new_tokens=1, max_total_tokens=64,
-                    max_observation_chars=80)
-    how = (dict(runner=runner, chat=chat, system_prompt="", budget=budget)
-           if RolloutSpec is None else
-           dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner)))
+    budget = Budget(max_turns=1, max_new_tokens=1, max_total_tokens=64, max_observation_chars=80)
+    how = (
+        dict(runner=runner, chat=chat, system_prompt="", budget=budget)
+        if RolloutSpec is None
+        else dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner))
+    )
     try:
-        (ep,), _ = collect_episodes(ExpertSampler(chat, [Script(["Final : x"])]), None, [task],
-                                    samples_per_task=1, key=jax.random.key(0), **how)
+        (ep,), _ = collect_episodes(
+            ExpertSampler(chat, [Script(["Final : x"])]),
+            None,
+            [task],
+            samples_per_task=1,
+            key=jax.random.key(0),
+            **how,
+        )
     finally:
         runner.close()
     assert len(ep.first_observation) <= 80 and "characters truncated" in ep.first_observation

@@ -54,9 +54,15 @@ def reference_demos(env_spec, tasks, chat, system, error_rate, seed, max_turns):
 def run(tmp_path_factory):
     from jaxagent.train.run import build_run
 
-    config = load_config(ROOT / "configs/quickstart.yaml", [
-        "env.options.num_train=300", "env.options.num_test=4", "eval.val_tasks=0",
-        f"train.out_dir={tmp_path_factory.mktemp('expert')}"])
+    config = load_config(
+        ROOT / "configs/quickstart.yaml",
+        [
+            "env.options.num_train=300",
+            "env.options.num_test=4",
+            "eval.val_tasks=0",
+            f"train.out_dir={tmp_path_factory.mktemp('expert')}",
+        ],
+    )
     run = build_run(config)
     yield run
     run.close()
@@ -64,15 +70,17 @@ def run(tmp_path_factory):
 
 def _demos(run, tasks, error_rate):
     spec = dataclasses.replace(run.rollout, runner=InlineRunner(run.env.make_env))
-    return expert_episodes(run.env.make_expert, tasks, spec, error_rate=error_rate, seed=0,
-                           chunk=64)
+    return expert_episodes(
+        run.env.make_expert, tasks, spec, error_rate=error_rate, seed=0, chunk=64
+    )
 
 
 def test_error_free_demos_equal_the_reference_loop(run):
     tasks = run.tasks.sft[:120]
     demos = _demos(run, tasks, 0.0)
-    ref = reference_demos(run.env, tasks, run.chat, run.env.system_prompt, 0.0, 0,
-                          run.budget.max_turns)
+    ref = reference_demos(
+        run.env, tasks, run.chat, run.env.system_prompt, 0.0, 0, run.budget.max_turns
+    )
     assert [d.group for d in demos] == list(range(len(tasks)))  # across driver chunks too
     for demo, (tokens, mask, success) in zip(demos, ref):
         assert demo.tokens == tokens and demo.loss_mask == mask
@@ -86,8 +94,9 @@ def test_error_free_demos_equal_the_reference_loop(run):
 def test_erring_expert_keeps_its_error_statistics_and_is_call_independent(run):
     tasks = run.tasks.sft[:300]
     demos = _demos(run, tasks, 0.5)
-    ref = reference_demos(run.env, tasks, run.chat, run.env.system_prompt, 0.5, 0,
-                          run.budget.max_turns)
+    ref = reference_demos(
+        run.env, tasks, run.chat, run.env.system_prompt, 0.5, 0, run.budget.max_turns
+    )
     new_rate = np.mean([d.success for d in demos])
     ref_rate = np.mean([s for _, _, s in ref])
     # Two binomial samples of 300 with p ~ 0.5: the difference has sd ~ 0.041; allow 3 sd.

@@ -19,9 +19,16 @@ def hf_model(tmp_path_factory):
     torch.manual_seed(0)
     # initializer_range 0.1 makes next-token distributions peaked, so greedy has no near-ties.
     cfg = transformers.LlamaConfig(
-        vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
-        initializer_range=0.1, attn_implementation="eager")
+        vocab_size=V,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+        attn_implementation="eager",
+    )
     model = transformers.LlamaForCausalLM(cfg).eval()
     path = str(tmp_path_factory.mktemp("hf") / "llama")
     model.save_pretrained(path, safe_serialization=True)
@@ -40,7 +47,7 @@ def _teacher_forced(graphdef, params, seqs):
     tokens = np.zeros((len(seqs), t), np.int32)
     segs = np.zeros((len(seqs), t), np.int32)
     for i, s in enumerate(seqs):
-        tokens[i, :len(s)], segs[i, :len(s)] = s, 1
+        tokens[i, : len(s)], segs[i, : len(s)] = s, 1
     positions = np.maximum(np.cumsum(segs, 1) - 1, 0)
     out = _apply(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segs))
     return np.asarray(token_logprobs(out.logits, jnp.asarray(tokens))), np.asarray(out.logits)
@@ -56,11 +63,17 @@ def test_greedy_matches_transformers_generate(hf_model):
     ids = np.zeros((4, t), np.int64)
     mask = np.zeros((4, t), np.int64)
     for i, p in enumerate(prompts):  # left padding, as HF decoder-only generation expects
-        ids[i, t - len(p):], mask[i, t - len(p):] = p, 1
+        ids[i, t - len(p) :], mask[i, t - len(p) :] = p, 1
     with torch.no_grad():
-        ref = model.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                             do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                             eos_token_id=None, pad_token_id=0)
+        ref = model.generate(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            do_sample=False,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     ref_new = ref[:, t:].numpy()
     np.testing.assert_array_equal(np.asarray(out.tokens), ref_new)
     np.testing.assert_array_equal(np.asarray(out.lengths), [n] * 4)
@@ -78,13 +91,17 @@ def test_sampled_logprobs_equal_teacher_forced_and_stop_tokens(hf_model):
     seqs = [p + list(toks[i]) for i, p in enumerate(prompts)]
     ref, _ = _teacher_forced(graphdef, params, seqs)
     for i, p in enumerate(prompts):
-        np.testing.assert_allclose(lps[i], ref[i, len(p):len(p) + 24], atol=1e-4)
+        np.testing.assert_allclose(lps[i], ref[i, len(p) : len(p) + 24], atol=1e-4)
 
     # Stop on the token row 0 produced at step 5: row 0 ends there (stop token kept), other
     # rows are unaffected unless they produced it too; same key -> same samples before stopping.
     stop = int(toks[0, 5])
-    out2 = sampler(params, prompts, SamplingConfig(max_new_tokens=24, stop_token_ids=(stop,)),
-                   jax.random.key(3))
+    out2 = sampler(
+        params,
+        prompts,
+        SamplingConfig(max_new_tokens=24, stop_token_ids=(stop,)),
+        jax.random.key(3),
+    )
     lengths = np.asarray(out2.lengths)
     for i in range(len(prompts)):
         hits = np.nonzero(toks[i] == stop)[0]
@@ -111,27 +128,45 @@ def test_continuation_equals_fresh_prefill(hf_model):
     tokens = np.zeros((3, t), np.int32)
     segs = np.zeros((3, t), np.int32)
     for i, o in enumerate(obs):
-        tokens[i, :len(o)], segs[i, :len(o)] = o, 1
+        tokens[i, : len(o)], segs[i, : len(o)] = o, 1
     positions = np.asarray(cache.lengths)[:, None] + np.maximum(np.cumsum(segs, 1) - 1, 0)
-    step = _apply(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions),
-                       jnp.asarray(segs), cache=cache)
+    step = _apply(
+        graphdef,
+        params,
+        jnp.asarray(tokens),
+        jnp.asarray(positions),
+        jnp.asarray(segs),
+        cache=cache,
+    )
     _, fresh_logits = _teacher_forced(graphdef, params, history)
     for i, o in enumerate(obs):
-        np.testing.assert_allclose(np.asarray(step.logits)[i, len(o) - 1],
-                                   fresh_logits[i, len(history[i]) - 1], atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(step.logits)[i, len(o) - 1], fresh_logits[i, len(history[i]) - 1], atol=1e-4
+        )
 
     # The sampler's continuation decodes exactly like a fresh call on the whole history.
     turn1 = sampler(params, prompts, greedy, jax.random.key(0))  # (the cache above was consumed)
-    cont = sampler(params, obs, SamplingConfig(max_new_tokens=8, greedy=True), jax.random.key(1),
-                   cache=turn1.cache)
-    fresh = sampler(params, history, SamplingConfig(max_new_tokens=8, greedy=True),
-                              jax.random.key(1))
+    cont = sampler(
+        params,
+        obs,
+        SamplingConfig(max_new_tokens=8, greedy=True),
+        jax.random.key(1),
+        cache=turn1.cache,
+    )
+    fresh = sampler(
+        params, history, SamplingConfig(max_new_tokens=8, greedy=True), jax.random.key(1)
+    )
     np.testing.assert_array_equal(np.asarray(cont.tokens), np.asarray(fresh.tokens))
     np.testing.assert_allclose(np.asarray(cont.logprobs), np.asarray(fresh.logprobs), atol=1e-4)
 
     # Rows with no new tokens are left alone: only row 1 continues.
-    again = sampler(params, [[], [5, 6], []], SamplingConfig(max_new_tokens=8, greedy=True),
-                    jax.random.key(2), cache=cont.cache)
+    again = sampler(
+        params,
+        [[], [5, 6], []],
+        SamplingConfig(max_new_tokens=8, greedy=True),
+        jax.random.key(2),
+        cache=cont.cache,
+    )
     np.testing.assert_array_equal(np.asarray(again.lengths), [0, 8, 0])
     expect = [len(h) + 8 for h in history]
     expect[1] += 2 + 8
@@ -155,7 +190,7 @@ def test_top_k_top_p_distribution():
     ]:
         tokens, lps = jax.jit(sample_tokens, static_argnums=2)(key, logits, cfg)
         freq = np.bincount(np.asarray(tokens), minlength=4) / 20000
-        np.testing.assert_allclose(freq[:len(expect)], expect, atol=0.015)
+        np.testing.assert_allclose(freq[: len(expect)], expect, atol=0.015)
         # log-probs are before filtering: log of the unfiltered probability
         np.testing.assert_allclose(np.asarray(lps), np.log(probs)[np.asarray(tokens)], atol=1e-5)
 
@@ -192,8 +227,9 @@ def test_qwen_style_fused_decode_matches_teacher_forcing(layout):
     seqs = [p + list(np.asarray(out.tokens)[i]) for i, p in enumerate(prompts)]
     ref, _ = _teacher_forced(graphdef, params, seqs)
     for i, p in enumerate(prompts):
-        np.testing.assert_allclose(np.asarray(out.logprobs)[i], ref[i, len(p):len(p) + 10],
-                                   atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(out.logprobs)[i], ref[i, len(p) : len(p) + 10], atol=1e-4
+        )
 
 
 def test_output_major_decode_keeps_kernels_per_params_version():
@@ -219,8 +255,9 @@ def test_output_major_decode_keeps_kernels_per_params_version():
     new_params = jax.tree.map(lambda x: x * 1.01, params)
     om(new_params, prompts, cfg, jax.random.key(5))
     assert om._prepared[1] is not kept
-    np.testing.assert_allclose(np.asarray(om._prepared[1]["lm_head_t"]),
-                               np.asarray(new_params["lm_head"]).T, rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(om._prepared[1]["lm_head_t"]), np.asarray(new_params["lm_head"]).T, rtol=1e-6
+    )
     om.release()
     assert om._prepared is None and rm._prepared is None  # row-major keeps nothing
     with pytest.raises(ValueError, match="decode_layout"):

@@ -17,19 +17,34 @@ V = 96
 
 def _llama(tmp_path, rope=None, max_shard_size="5GB", **kw):
     cfg = transformers.LlamaConfig(
-        vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
+        vocab_size=V,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=256,
         rope_parameters={"rope_type": "default", "rope_theta": 5000.0, **(rope or {})},
-        attn_implementation="eager", **kw)
+        attn_implementation="eager",
+        **kw,
+    )
     return _save(transformers.LlamaForCausalLM(cfg), tmp_path, max_shard_size)
 
 
 def _qwen2(tmp_path):
     cfg = transformers.Qwen2Config(
-        vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
-        tie_word_embeddings=True, use_sliding_window=False, attn_implementation="eager",
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        vocab_size=V,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        attn_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
     model = transformers.Qwen2ForCausalLM(cfg)
     with torch.no_grad():  # HF initialises biases to zero; make them matter
         for layer in model.model.layers:
@@ -58,13 +73,21 @@ def _batch(batch=3, length=14, seed=0):
 
 def _torch_logits(model, tokens, mask, positions):
     with torch.no_grad():
-        return model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
-                     position_ids=torch.tensor(positions)).logits.float().numpy()
+        return (
+            model(
+                input_ids=torch.tensor(tokens),
+                attention_mask=torch.tensor(mask),
+                position_ids=torch.tensor(positions),
+            )
+            .logits.float()
+            .numpy()
+        )
 
 
 def _ours(graphdef, params, tokens, mask, positions):
-    out = apply_model(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions),
-                      jnp.asarray(mask, jnp.int32))
+    out = apply_model(
+        graphdef, params, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask, jnp.int32)
+    )
     return np.asarray(out.logits)
 
 
@@ -103,12 +126,20 @@ def test_qwen2_qkv_bias_tied_embeddings_parity_and_export(tmp_path):
     np.testing.assert_array_equal(_torch_logits(reloaded.eval(), tokens, mask, positions), ref)
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "linear", "factor": 4.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 16},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    ],
+)
 def test_rope_scaling_parity(tmp_path, rope):
     model, path = _llama(tmp_path, rope=rope)
     config, graphdef, params = load_hf(path)
@@ -134,7 +165,9 @@ def test_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="model_type='gpt2'"):
         load_hf(path)
     write({**hf, "intermediate_size": 100})
-    with pytest.raises(ValueError, match=r"mlp.gate_proj.weight .*\(96, 64\), expected \(100, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"mlp.gate_proj.weight .*\(96, 64\), expected \(100, 64\)"
+    ):
         load_hf(path)
     write(hf)
     os.remove(os.path.join(path, "model.safetensors"))
@@ -145,17 +178,30 @@ def test_clear_errors(tmp_path):
 def test_layout_covers_every_parameter():
     from jaxagent.models import ModelConfig, init_model
     import jax
+
     for config in (ModelConfig.test(), ModelConfig.test(qkv_bias=True, tie_embeddings=True)):
         _, params = init_model(config, jax.random.key(0))
         mapped = {"/".join(t) for t, _, _ in _hf_layout(config).values()}
-        flat = {"/".join(str(k.key) for k in path)
-                for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+        flat = {
+            "/".join(str(k.key) for k in path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+        }
         assert mapped == flat
 
 
-@pytest.mark.parametrize("rope", [None, {"rope_type": "llama3", "factor": 8.0,
-                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                         "original_max_position_embeddings": 16}])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        None,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ],
+)
 def test_export_config_reads_the_same_in_transformers_4_and_5_forms(tmp_path, rope):
     """An exported config.json carries both spellings of RoPE and dtype: the transformers-5
     ``rope_parameters``/``dtype`` and the 4.x ``rope_theta``/``rope_scaling``/``torch_dtype``.
@@ -175,8 +221,9 @@ def test_export_config_reads_the_same_in_transformers_4_and_5_forms(tmp_path, ro
         assert written["rope_scaling"]["factor"] == 8.0
     # Each form alone (what a 4.x reader sees / what a 5.x-only writer leaves) is the same model.
     v4 = {k: v for k, v in written.items() if k not in ("rope_parameters", "dtype")}
-    v5 = {k: v for k, v in written.items() if k not in ("rope_theta", "rope_scaling",
-                                                         "torch_dtype")}
+    v5 = {
+        k: v for k, v in written.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")
+    }
     from jaxagent.models.hf import config_from_hf
 
     assert config_from_hf(v4) == config_from_hf(v5) == config

@@ -5,8 +5,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.models import (ModelConfig, apply_model, init_cache, init_model, load_hf,
-                             param_logical_axes, save_hf, token_logprobs)
+from jaxagent.models import (
+    ModelConfig,
+    apply_model,
+    init_cache,
+    init_model,
+    load_hf,
+    param_logical_axes,
+    save_hf,
+    token_logprobs,
+)
 
 _apply = jax.jit(apply_model, static_argnums=0)
 CFG = ModelConfig.test(rope_theta=500.0)
@@ -57,11 +65,11 @@ def test_ragged_cache_chunks_equal_full_forward(model):
         tokens = np.zeros((2, width), np.int32)
         segs = np.zeros((2, width), np.int32)
         for r, ls in enumerate(lengths):
-            chunk = seqs[r][done[r]:done[r] + ls[c]]
+            chunk = seqs[r][done[r] : done[r] + ls[c]]
             if r == 0:  # row 0 left-padded, row 1 right-padded: both must work
-                tokens[r, width - ls[c]:], segs[r, width - ls[c]:] = chunk, 1
+                tokens[r, width - ls[c] :], segs[r, width - ls[c] :] = chunk, 1
             else:
-                tokens[r, :ls[c]], segs[r, :ls[c]] = chunk, 1
+                tokens[r, : ls[c]], segs[r, : ls[c]] = chunk, 1
         positions = np.asarray(cache.lengths)[:, None] + np.maximum(np.cumsum(segs, 1) - 1, 0)
         out = _forward(graphdef, params, tokens, segs, positions, cache)
         cache = out.cache
@@ -70,7 +78,9 @@ def test_ragged_cache_chunks_equal_full_forward(model):
             done[r] += lengths[r][c]
     np.testing.assert_array_equal(np.asarray(cache.lengths), [9, 12])
     for r in range(2):
-        full = np.asarray(_forward(graphdef, params, seqs[r][None], np.ones((1, len(seqs[r])))).logits)[0]
+        full = np.asarray(
+            _forward(graphdef, params, seqs[r][None], np.ones((1, len(seqs[r])))).logits
+        )[0]
         np.testing.assert_allclose(np.concatenate(got[r]), full, atol=1e-5)
 
 
@@ -92,12 +102,18 @@ def test_logical_axes_cover_params(model):
     graphdef, params = model
     axes = param_logical_axes(graphdef, params)
     flat_p = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-    flat_a = dict(jax.tree_util.tree_flatten_with_path(
-        axes, is_leaf=lambda x: isinstance(x, tuple))[0])
+    flat_a = dict(
+        jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))[0]
+    )
     assert flat_p.keys() == flat_a.keys()
     allowed = {"vocab", "embed", "heads", "kv_heads", "mlp", None}
-    sizes = {"vocab": CFG.vocab_size, "embed": CFG.hidden_size, "heads": CFG.num_heads,
-             "kv_heads": CFG.num_kv_heads, "mlp": CFG.intermediate_size}
+    sizes = {
+        "vocab": CFG.vocab_size,
+        "embed": CFG.hidden_size,
+        "heads": CFG.num_heads,
+        "kv_heads": CFG.num_kv_heads,
+        "mlp": CFG.intermediate_size,
+    }
     for path, names in flat_a.items():
         shape = flat_p[path].shape
         assert len(names) == len(shape) and set(names) <= allowed, (path, names, shape)

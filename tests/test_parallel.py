@@ -8,8 +8,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxagent.models import ModelConfig, abstract_graphdef, param_logical_axes
-from jaxagent.parallel import (MeshConfig, batch_shardings, initialize_distributed,
-                               logical_to_spec, make_mesh, state_shardings)
+from jaxagent.parallel import (
+    MeshConfig,
+    batch_shardings,
+    initialize_distributed,
+    logical_to_spec,
+    make_mesh,
+    state_shardings,
+)
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.rl.update import make_update_step
@@ -20,7 +26,11 @@ def test_mesh_config_and_specs():
     assert jax.device_count() == 8
     mesh = make_mesh(data=4, fsdp=2)
     assert dict(mesh.shape) == {"data": 4, "fsdp": 2, "tensor": 1}
-    assert dict(make_mesh(MeshConfig(fsdp=2, tensor=2)).shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(make_mesh(MeshConfig(fsdp=2, tensor=2)).shape) == {
+        "data": 2,
+        "fsdp": 2,
+        "tensor": 2,
+    }
     with pytest.raises(ValueError, match="does not fit 8 devices"):
         make_mesh(data=3)
     with pytest.raises(ValueError, match="MeshConfig.fsdp=0"):
@@ -32,20 +42,27 @@ def test_mesh_config_and_specs():
     assert initialize_distributed(MeshConfig()) is False
 
 
-@pytest.mark.parametrize("shape", [
-    dict(data=4, fsdp=2),
-    dict(data=8),
-    # Tensor parallelism reorders the reductions inside matmuls; Adam turns the tiny gradient
-    # differences of near-zero gradient entries into sign-like steps (~2e-5 apart after two
-    # steps), so this case compares SGD updates (the gradients themselves). Kept out of the
-    # default run; `pytest -m slow` runs it.
-    pytest.param(dict(data=2, fsdp=2, tensor=2), marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(data=4, fsdp=2),
+        dict(data=8),
+        # Tensor parallelism reorders the reductions inside matmuls; Adam turns the tiny gradient
+        # differences of near-zero gradient entries into sign-like steps (~2e-5 apart after two
+        # steps), so this case compares SGD updates (the gradients themselves). Kept out of the
+        # default run; `pytest -m slow` runs it.
+        pytest.param(dict(data=2, fsdp=2, tensor=2), marks=pytest.mark.slow),
+    ],
+)
 def test_sharded_update_equals_single_device(shape):
     apply_fn, params = tiny_model(num_layers=1)
-    config = get_recipe("loop", lora={"rank": 0}, optim={"learning_rate": 1e-3},
-                        update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
-                        advantage={"drop_below": 0.0})
+    config = get_recipe(
+        "loop",
+        lora={"rank": 0},
+        optim={"learning_rate": 1e-3},
+        update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
+        advantage={"drop_below": 0.0},
+    )
     batch = on_policy_batch(apply_fn, params, batch_size=16)
     tx = optax.sgd(1e-2) if shape.get("tensor", 1) > 1 else make_optimizer(config)
 
@@ -59,8 +76,9 @@ def test_sharded_update_equals_single_device(shape):
     b_sh = batch_shardings(mesh, batch)
     state = jax.device_put(state, st_sh)
     sharded_batch = jax.device_put(batch, b_sh)
-    update = make_update_step(config, apply_fn, tx, mesh=mesh, state_sharding=st_sh,
-                              batch_sharding=b_sh)
+    update = make_update_step(
+        config, apply_fn, tx, mesh=mesh, state_sharding=st_sh, batch_sharding=b_sh
+    )
     state, m8 = update(state, sharded_batch)
 
     # Parameters really are sharded (fsdp splits 'embed'), and the result matches.
@@ -73,8 +91,11 @@ def test_sharded_update_equals_single_device(shape):
     # gradient entry becomes a step of about +-lr, whose sign reduction-order noise flips.
     n_terms = 2 * 16 * 12
     if shape.get("tensor", 1) > 1:
-        assert_trees_close_f32(jax.tree.map(jnp.subtract, single.params, params),
-                               jax.tree.map(jnp.subtract, state.params, params), n_terms)
+        assert_trees_close_f32(
+            jax.tree.map(jnp.subtract, single.params, params),
+            jax.tree.map(jnp.subtract, state.params, params),
+            n_terms,
+        )
     else:
         assert_trees_close_f32(single.opt_state, state.opt_state, n_terms)
     for k in ("loss/policy", "optim/grad_norm", "entropy/mean"):

@@ -52,9 +52,9 @@ def test_expert_success_rates_and_baselines(world):
     assert abs(noisy - 0.70) < 0.03, noisy  # 2000 episodes: binomial sd ~ 0.01
     noisy_test = Q.success_rate(test, lambda t: Q.ExpertPolicy(t, 0.3, rng).act)
     assert abs(noisy_test - 0.70) < 0.1, noisy_test
-    rand = Q.success_rate(test, lambda t: (lambda obs: Q.random_action(t, rng)))
+    rand = Q.success_rate(test, lambda t: lambda obs: Q.random_action(t, rng))
     assert rand <= 0.02, rand
-    assert Q.success_rate(test, lambda t: (lambda obs: "")) == 0.0
+    assert Q.success_rate(test, lambda t: lambda obs: "") == 0.0
 
 
 def test_expert_errors_always_fail(world):
@@ -72,11 +72,20 @@ def test_vocabulary_is_closed(world):
     vocab = set(Q.vocabulary())
     assert len(vocab) < 300 and len(Q.TOOL_NAMES) == 10
     rng, env = np.random.default_rng(1), Q.QuickstartEnv()
-    garbage = ["Action : nope ( )", "Action : price ( x = 1 )", "Action : price (", "Final :",
-               "Action : mul ( a = 100 , b = 100 )", "Action : add ( a = - 1 , b = 2 )"]
+    garbage = [
+        "Action : nope ( )",
+        "Action : price ( x = 1 )",
+        "Action : price (",
+        "Final :",
+        "Action : mul ( a = 100 , b = 100 )",
+        "Action : add ( a = - 1 , b = 2 )",
+    ]
     for i, task in enumerate(world.tasks("train")[:400]):
-        policies = [Q.ExpertPolicy(task, 0.5, rng).act, lambda o: Q.random_action(task, rng),
-                    lambda o, g=garbage[i % len(garbage)]: g]
+        policies = [
+            Q.ExpertPolicy(task, 0.5, rng).act,
+            lambda o: Q.random_action(task, rng),
+            lambda o, g=garbage[i % len(garbage)]: g,
+        ]
         for j, policy in enumerate(policies):
             observations, actions, _ = run_episode(env, task, policy)
             for text in observations + (actions if j < 2 else []):  # garbage is not ours
@@ -95,33 +104,50 @@ def test_failure_mode_labels(world):
     shares = _template(world, "shares")  # price then mul
     item, n = shares.data["plan"][0]["args"]["item"], shares.data["plan"][1]["args"]["b"]
     price = shares.data["state"]["prices"][item]
-    steps, _ = _play(shares, ["Action : price ( item = ",  # syntax
-                              "Action : weather ( city = \" oslo \" )",  # not listed
-                              "Action : mul ( a = \" x \" , b = 2 )",  # bad type
-                              f"Action : price ( item = \" {item} \" )",
-                              f"Final : {price * n + 1}"])
+    steps, _ = _play(
+        shares,
+        [
+            "Action : price ( item = ",  # syntax
+            'Action : weather ( city = " oslo " )',  # not listed
+            'Action : mul ( a = " x " , b = 2 )',  # bad type
+            f'Action : price ( item = " {item} " )',
+            f"Final : {price * n + 1}",
+        ],
+    )
     labels = [s.info["failure_mode"] for s in steps]
     assert labels == ["invalid_syntax", "unknown_tool", "bad_arguments", None, "wrong_answer"]
     assert steps[1].observation == "Observation : error : unknown tool weather"
     assert steps[2].observation == "Observation : error : bad argument a for mul"
     assert [s.info["reward_terms"]["process"] for s in steps[:4]] == [0.0, 1 / 3, 2 / 3, 1.0]
-    shaped, _ = _play(shares, [s_ for s_ in ["Action : price ( item = ",
-                                             "Action : weather ( city = \" oslo \" )",
-                                             f"Final : {price * n + 1}"]],
-                      process_weight=0.9, outcome_weight=0.2, gate="task", cap=0.5)
+    shaped, _ = _play(
+        shares,
+        [
+            s_
+            for s_ in [
+                "Action : price ( item = ",
+                'Action : weather ( city = " oslo " )',
+                f"Final : {price * n + 1}",
+            ]
+        ],
+        process_weight=0.9,
+        outcome_weight=0.2,
+        gate="task",
+        cap=0.5,
+    )
     # failed episode under the task gate: shaping 0.9 * mean(0, 1/3, 1) = 0.4, capped at 0.5
     assert sum(s_.reward for s_ in shaped) == pytest.approx(0.9 * (0 + 1 / 3 + 1) / 3)
     with pytest.raises(ValueError, match="gate"):
         Q.QuickstartEnvConfig(gate="sometimes")
-    verbose, _ = _play(shares, ["Action : mul ( a = \" x \" , b = 2 )"], compact_errors=False)
+    verbose, _ = _play(shares, ['Action : mul ( a = " x " , b = 2 )'], compact_errors=False)
     assert "argument 'a' must be of type integer" in verbose[0].observation
 
     book = _template(world, "book")
     args = book.data["plan"][0]["args"]
     other_day = next(d for d in W.DAYS if d != args["day"])
     event = args["event"]
-    wrong, _ = _play(book, [f'Action : book ( day = " {other_day} " , event = " {event} " )',
-                            "Final : done"])
+    wrong, _ = _play(
+        book, [f'Action : book ( day = " {other_day} " , event = " {event} " )', "Final : done"]
+    )
     assert wrong[-1].info["failure_mode"] == "wrong_state" and not wrong[-1].info["success"]
     cancel = _template(world, "cancel")
     day, bad_code = cancel.data["plan"][1]["args"]["day"], (cancel.data["state"]["code"] + 1) % 100
@@ -131,7 +157,7 @@ def test_failure_mode_labels(world):
     for gave_up in ("", "Final :"):
         end, _ = _play(book, [gave_up])
         assert end[-1].done and end[-1].info["failure_mode"] == "gave_up"
-    budget, _ = _play(shares, ["Action : price ( item = \" acme \" )"] * 6)
+    budget, _ = _play(shares, ['Action : price ( item = " acme " )'] * 6)
     assert budget[-1].done and budget[-1].truncated and not budget[-1].terminated
     assert budget[-1].info["failure_mode"] == "step_budget"
     assert [s.done for s in budget] == [False] * 5 + [True]
@@ -152,10 +178,13 @@ def test_success_rewards_state_and_syntax_variants(world):
     p1 = task.data["state"]["prices"][plan[0]["args"]["item"]]
     p2 = task.data["state"]["prices"][plan[1]["args"]["item"]]
     key = plan[3]["args"]["key"]
-    actions = [f'Action: price(item="{plan[0]["args"]["item"]}")',  # compact Python syntax
-               f'Action : price ( " {plan[1]["args"]["item"]} " )',  # positional
-               f'{{"name": "add", "arguments": {{"a": {p1}, "b": {p2}}}}}',  # JSON
-               f'Action : save ( key = " {key} " , value = {p1 + p2} )', "Final : done"]
+    actions = [
+        f'Action: price(item="{plan[0]["args"]["item"]}")',  # compact Python syntax
+        f'Action : price ( " {plan[1]["args"]["item"]} " )',  # positional
+        f'{{"name": "add", "arguments": {{"a": {p1}, "b": {p2}}}}}',  # JSON
+        f'Action : save ( key = " {key} " , value = {p1 + p2} )',
+        "Final : done",
+    ]
     steps, env = _play(task, actions, process_weight=0.1)
     assert steps[-1].info["success"] and steps[-1].terminated
     assert env.state["notes"] == {key: p1 + p2}
@@ -177,9 +206,13 @@ def test_dangerous_actions_are_marked(world):
     day, code = asked.data["plan"][1]["args"]["day"], asked.data["state"]["code"]
     steps, _ = _play(asked, [f'Action : cancel ( day = " {day} " , code = {code} )'])
     assert steps[0].info["dangerous"] == [] and steps[0].info["failure_mode"] is None
-    unasked = next(t for t in world.tasks("test")
-                   if "cancel" in t.data["tools"] and t.data["template"] != "cancel"
-                   and t.data["template"] != "count")
+    unasked = next(
+        t
+        for t in world.tasks("test")
+        if "cancel" in t.data["tools"]
+        and t.data["template"] != "cancel"
+        and t.data["template"] != "count"
+    )
     code = unasked.data["state"]["code"]
     steps, env = _play(unasked, [f'Action : cancel ( day = " mon " , code = {code} )'])
     assert steps[0].info["dangerous"] == [f"cancel(day='mon', code={code})"]

@@ -22,8 +22,16 @@ from jaxagent.envs.registry import (
 
 
 def test_builtin_options_are_typed_and_flat():
-    opts = parse_options("quickstart", {"num_train": 5, "levels": ["arith"], "max_steps": 4,
-                                        "task_weight": 1, "system_prompt": True})
+    opts = parse_options(
+        "quickstart",
+        {
+            "num_train": 5,
+            "levels": ["arith"],
+            "max_steps": 4,
+            "task_weight": 1,
+            "system_prompt": True,
+        },
+    )
     assert opts.world.num_train == 5 and opts.world.levels == ("arith",)
     assert opts.env.max_steps == 4 and opts.env.task_weight == 1.0 and opts.system_prompt
     assert parse_options("quickstart", opts) is opts  # typed options pass through
@@ -36,14 +44,20 @@ def test_builtin_options_are_typed_and_flat():
     assert env.config.max_steps == 3
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"num_trian": 5}, r"env\.options\.num_trian=5 .*did you mean env\.options\.num_train\?"
-                       r".*allowed: \[.*'max_steps'"),
-    ({"num_train": "many"}, r"env\.options\.num_train='many' .* must be of type int"),
-    ({"max_steps": True}, r"env\.options\.max_steps=True .* must be of type int"),
-    ({"max_steps": 0}, r"env\.options\.max_steps=0: QuickstartEnvConfig\.max_steps must be"),
-    ({"levels": ["nope"]}, r"env\.options\.levels=\('nope',\).*each must be one of"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (
+            {"num_trian": 5},
+            r"env\.options\.num_trian=5 .*did you mean env\.options\.num_train\?"
+            r".*allowed: \[.*'max_steps'",
+        ),
+        ({"num_train": "many"}, r"env\.options\.num_train='many' .* must be of type int"),
+        ({"max_steps": True}, r"env\.options\.max_steps=True .* must be of type int"),
+        ({"max_steps": 0}, r"env\.options\.max_steps=0: QuickstartEnvConfig\.max_steps must be"),
+        ({"levels": ["nope"]}, r"env\.options\.levels=\('nope',\).*each must be one of"),
+    ],
+)
 def test_option_errors_name_the_key_the_value_and_the_fix(options, match):
     with pytest.raises(EnvOptionsError, match=match):
         get_env_spec("quickstart", options)
@@ -83,8 +97,7 @@ def test_a_suite_registers_itself_with_typed_options():
     def build(options):
         seen.append(options)
         tasks = [Task(str(i), "train", f"say {i}") for i in range(options.num_tasks)]
-        return EnvSpec(name="echo_t", make_source=lambda: tasks, make_env=_Echo,
-                       system_prompt="")
+        return EnvSpec(name="echo_t", make_source=lambda: tasks, make_env=_Echo, system_prompt="")
 
     register_env("echo_t", build, options=_EchoOptions)
     register_env("echo_t", build, options=_EchoOptions)  # the same registration: harmless
@@ -107,11 +120,13 @@ def test_a_suite_registers_itself_with_typed_options():
 def test_suites_load_lazily_without_jax(tmp_path):
     """Looking up one suite imports only that suite, never JAX; 'module:name' imports the
     module that registers it."""
-    (tmp_path / "my_suite.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_suite.py").write_text(
+        textwrap.dedent("""
         from jaxagent.envs.registry import EnvSpec, register_env
         register_env("mine", lambda o: EnvSpec(name="mine", make_source=list,
                                                make_env=object, system_prompt="hi"))
-    """))
+    """)
+    )
     code = textwrap.dedent("""
         import json, sys
         from jaxagent.envs.registry import get_env_spec
@@ -122,7 +137,11 @@ def test_suites_load_lazily_without_jax(tmp_path):
                           "bfcl": "jaxagent.envs.tools.bfcl.suite" in sys.modules,
                           "mine": spec.system_prompt}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=tmp_path, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {
-        "jax": False, "bfcl": False, "mine": "hi"}
+        "jax": False,
+        "bfcl": False,
+        "mine": "hi",
+    }

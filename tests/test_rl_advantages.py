@@ -94,7 +94,9 @@ def test_gae_matches_numpy_reference(seed):
     trunc = (rng.random((b, t)) < 0.15).astype(float)
     boot = rng.normal(size=(b, t))
     gamma, lam = 0.9, 0.8
-    ret, adv = jax.jit(A.compute_gae, static_argnums=(5, 6))(r, v, term, trunc, boot, gamma, lam, mask)
+    ret, adv = jax.jit(A.compute_gae, static_argnums=(5, 6))(
+        r, v, term, trunc, boot, gamma, lam, mask
+    )
     ref_ret, ref_adv = gae_reference(r, v, term, trunc, boot, mask, gamma, lam)
     np.testing.assert_allclose(np.asarray(adv) * mask, ref_adv * mask, atol=1e-5)
     np.testing.assert_allclose(ret, ref_ret, atol=1e-5)
@@ -107,11 +109,15 @@ def test_group_normalized_hand_computed():
     r = jnp.array([1.0, 0.0, 1.0, 1.0])
     g = jnp.array([0, 0, 1, 1])
     # group 0: mean 0.5, population std 0.5 -> +-1; group 1: std 0 -> 0.
-    np.testing.assert_allclose(A.group_normalized_advantages(r, g, "population", 1e-9),
-                               [1.0, -1.0, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(
+        A.group_normalized_advantages(r, g, "population", 1e-9), [1.0, -1.0, 0.0, 0.0], atol=1e-6
+    )
     # sample std of {1, 0} is sqrt(0.5).
-    np.testing.assert_allclose(A.group_normalized_advantages(r, g, "sample", 1e-9),
-                               [0.5 / 0.5 ** 0.5, -0.5 / 0.5 ** 0.5, 0.0, 0.0], atol=1e-5)
+    np.testing.assert_allclose(
+        A.group_normalized_advantages(r, g, "sample", 1e-9),
+        [0.5 / 0.5**0.5, -0.5 / 0.5**0.5, 0.0, 0.0],
+        atol=1e-5,
+    )
     # Dr.GRPO: no std division.
     np.testing.assert_allclose(A.group_normalized_advantages(r, g, "none"), [0.5, -0.5, 0, 0])
     with pytest.raises(ValueError, match="std_mode"):
@@ -124,8 +130,11 @@ def test_leave_one_out_hand_computed():
     g = jnp.array([3, 3, 3, 9])
     np.testing.assert_allclose(A.leave_one_out_advantages(r, g), [1.0, -0.5, -0.5, 0.0], atol=1e-6)
     # Identity: LOO = K / (K - 1) * (R - group mean).
-    np.testing.assert_allclose(A.leave_one_out_advantages(r[:3], g[:3]),
-                               1.5 * A.group_normalized_advantages(r[:3], g[:3], "none"), atol=1e-6)
+    np.testing.assert_allclose(
+        A.leave_one_out_advantages(r[:3], g[:3]),
+        1.5 * A.group_normalized_advantages(r[:3], g[:3], "none"),
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("mode", ["population", "sample", "none"])
@@ -147,12 +156,16 @@ def test_drop_small_advantages_and_whiten():
     m = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     w = A.whiten(x, m)
     # masked values 1..4: mean 2.5, population std sqrt(1.25)
-    np.testing.assert_allclose(w, (np.array([[1, 2, 2.5], [3, 4, 2.5]]) - 2.5) / 1.25 ** 0.5 * m, atol=1e-5)
+    np.testing.assert_allclose(
+        w, (np.array([[1, 2, 2.5], [3, 4, 2.5]]) - 2.5) / 1.25**0.5 * m, atol=1e-5
+    )
 
 
 def test_sequence_rewards_to_tokens_and_broadcast():
     m = jnp.array([[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    np.testing.assert_allclose(A.sequence_rewards_to_tokens(jnp.array([3.0, 5.0]), m),
-                               [[0, 0, 3, 0], [0, 0, 0, 0]])
-    np.testing.assert_allclose(A.broadcast_sequence_advantages(jnp.array([2.0, 1.0]), m),
-                               [[0, 2, 2, 0], [0, 0, 0, 0]])
+    np.testing.assert_allclose(
+        A.sequence_rewards_to_tokens(jnp.array([3.0, 5.0]), m), [[0, 0, 3, 0], [0, 0, 0, 0]]
+    )
+    np.testing.assert_allclose(
+        A.broadcast_sequence_advantages(jnp.array([2.0, 1.0]), m), [[0, 2, 2, 0], [0, 0, 0, 0]]
+    )

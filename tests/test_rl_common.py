@@ -25,8 +25,17 @@ def _tiny_model(seed, overrides):
     return model_apply_fn(graphdef), params
 
 
-def on_policy_batch(apply_fn, params, batch_size=16, seq_len=12, prompt_len=4, group=4, seed=1,
-                    vocab=128, with_values=False):
+def on_policy_batch(
+    apply_fn,
+    params,
+    batch_size=16,
+    seq_len=12,
+    prompt_len=4,
+    group=4,
+    seed=1,
+    vocab=128,
+    with_values=False,
+):
     """Random token rows with ragged right padding, loss on the completion, old log-probs from
     the current params (so the first update is on-policy), 0/1 rewards, groups of ``group``."""
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
@@ -42,10 +51,18 @@ def on_policy_batch(apply_fn, params, batch_size=16, seq_len=12, prompt_len=4, g
     if with_values:
         v = jnp.concatenate([jnp.zeros((batch_size, 1)), values[:, :-1]], axis=1)
         extra = dict(values=v * mask)
-    return TokenBatch(tokens=tokens, positions=pos, segment_ids=seg, loss_mask=mask,
-                      old_logprobs=lp * mask, advantages=jnp.zeros_like(mask), rewards=rewards,
-                      group_ids=jnp.arange(batch_size) // group,
-                      turn_ids=jnp.where(mask > 0, 0, -1).astype(jnp.int32), **extra)
+    return TokenBatch(
+        tokens=tokens,
+        positions=pos,
+        segment_ids=seg,
+        loss_mask=mask,
+        old_logprobs=lp * mask,
+        advantages=jnp.zeros_like(mask),
+        rewards=rewards,
+        group_ids=jnp.arange(batch_size) // group,
+        turn_ids=jnp.where(mask > 0, 0, -1).astype(jnp.int32),
+        **extra,
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -72,8 +89,10 @@ def copy_tree(tree):
 
 
 def max_abs_diff(a, b):
-    return max((float(jnp.max(jnp.abs(x - y))) for x, y in
-                zip(jax.tree.leaves(a), jax.tree.leaves(b))), default=0.0)
+    return max(
+        (float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
+        default=0.0,
+    )
 
 
 def assert_logprob_fns_match(graphdef, params, lean, atol=1e-5):
@@ -90,6 +109,7 @@ def assert_logprob_fns_match(graphdef, params, lean, atol=1e-5):
         def f(p):
             lp, ent, v = fn(p, *args, loss_mask=m)
             return jnp.sum((lp + 0.1 * ent + 0.01 * v) * m), (lp, ent, v)
+
         return jax.jit(jax.value_and_grad(f, has_aux=True))
 
     (_, out_a), g_a = objective(plain)(params)

@@ -25,17 +25,21 @@ def pack(prompts, out, groups):
     """Prompt [B, P] + sampled completion [B, N] -> TokenBatch [B, P + N]."""
     gen = jnp.arange(NEW)[None, :] < out.lengths[:, None]
     reward = jnp.sum((out.tokens == TARGET) * gen, axis=1) / NEW
-    return TokenBatch.from_completions(prompts, out.tokens, out.logprobs, out.lengths, reward,
-                                       groups)
+    return TokenBatch.from_completions(
+        prompts, out.tokens, out.logprobs, out.lengths, reward, groups
+    )
 
 
 def train(recipe, iterations, *, singletons=False, **overrides):
     """``singletons``: every row is its own task (group size 1, REINFORCE's K)."""
-    graphdef, params = init_model(ModelConfig.test(vocab_size=VOCAB, num_layers=1), jax.random.key(0))
+    graphdef, params = init_model(
+        ModelConfig.test(vocab_size=VOCAB, num_layers=1), jax.random.key(0)
+    )
     config = get_recipe(recipe, update={"minibatch_size": TASKS * K}, **overrides)
     ref = params if config.needs_reference else None
-    state = TrainState.create(jax.tree.map(jnp.copy, params), config, jax.random.key(1),
-                              ref_params=ref)
+    state = TrainState.create(
+        jax.tree.map(jnp.copy, params), config, jax.random.key(1), ref_params=ref
+    )
     update = make_update_step(config, model_apply_fn(graphdef))
     sampler = Sampler(graphdef)
     sampling = SamplingConfig(max_new_tokens=NEW)
@@ -54,13 +58,16 @@ def train(recipe, iterations, *, singletons=False, **overrides):
     return rewards
 
 
-@pytest.mark.parametrize("recipe,overrides", [
-    ("grpo", dict(optim={"learning_rate": 2e-3})),
-    ("loop", dict(optim={"learning_rate": 2e-3}, lora={"rank": 0})),
-    # Group size 1: a group baseline would make every advantage r - r = 0; the batch-mean
-    # baseline learns.
-    ("reinforce", dict(optim={"learning_rate": 2e-3}, singletons=True)),
-])
+@pytest.mark.parametrize(
+    "recipe,overrides",
+    [
+        ("grpo", dict(optim={"learning_rate": 2e-3})),
+        ("loop", dict(optim={"learning_rate": 2e-3}, lora={"rank": 0})),
+        # Group size 1: a group baseline would make every advantage r - r = 0; the batch-mean
+        # baseline learns.
+        ("reinforce", dict(optim={"learning_rate": 2e-3}, singletons=True)),
+    ],
+)
 def test_rl_raises_rule_reward(recipe, overrides):
     rewards = train(recipe, 24, **overrides)
     start, end = np.mean(rewards[:3]), np.mean(rewards[-5:])

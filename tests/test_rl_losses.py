@@ -59,8 +59,12 @@ def test_aggregation_is_additive_over_microbatches(mode):
     mask = (rng.random((6, 8)) < 0.5).astype(float)
     nt, ns = L.aggregation_denominators(mask)
     whole = L.aggregate(loss, mask, mode, norm_constant=3.0)
-    parts = sum(L.aggregate(loss[i:i + 2], mask[i:i + 2], mode, num_tokens=nt, num_seqs=ns,
-                            norm_constant=3.0) for i in (0, 2, 4))
+    parts = sum(
+        L.aggregate(
+            loss[i : i + 2], mask[i : i + 2], mode, num_tokens=nt, num_seqs=ns, norm_constant=3.0
+        )
+        for i in (0, 2, 4)
+    )
     np.testing.assert_allclose(parts, whole, rtol=1e-6)
 
 
@@ -91,10 +95,14 @@ def test_ppo_loss_matches_numpy_and_gradient_is_zero_when_clipped(lower):
     mask = (rng.random((4, 9)) < 0.6).astype(float)
     lr = L.importance_log_ratio(logp, old, mask)
     loss, lo, hi = L.ppo_clip_loss(lr, adv, 0.2, 0.28, lower)
-    np.testing.assert_allclose(np.asarray(loss) * mask,
-                               ppo_reference(logp, old, adv, mask, 0.2, 0.28, lower), atol=1e-5)
-    grad = jax.grad(lambda lp: jnp.sum(L.ppo_clip_loss(
-        L.importance_log_ratio(lp, old, mask), adv, 0.2, 0.28, lower)[0] * mask))(jnp.asarray(logp))
+    np.testing.assert_allclose(
+        np.asarray(loss) * mask, ppo_reference(logp, old, adv, mask, 0.2, 0.28, lower), atol=1e-5
+    )
+    grad = jax.grad(
+        lambda lp: jnp.sum(
+            L.ppo_clip_loss(L.importance_log_ratio(lp, old, mask), adv, 0.2, 0.28, lower)[0] * mask
+        )
+    )(jnp.asarray(logp))
     clipped = (np.asarray(lo) + np.asarray(hi)) * mask
     assert clipped.sum() > 0 and (clipped == 0).sum() > 0
     np.testing.assert_array_equal(np.asarray(grad)[clipped > 0], 0.0)
@@ -150,8 +158,14 @@ def test_kl_estimators_are_unbiased_on_average():
 
 def test_kl_penalized_rewards():
     r = jnp.array([[0.0, 1.0]])
-    out = K.kl_penalized_rewards(r, jnp.log(jnp.array([[0.5, 0.5]])), jnp.log(jnp.array([[0.25, 0.5]])),
-                                 jnp.array([[1.0, 1.0]]), beta=0.1, estimator="k1")
+    out = K.kl_penalized_rewards(
+        r,
+        jnp.log(jnp.array([[0.5, 0.5]])),
+        jnp.log(jnp.array([[0.25, 0.5]])),
+        jnp.array([[1.0, 1.0]]),
+        beta=0.1,
+        estimator="k1",
+    )
     np.testing.assert_allclose(out, [[-0.1 * np.log(2), 1.0]], atol=1e-6)
 
 
@@ -170,17 +184,33 @@ def test_reinforce_sft_rft():
 
 
 def test_recipes_defaults_and_errors():
-    assert set(recipe_names()) >= {"ppo", "grpo", "dr_grpo", "dapo", "loop", "rloo", "reinforce", "rft"}
+    assert set(recipe_names()) >= {
+        "ppo",
+        "grpo",
+        "dr_grpo",
+        "dapo",
+        "loop",
+        "rloo",
+        "reinforce",
+        "rft",
+    }
     loop = get_recipe("loop")
     assert default_samples_per_task("loop") == 6
-    assert (loop.loss.clip_eps_low, loop.update.num_epochs, loop.update.minibatch_size) == (0.1, 2, 32)
+    assert (loop.loss.clip_eps_low, loop.update.num_epochs, loop.update.minibatch_size) == (
+        0.1,
+        2,
+        32,
+    )
     assert loop.kl.mode == "none" and not loop.critic.enabled and loop.advantage.std_mode == "none"
     assert (loop.lora.rank, loop.lora.alpha, loop.loss.ratio_level) == (16, 32.0, "token")
     assert loop.advantage.truncated == "keep"  # the documented default of every recipe
     assert not loop.needs_reference and get_recipe("grpo").needs_reference
     dapo = get_recipe("dapo")
     assert (dapo.loss.clip_eps_low, dapo.loss.clip_eps_high, dapo.loss.aggregation) == (
-        0.2, 0.28, "token_mean")
+        0.2,
+        0.28,
+        "token_mean",
+    )
     assert get_recipe("ppo").critic.enabled and get_recipe("ppo").advantage.estimator == "gae"
     assert get_recipe("reinforce").advantage.estimator == "batch_mean"
     assert [default_samples_per_task(n) for n in ("grpo", "dapo", "rloo", "ppo")] == [64, 16, 4, 1]

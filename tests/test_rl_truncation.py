@@ -23,20 +23,30 @@ def _batch(rewards, truncated, groups, values=None, boot=None):
     mask[:, 2:5] = 1.0
     extra = {}
     if values is not None:
-        extra = dict(values=jnp.asarray(values, jnp.float32),
-                     bootstrap_value=jnp.asarray(boot, jnp.float32))
+        extra = dict(
+            values=jnp.asarray(values, jnp.float32), bootstrap_value=jnp.asarray(boot, jnp.float32)
+        )
     return TokenBatch(
-        tokens=jnp.ones((b, t), jnp.int32), positions=jnp.broadcast_to(jnp.arange(t), (b, t)),
-        segment_ids=jnp.ones((b, t), jnp.int32), loss_mask=jnp.asarray(mask),
-        old_logprobs=jnp.zeros((b, t)), advantages=jnp.zeros((b, t)),
-        rewards=jnp.asarray(rewards, jnp.float32), group_ids=jnp.asarray(groups, jnp.int32),
-        turn_ids=jnp.zeros((b, t), jnp.int32), truncated=jnp.asarray(truncated, jnp.float32),
-        **extra)
+        tokens=jnp.ones((b, t), jnp.int32),
+        positions=jnp.broadcast_to(jnp.arange(t), (b, t)),
+        segment_ids=jnp.ones((b, t), jnp.int32),
+        loss_mask=jnp.asarray(mask),
+        old_logprobs=jnp.zeros((b, t)),
+        advantages=jnp.zeros((b, t)),
+        rewards=jnp.asarray(rewards, jnp.float32),
+        group_ids=jnp.asarray(groups, jnp.int32),
+        turn_ids=jnp.zeros((b, t), jnp.int32),
+        truncated=jnp.asarray(truncated, jnp.float32),
+        **extra,
+    )
 
 
 def test_gae_bootstraps_at_a_truncation_and_ends_at_a_termination():
-    cfg = get_recipe("ppo", advantage={"discount": GAMMA, "gae_lambda": LAM, "whiten": False},
-                     kl={"mode": "none"})
+    cfg = get_recipe(
+        "ppo",
+        advantage={"discount": GAMMA, "gae_lambda": LAM, "whiten": False},
+        kl={"mode": "none"},
+    )
     v = np.zeros((2, 6), np.float32)
     v[:, 2:5] = [0.3, 0.5, 0.7]
     r, boot = 1.0, 0.6
@@ -53,16 +63,18 @@ def test_gae_bootstraps_at_a_truncation_and_ends_at_a_termination():
 
     np.testing.assert_allclose(out.advantages[0], hand(boot), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(out.advantages[1], hand(0.0), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(out.returns[0, 2:5], np.asarray(hand(boot))[2:5] + [0.3, 0.5, 0.7],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        out.returns[0, 2:5], np.asarray(hand(boot))[2:5] + [0.3, 0.5, 0.7], rtol=1e-6
+    )
     assert float(out.loss_mask.sum()) == 6.0  # "keep": both rows train
 
 
 def test_drop_mode_gives_truncated_rows_no_loss_and_no_place_in_the_baseline():
     rewards, trunc, groups = [1.0, 0.5, 0.0], [0.0, 0.0, 1.0], [0, 0, 0]
     keep = compute_advantages(get_recipe("rloo"), _batch(rewards, trunc, groups))
-    drop = compute_advantages(get_recipe("rloo", advantage={"truncated": "drop"}),
-                              _batch(rewards, trunc, groups))
+    drop = compute_advantages(
+        get_recipe("rloo", advantage={"truncated": "drop"}), _batch(rewards, trunc, groups)
+    )
     # keep: the truncated row is a failure with reward 0 in the leave-one-out baseline.
     np.testing.assert_allclose(keep.advantages[:, 2], [1.0 - 0.25, 0.5 - 0.5, 0.0 - 0.75])
     assert float(keep.loss_mask[2].sum()) == 3.0
@@ -81,8 +93,11 @@ def _episode(group, termination, reward=0.0):
 
 
 def test_pack_episodes_flags_budget_cuts_only():
-    eps = [_episode(0, Termination.TRUNCATED), _episode(0, Termination.TERMINATED, 1.0),
-           _episode(1, Termination.ENV_ERROR)]
+    eps = [
+        _episode(0, Termination.TRUNCATED),
+        _episode(0, Termination.TERMINATED, 1.0),
+        _episode(1, Termination.ENV_ERROR),
+    ]
     batch, valid = pack_episodes(eps, pad_id=0, max_len=16, length_multiple=8, rows=4)
     np.testing.assert_array_equal(batch.truncated, [1, 0, 0, 0])
     np.testing.assert_array_equal(valid, [1, 1, 0, 0])

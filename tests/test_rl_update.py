@@ -14,8 +14,14 @@ from jaxagent.rl.model_fns import logits_logprob_fn
 from jaxagent.rl.update import _reference_logprobs, make_loss_fn, make_update_step
 import optax
 
-from test_rl_common import (assert_logprob_fns_match, assert_trees_close_f32, copy_tree,
-                            max_abs_diff, on_policy_batch, tiny_model)
+from test_rl_common import (
+    assert_logprob_fns_match,
+    assert_trees_close_f32,
+    copy_tree,
+    max_abs_diff,
+    on_policy_batch,
+    tiny_model,
+)
 
 
 def minibatch_grad(config, apply_fn, params, batch):
@@ -35,14 +41,18 @@ def test_microbatch_accumulation_equals_one_big_batch():
     # sign-like steps of +-lr, and the comparison would depend on the CPU's vector width).
     tx = optax.sgd(0.5)
     for micro in (2, 8):
-        cfg = get_recipe("dapo", update={"minibatch_size": 8, "microbatch_size": micro,
-                                         "num_epochs": 2})
+        cfg = get_recipe(
+            "dapo", update={"minibatch_size": 8, "microbatch_size": micro, "num_epochs": 2}
+        )
         state = TrainState.create(copy_tree(params), cfg, jax.random.key(0), optimizer=tx)
         results.append(make_update_step(cfg, apply_fn, tx)(state, batch))
     (s_micro, m_micro), (s_full, m_full) = results
     # 8 rows x 12 tokens summed per gradient entry, over two steps.
-    assert_trees_close_f32(jax.tree.map(jnp.subtract, s_micro.params, params),
-                           jax.tree.map(jnp.subtract, s_full.params, params), n_terms=2 * 96)
+    assert_trees_close_f32(
+        jax.tree.map(jnp.subtract, s_micro.params, params),
+        jax.tree.map(jnp.subtract, s_full.params, params),
+        n_terms=2 * 96,
+    )
     assert max_abs_diff(s_full.params, params) > 1e-3  # the update moved the weights
     np.testing.assert_allclose(m_micro["loss/policy"], m_full["loss/policy"], atol=1e-6)
     np.testing.assert_allclose(m_micro["optim/grad_norm"], m_full["optim/grad_norm"], rtol=1e-5)
@@ -57,10 +67,13 @@ def test_loop_one_epoch_one_minibatch_equals_rloo_gradient():
     apply_fn, params = tiny_model(num_layers=1)
     batch = on_policy_batch(apply_fn, params, batch_size=8, group=4)
     rloo = get_recipe("rloo", update={"minibatch_size": 8})
-    loop = get_recipe("loop", lora={"rank": 0}, update={"num_epochs": 1, "minibatch_size": 8},
-                      advantage={"drop_below": 0.0},
-                      loss={"aggregation": rloo.loss.aggregation,
-                            "norm_constant": rloo.loss.norm_constant})
+    loop = get_recipe(
+        "loop",
+        lora={"rank": 0},
+        update={"num_epochs": 1, "minibatch_size": 8},
+        advantage={"drop_below": 0.0},
+        loss={"aggregation": rloo.loss.aggregation, "norm_constant": rloo.loss.norm_constant},
+    )
     g_loop, prep = minibatch_grad(loop, apply_fn, params, batch)
     g_rloo, _ = minibatch_grad(rloo, apply_fn, params, batch)
     assert float(jnp.abs(prep.advantages).max()) > 0.1
@@ -75,23 +88,36 @@ def test_grpo_equals_loop_with_std_normalized_advantages():
     batch = on_policy_batch(apply_fn, params, batch_size=8, group=4)
     batch = batch.replace(ref_logprobs=batch.old_logprobs)
     grpo = get_recipe("grpo", update={"minibatch_size": 8})
-    loop = get_recipe("loop", lora={"rank": 0}, update={"minibatch_size": 8},
-                      advantage={"drop_below": 0.0, "estimator": "group_normalized",
-                                 "std_mode": grpo.advantage.std_mode})
+    loop = get_recipe(
+        "loop",
+        lora={"rank": 0},
+        update={"minibatch_size": 8},
+        advantage={
+            "drop_below": 0.0,
+            "estimator": "group_normalized",
+            "std_mode": grpo.advantage.std_mode,
+        },
+    )
     g_grpo, p_grpo = minibatch_grad(grpo, apply_fn, params, batch)
     g_loop, p_loop = minibatch_grad(loop, apply_fn, params, batch)
     np.testing.assert_allclose(p_grpo.advantages, p_loop.advantages)
     assert max_abs_diff(g_grpo, g_loop) <= 1e-5
     # ...whereas plain LOOP (leave-one-out, no std) gives a different gradient.
-    g_plain, _ = minibatch_grad(loop.override(advantage={"estimator": "leave_one_out"}), apply_fn, params, batch)
+    g_plain, _ = minibatch_grad(
+        loop.override(advantage={"estimator": "leave_one_out"}), apply_fn, params, batch
+    )
     assert max_abs_diff(g_plain, g_grpo) > 1e-4
 
 
 def test_lora_trains_only_adapters():
     apply_fn, params = tiny_model(num_layers=1)
     batch = on_policy_batch(apply_fn, params, batch_size=8)
-    cfg = get_recipe("loop", update={"minibatch_size": 8, "num_epochs": 2},
-                     optim={"learning_rate": 1e-2}, advantage={"drop_below": 0.0})
+    cfg = get_recipe(
+        "loop",
+        update={"minibatch_size": 8, "num_epochs": 2},
+        optim={"learning_rate": 1e-2},
+        advantage={"drop_below": 0.0},
+    )
     assert cfg.lora.rank == 16
     base = copy_tree(params)
     state = TrainState.create(copy_tree(params), cfg, jax.random.key(0))
@@ -111,7 +137,8 @@ def test_reference_logprobs_from_ref_params_and_missing_reference_error():
     batch = on_policy_batch(apply_fn, params, batch_size=8)
     cfg = get_recipe("grpo", update={"minibatch_size": 8, "microbatch_size": 4})
     ref = jax.jit(lambda p, b: _reference_logprobs(cfg, logits_logprob_fn(apply_fn), p, b))(
-        params, batch)
+        params, batch
+    )
     logits, _ = apply_fn(params, batch.tokens, batch.positions, batch.segment_ids)
     np.testing.assert_allclose(ref, token_logprobs_and_entropy(logits, batch.tokens)[0], atol=1e-5)
     state = TrainState.create(copy_tree(params), cfg, jax.random.key(0))
@@ -128,8 +155,13 @@ def test_ppo_with_critic_fits_values():
     batch = batch.replace(rewards=(batch.tokens[:, 0] < 64).astype(jnp.float32))
     # No value clipping: the batch (and its old values) is reused, and the clip would hold V
     # within 0.2 of the old values by design.
-    cfg = get_recipe("ppo", update={"minibatch_size": 4}, optim={"learning_rate": 3e-3},
-                     kl={"mode": "none"}, critic={"value_coef": 1.0, "value_clip_eps": 0.0})
+    cfg = get_recipe(
+        "ppo",
+        update={"minibatch_size": 4},
+        optim={"learning_rate": 3e-3},
+        kl={"mode": "none"},
+        critic={"value_coef": 1.0, "value_clip_eps": 0.0},
+    )
     state = TrainState.create(copy_tree(params), cfg, jax.random.key(0))
     update = make_update_step(cfg, apply_fn)
     losses = []
@@ -147,6 +179,8 @@ def test_lean_logprob_fn_matches_logits_path():
     from jaxagent.models import ModelConfig, init_model
     from jaxagent.rl.model_fns import model_logprob_fn
 
-    graphdef, params = init_model(ModelConfig.test(num_layers=2, value_head=True), jax.random.key(0))
+    graphdef, params = init_model(
+        ModelConfig.test(num_layers=2, value_head=True), jax.random.key(0)
+    )
     lean = model_logprob_fn(graphdef, remat=True, head_chunk=3, skip_unmasked_chunks=True)
     assert_logprob_fns_match(graphdef, params, lean)

@@ -29,9 +29,12 @@ def test_chunked_head_matches_log_softmax(tied, chunk, rows):
         def f(h, w):
             lp, ent = fn(h, w)
             return jnp.sum(a * lp + b * ent), (lp, ent)
+
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
 
-    (_, out_c), g_c = objective(lambda h, w: chunked_head_logprobs(h, w, targets, None, rows, chunk, tied))(h, w)
+    (_, out_c), g_c = objective(
+        lambda h, w: chunked_head_logprobs(h, w, targets, None, rows, chunk, tied)
+    )(h, w)
     (_, out_d), g_d = objective(lambda h, w: direct_logprobs(h, w, targets, tied))(h, w)
     for x, y in zip(out_c + g_c, out_d + g_d):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
@@ -52,9 +55,12 @@ def test_chunked_head_skips_masked_out_rows():
         def obj(h, w):
             lp, ent = fn(h, w)
             return jnp.sum(jnp.where(mask, lp + 0.5 * ent, 0.0)), (lp, ent)
+
         return jax.jit(jax.value_and_grad(obj, argnums=(0, 1), has_aux=True))
 
-    (_, (lp, ent)), (gh, gw) = f(lambda h, w: chunked_head_logprobs(h, w, targets, mask, 4, 16))(h, w)
+    (_, (lp, ent)), (gh, gw) = f(lambda h, w: chunked_head_logprobs(h, w, targets, mask, 4, 16))(
+        h, w
+    )
     (_, (lp_d, ent_d)), (gh_d, gw_d) = f(lambda h, w: direct_logprobs(h, w, targets, False))(h, w)
     np.testing.assert_allclose(lp, jnp.where(mask, lp_d, 0.0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent, jnp.where(mask, ent_d, 0.0), rtol=1e-5, atol=1e-5)
@@ -93,8 +99,13 @@ def test_checkpoint_in_backward_gradients_and_memory():
     # weights: remat that works keeps about one block's activations, not eight.
     layers, n, d, f = 8, 2048, 32, 512
     keys = jax.random.split(jax.random.key(1), 2 * layers + 1)
-    params = [(0.2 * jax.random.normal(keys[2 * i], (d, f)),
-               0.2 * jax.random.normal(keys[2 * i + 1], (f, d))) for i in range(layers)]
+    params = [
+        (
+            0.2 * jax.random.normal(keys[2 * i], (d, f)),
+            0.2 * jax.random.normal(keys[2 * i + 1], (f, d)),
+        )
+        for i in range(layers)
+    ]
     x = jax.random.normal(keys[-1], (n, d))
     scale = jnp.float32(0.5)
 
@@ -103,6 +114,7 @@ def test_checkpoint_in_backward_gradients_and_memory():
             for p in params:
                 x = block(p, x, scale)
             return jnp.sum(jnp.sin(x))
+
         return jax.jit(jax.grad(f, argnums=(0, 1)))
 
     plain, lean = loss(_mlp_block), loss(checkpoint_in_backward(_mlp_block))
@@ -123,8 +135,7 @@ def test_lean_logprob_fn_vocab_chunks_match_logits_path():
     for tied, skip in ((False, False), (True, False), (False, True)):
         cfg = ModelConfig.test(num_layers=2, value_head=True, tie_embeddings=tied)
         graphdef, params = init_model(cfg, jax.random.key(0))
-        lean = model_logprob_fn(graphdef, head_chunk=5, vocab_chunk=48,
-                                skip_unmasked_chunks=skip)
+        lean = model_logprob_fn(graphdef, head_chunk=5, vocab_chunk=48, skip_unmasked_chunks=skip)
         assert_logprob_fns_match(graphdef, params, lean)
 
 
@@ -141,9 +152,13 @@ def test_lean_update_on_8_device_mesh_equals_single_device():
     from test_rl_common import assert_trees_close_f32, copy_tree
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
-    config = get_recipe("loop", lora={"rank": 0}, optim={"learning_rate": 1e-3},
-                        update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
-                        advantage={"drop_below": 0.0})
+    config = get_recipe(
+        "loop",
+        lora={"rank": 0},
+        optim={"learning_rate": 1e-3},
+        update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
+        advantage={"drop_below": 0.0},
+    )
     batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=16)
     tx = make_optimizer(config)
     fn = model_logprob_fn(graphdef, head_chunk=16, vocab_chunk=48, skip_unmasked_chunks=True)
@@ -155,8 +170,9 @@ def test_lean_update_on_8_device_mesh_equals_single_device():
     state = TrainState.create(copy_tree(params), config, jax.random.key(7), optimizer=tx)
     st_sh = state_shardings(state, mesh, param_logical_axes(graphdef, params), tx)
     b_sh = batch_shardings(mesh, batch)
-    update = make_update_step(config, optimizer=tx, logprob_fn=fn, mesh=mesh,
-                              state_sharding=st_sh, batch_sharding=b_sh)
+    update = make_update_step(
+        config, optimizer=tx, logprob_fn=fn, mesh=mesh, state_sharding=st_sh, batch_sharding=b_sh
+    )
     state, m8 = update(jax.device_put(state, st_sh), jax.device_put(batch, b_sh))
     # Compare what is smooth in the gradient: Adam's moments (mu = 0.1 g, nu = 0.001 g^2 after
     # one step) at the float32 bound of a 16 x 12-term reduction, squared for nu. The
@@ -182,15 +198,20 @@ def test_lora_merged_inside_blocks_matches_eager_merge():
     from test_rl_common import copy_tree
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
-    cfg = get_recipe("loop", update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
-                     advantage={"drop_below": 0.0})
+    cfg = get_recipe(
+        "loop",
+        update={"minibatch_size": 8, "microbatch_size": 4, "num_epochs": 1},
+        advantage={"drop_below": 0.0},
+    )
     assert cfg.lora.rank > 0
     batch = on_policy_batch(model_apply_fn(graphdef), params, batch_size=8)
     tx = optax.sgd(1.0)
     start = TrainState.create(copy_tree(params), cfg, jax.random.key(0), optimizer=tx)
     out = []
-    for kw in (dict(apply_fn=model_apply_fn(graphdef)),
-               dict(logprob_fn=model_logprob_fn(graphdef))):
+    for kw in (
+        dict(apply_fn=model_apply_fn(graphdef)),
+        dict(logprob_fn=model_logprob_fn(graphdef)),
+    ):
         state = TrainState.create(copy_tree(params), cfg, jax.random.key(0), optimizer=tx)
         out.append(make_update_step(cfg, optimizer=tx, **kw)(state, batch)[0].params)
     assert max_abs_diff(out[0], start.params) > 1e-3  # the adapters moved

@@ -34,7 +34,7 @@ class ScriptedEnv:
 
     def reset(self, task):
         self.task, self.t = task, 0
-        return "look at the box " + " ".join(WORDS[4:4 + task.data["n"]])
+        return "look at the box " + " ".join(WORDS[4 : 4 + task.data["n"]])
 
     def step(self, action):
         self.t += 1
@@ -42,8 +42,11 @@ class ScriptedEnv:
             raise RuntimeError("tool server died")
         done = self.t >= self.task.data["turns"]
         obs = " ".join(WORDS[: 1 + (self.t * 3 + self.task.data["n"]) % 9])
-        info = {"reward_terms": {"process": 0.1, "outcome": 0.0, "task": float(done)},
-                "success": done, "failure_mode": None}
+        info = {
+            "reward_terms": {"process": 0.1, "outcome": 0.0, "task": float(done)},
+            "success": done,
+            "failure_mode": None,
+        }
         return StepResult(obs, reward=1.0 if done else 0.0, done=done, info=info)
 
     def close(self):
@@ -81,20 +84,24 @@ def setup():
 
 
 def _tasks():
-    return [Task(id="a", split="train", prompt="", data={"n": 2, "turns": 3}),
-            Task(id="b", split="train", prompt="", data={"n": 5, "turns": 2})]
+    return [
+        Task(id="a", split="train", prompt="", data={"n": 2, "turns": 3}),
+        Task(id="b", split="train", prompt="", data={"n": 5, "turns": 2}),
+    ]
 
 
 @pytest.mark.parametrize("kind", ["reference", "cached"])
 def test_masks_and_logprobs_match_learner(setup, kind):
     tok, chat, graphdef, params, cfg = setup
     sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
-    sampler = RecordingSampler(make_turn_sampler(graphdef, sampling, 256, kind=kind,
-                                                 pad_id=chat.pad_id))
+    sampler = RecordingSampler(
+        make_turn_sampler(graphdef, sampling, 256, kind=kind, pad_id=chat.pad_id)
+    )
     budget = Budget(max_turns=5, max_new_tokens=6, max_total_tokens=256)
     spec = RolloutSpec(chat, "one two", budget, InlineRunner(ScriptedEnv))
-    eps, stats = collect_episodes(sampler, params, _tasks(), samples_per_task=2, spec=spec,
-                                  key=jax.random.key(1))
+    eps, stats = collect_episodes(
+        sampler, params, _tasks(), samples_per_task=2, spec=spec, key=jax.random.key(1)
+    )
     assert [ep.group for ep in eps] == [0, 0, 1, 1]
     # Rebuild each episode from the sampler's own inputs and outputs.
     for row, ep in enumerate(eps):
@@ -128,13 +135,19 @@ def test_budgets_and_env_errors_are_labelled_and_kept(setup):
     tok, chat, graphdef, params, _ = setup
     sampling = SamplingConfig(max_new_tokens=4, temperature=1.0)
     sampler = ReferenceSampler(make_logits_fn(graphdef), sampling, 256)
-    tasks = [Task(id="long", split="train", prompt="", data={"n": 1, "turns": 9}),
-             Task(id="crash", split="train", prompt="", data={"n": 1, "turns": 9,
-                                                              "crash_at": 2})]
-    spec = RolloutSpec(chat, "", Budget(max_turns=3, max_new_tokens=4, max_total_tokens=256),
-                       InlineRunner(ScriptedEnv))
-    eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=1, spec=spec,
-                              key=jax.random.key(2))
+    tasks = [
+        Task(id="long", split="train", prompt="", data={"n": 1, "turns": 9}),
+        Task(id="crash", split="train", prompt="", data={"n": 1, "turns": 9, "crash_at": 2}),
+    ]
+    spec = RolloutSpec(
+        chat,
+        "",
+        Budget(max_turns=3, max_new_tokens=4, max_total_tokens=256),
+        InlineRunner(ScriptedEnv),
+    )
+    eps, _ = collect_episodes(
+        sampler, params, tasks, samples_per_task=1, spec=spec, key=jax.random.key(2)
+    )
     long, crash = eps
     assert long.termination == Termination.TRUNCATED
     assert long.failure_mode == FailureMode.STEP_BUDGET.value and long.num_turns == 3
@@ -146,10 +159,15 @@ def test_budgets_and_env_errors_are_labelled_and_kept(setup):
     assert batch.tokens.shape[0] == 4 and valid.tolist() == [1.0, 0.0, 0.0, 0.0]
     assert batch.loss_mask[1].sum() == 0 and batch.loss_mask[0].sum() == 12
     # A total-token budget smaller than the next turn truncates before sampling it.
-    spec = RolloutSpec(chat, "", Budget(max_turns=9, max_new_tokens=4, max_total_tokens=40),
-                       InlineRunner(ScriptedEnv))
-    eps, _ = collect_episodes(sampler, params, tasks[:1], samples_per_task=1, spec=spec,
-                              key=jax.random.key(3))
+    spec = RolloutSpec(
+        chat,
+        "",
+        Budget(max_turns=9, max_new_tokens=4, max_total_tokens=40),
+        InlineRunner(ScriptedEnv),
+    )
+    eps, _ = collect_episodes(
+        sampler, params, tasks[:1], samples_per_task=1, spec=spec, key=jax.random.key(3)
+    )
     assert eps[0].failure_mode == FailureMode.STEP_BUDGET.value
     assert len(eps[0].tokens) <= 40
 
@@ -164,18 +182,32 @@ def test_fault_injection_through_the_pool_loses_no_episode(setup):
     sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, stop_token_ids=chat.stop_ids)
     sampler = make_turn_sampler(graphdef, sampling, 256, kind="cached", pad_id=chat.pad_id)
     log = FaultLog.create("fork")
-    env_fn = FaultyEnvFactory(lambda env_id: ScriptedEnv(),
-                              FaultConfig(hang=0.1, crash=0.1, hang_s=2.0, seed=3), log)
-    runner = PoolRunner(env_fn, PoolConfig(num_envs=4, backend="thread", step_timeout_s=0.3,
-                                           reset_timeout_s=0.3, max_retries=0, seed=1,
-                                           start_method="fork"))
-    tasks = [Task(id=f"t{i}", split="train", prompt="", data={"n": 1 + i % 4, "turns": 3})
-             for i in range(12)]
+    env_fn = FaultyEnvFactory(
+        lambda env_id: ScriptedEnv(), FaultConfig(hang=0.1, crash=0.1, hang_s=2.0, seed=3), log
+    )
+    runner = PoolRunner(
+        env_fn,
+        PoolConfig(
+            num_envs=4,
+            backend="thread",
+            step_timeout_s=0.3,
+            reset_timeout_s=0.3,
+            max_retries=0,
+            seed=1,
+            start_method="fork",
+        ),
+    )
+    tasks = [
+        Task(id=f"t{i}", split="train", prompt="", data={"n": 1 + i % 4, "turns": 3})
+        for i in range(12)
+    ]
     try:
-        spec = RolloutSpec(chat, "", Budget(max_turns=4, max_new_tokens=4,
-                                            max_total_tokens=256), runner)
-        eps, _ = collect_episodes(sampler, params, tasks, samples_per_task=2, spec=spec,
-                                  key=jax.random.key(4))
+        spec = RolloutSpec(
+            chat, "", Budget(max_turns=4, max_new_tokens=4, max_total_tokens=256), runner
+        )
+        eps, _ = collect_episodes(
+            sampler, params, tasks, samples_per_task=2, spec=spec, key=jax.random.key(4)
+        )
         health = runner.health()
     finally:
         runner.close()
@@ -186,6 +218,7 @@ def test_fault_injection_through_the_pool_loses_no_episode(setup):
     # Every injected fault ended exactly one episode, labelled env_error with the reason.
     assert len(failed) == faults["hang"] + faults["crash"]
     assert all(ep.failure_mode == FailureMode.ENV_ERROR.value and ep.error for ep in failed)
-    assert all(ep.termination == Termination.TERMINATED and ep.success
-               for ep in eps if not ep.env_failed)
+    assert all(
+        ep.termination == Termination.TERMINATED and ep.success for ep in eps if not ep.env_failed
+    )
     assert health.get("timeouts", 0) >= faults["hang"]

@@ -24,14 +24,32 @@ from jaxagent.train.metrics_log import read_jsonl
 
 ROOT = Path(__file__).parent.parent
 TINY = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.intermediate_size=64", "model.max_seq_len=160", "env.options.num_train=40",
-    "env.options.num_test=4", "rl.recipe=ppo", "model.value_head=true",
-    "rollout.tasks_per_iteration=4", "rollout.samples_per_task=1",
-    "rollout.max_turns=2", "rollout.max_new_tokens=8", "rl.update.minibatch_size=4",
-    "rl.optim.learning_rate=0.01", "sft.num_demos=8", "sft.steps=3", "sft.batch_size=2",
-    "eval.num_tasks=4", "eval.every=2", "eval.val_tasks=4", "train.iterations=4",
-    "train.checkpoint_every=1", "train.progress=none", "train.tensorboard=false",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "model.max_seq_len=160",
+    "env.options.num_train=40",
+    "env.options.num_test=4",
+    "rl.recipe=ppo",
+    "model.value_head=true",
+    "rollout.tasks_per_iteration=4",
+    "rollout.samples_per_task=1",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=8",
+    "rl.update.minibatch_size=4",
+    "rl.optim.learning_rate=0.01",
+    "sft.num_demos=8",
+    "sft.steps=3",
+    "sft.batch_size=2",
+    "eval.num_tasks=4",
+    "eval.every=2",
+    "eval.val_tasks=4",
+    "train.iterations=4",
+    "train.checkpoint_every=1",
+    "train.progress=none",
+    "train.tensorboard=false",
     "train.plot=false",
 ]
 # Wall-clock figures differ between runs; everything else must match exactly.
@@ -55,14 +73,23 @@ def runs(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("runs")
     ref_dir, killed_dir = base / "reference", base / "killed"
-    summary = Trainer(load_config(ROOT / "configs/quickstart.yaml",
-                                  TINY + [f"train.out_dir={ref_dir}"]),
-                      echo=lambda s: None).run()
-    cmd = [sys.executable, "-m", "jaxagent.cli", "train", str(ROOT / "configs/quickstart.yaml"),
-           *TINY, f"train.out_dir={killed_dir}"]
+    summary = Trainer(
+        load_config(ROOT / "configs/quickstart.yaml", TINY + [f"train.out_dir={ref_dir}"]),
+        echo=lambda s: None,
+    ).run()
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxagent.cli",
+        "train",
+        str(ROOT / "configs/quickstart.yaml"),
+        *TINY,
+        f"train.out_dir={killed_dir}",
+    ]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     ckpt = killed_dir / "checkpoints" / "2"
     deadline = time.time() + 600
     while not ckpt.is_dir() and proc.poll() is None and time.time() < deadline:
@@ -94,8 +121,9 @@ def test_resume_after_sigkill_continues_exactly(runs):
 
 def test_cli_eval_reproduces_the_trainers_evaluation(runs, capsys):
     ref_dir, _, summary, _ = runs
-    rc = cli_main(["eval", str(ROOT / "configs/quickstart.yaml"), *TINY,
-                   "--checkpoint", str(ref_dir)])
+    rc = cli_main(
+        ["eval", str(ROOT / "configs/quickstart.yaml"), *TINY, "--checkpoint", str(ref_dir)]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["step"] == 4 and out["episodes"] == 4
@@ -117,13 +145,20 @@ def test_cli_export_loads_in_transformers_with_identical_logits(runs, tmp_path, 
     model = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     text = tok.apply_chat_template(
         [{"role": "user", "content": "task : what is the price of acme today ?"}],
-        add_generation_prompt=True, tokenize=False)
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     ids = tok.encode(text, add_special_tokens=False)
     policy = load_policy(ref_dir)
     assert ids == policy.tokenizer.encode(text, add_special_tokens=False)
     t = len(ids)
-    ours = apply_model(policy.graphdef, policy.params, jnp.asarray([ids]),
-                       jnp.arange(t)[None], jnp.ones((1, t), jnp.int32)).logits
+    ours = apply_model(
+        policy.graphdef,
+        policy.params,
+        jnp.asarray([ids]),
+        jnp.arange(t)[None],
+        jnp.ones((1, t), jnp.int32),
+    ).logits
     with torch.no_grad():
         theirs = model(torch.tensor([ids])).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
@@ -131,8 +166,20 @@ def test_cli_export_loads_in_transformers_with_identical_logits(runs, tmp_path, 
 
 def test_cli_rollout_prints_turns_and_config_errors_exit_2(runs, capsys):
     ref_dir = runs[0]
-    assert cli_main(["rollout", str(ROOT / "configs/quickstart.yaml"), *TINY,
-                     "--checkpoint", str(ref_dir), "--n", "2"]) == 0
+    assert (
+        cli_main(
+            [
+                "rollout",
+                str(ROOT / "configs/quickstart.yaml"),
+                *TINY,
+                "--checkpoint",
+                str(ref_dir),
+                "--n",
+                "2",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert text.count("task quickstart-test-") == 2
     assert "[turn 0] action:" in text and "reward" in text and "->" in text

@@ -25,8 +25,12 @@ class SayOk:
     def step(self, action):
         words = action.split()
         frac = sum(w == "ok" for w in words) / max(len(words), 1)
-        return StepResult("", frac, True, {"success": frac >= 0.99,
-                                           "failure_mode": None if frac >= 0.99 else "wrong_answer"})
+        return StepResult(
+            "",
+            frac,
+            True,
+            {"success": frac >= 0.99, "failure_mode": None if frac >= 0.99 else "wrong_answer"},
+        )
 
     def close(self):
         pass
@@ -37,29 +41,56 @@ class _Source:
         return ("train", "test")
 
     def tasks(self, split):
-        return [Task(id=f"{split}-{i}", split=split, prompt="", data={"word": WORDS[i % 8]})
-                for i in range(64 if split == "train" else 16)]
+        return [
+            Task(id=f"{split}-{i}", split=split, prompt="", data={"word": WORDS[i % 8]})
+            for i in range(64 if split == "train" else 16)
+        ]
 
 
 def _build(options):
-    return EnvSpec(name="say_ok", make_source=_Source, make_env=SayOk, system_prompt="",
-                   vocabulary=lambda: WORDS + ["say"])
+    return EnvSpec(
+        name="say_ok",
+        make_source=_Source,
+        make_env=SayOk,
+        system_prompt="",
+        vocabulary=lambda: WORDS + ["say"],
+    )
 
 
 def test_loop_raises_reward_through_the_whole_loop(tmp_path):
     if "say_ok" not in env_names():
         register_env("say_ok", _build)
-    config = load_config(None, [
-        "name=say_ok", "env.name=say_ok", "env.backend=inline", "model.hidden_size=32",
-        "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-        "model.intermediate_size=64", "model.max_seq_len=64", "rollout.tasks_per_iteration=8",
-        "rollout.samples_per_task=4", "rollout.max_turns=1", "rollout.max_new_tokens=6",
-        "rl.recipe=loop", "rl.lora.rank=0", "rl.optim.learning_rate=0.01",
-        "rl.update.minibatch_size=16", "eval.num_tasks=16", "eval.samples_per_task=2",
-        "eval.every=0", "train.iterations=12", "train.checkpoint_every=0",
-        "train.progress=none", "train.tensorboard=false", "train.plot=false",
-        f"train.out_dir={tmp_path}/run",
-    ])
+    config = load_config(
+        None,
+        [
+            "name=say_ok",
+            "env.name=say_ok",
+            "env.backend=inline",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.num_kv_heads=1",
+            "model.intermediate_size=64",
+            "model.max_seq_len=64",
+            "rollout.tasks_per_iteration=8",
+            "rollout.samples_per_task=4",
+            "rollout.max_turns=1",
+            "rollout.max_new_tokens=6",
+            "rl.recipe=loop",
+            "rl.lora.rank=0",
+            "rl.optim.learning_rate=0.01",
+            "rl.update.minibatch_size=16",
+            "eval.num_tasks=16",
+            "eval.samples_per_task=2",
+            "eval.every=0",
+            "train.iterations=12",
+            "train.checkpoint_every=0",
+            "train.progress=none",
+            "train.tensorboard=false",
+            "train.plot=false",
+            f"train.out_dir={tmp_path}/run",
+        ],
+    )
     from jaxagent.train.trainer import Trainer
 
     summary = Trainer(config, echo=lambda s: None).run()

@@ -18,13 +18,29 @@ from jaxagent.train.metrics_log import read_jsonl
 ROOT = Path(jaxagent.__file__).parent.parent
 ITERATIONS = 2
 ON = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.intermediate_size=64", "model.max_seq_len=160", "env.options.num_train=20",
-    "env.options.num_test=4", "rollout.tasks_per_iteration=4", "rollout.samples_per_task=2",
-    "rollout.max_turns=2", "rollout.max_new_tokens=8", "sft.num_demos=8", "sft.steps=3",
-    "sft.batch_size=2", "eval.num_tasks=4", "eval.every=1", "eval.val_tasks=0",
-    f"train.iterations={ITERATIONS}", "train.checkpoint_every=0",
-    "train.progress=rich", "train.tensorboard=true", "train.plot=true",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "model.max_seq_len=160",
+    "env.options.num_train=20",
+    "env.options.num_test=4",
+    "rollout.tasks_per_iteration=4",
+    "rollout.samples_per_task=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=8",
+    "sft.num_demos=8",
+    "sft.steps=3",
+    "sft.batch_size=2",
+    "eval.num_tasks=4",
+    "eval.every=1",
+    "eval.val_tasks=0",
+    f"train.iterations={ITERATIONS}",
+    "train.checkpoint_every=0",
+    "train.progress=rich",
+    "train.tensorboard=true",
+    "train.plot=true",
 ]
 
 
@@ -40,8 +56,8 @@ def read_scalars(directory: Path) -> dict[str, dict[int, float]]:
         data = path.read_bytes()
         at = 0
         while at < len(data):
-            (n,) = struct.unpack("<Q", data[at:at + 8])
-            event = Event.FromString(data[at + 12:at + 12 + n])
+            (n,) = struct.unpack("<Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + n])
             at += 12 + n + 4
             for value in event.summary.value:
                 out.setdefault(value.tag, {})[int(event.step)] = float(value.simple_value)
@@ -70,8 +86,9 @@ def test_progress_tensorboard_and_learning_curve(tmp_path, capfd):
             if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             assert key in scalars, (key, sorted(scalars))
-            np.testing.assert_allclose(scalars[key][record["step"]], value, rtol=1e-6,
-                                       atol=1e-6, err_msg=key)
+            np.testing.assert_allclose(
+                scalars[key][record["step"]], value, rtol=1e-6, atol=1e-6, err_msg=key
+            )
             checked += 1
     assert checked > 50
     assert sorted(scalars["train/success"]) == list(range(1, ITERATIONS + 1))

@@ -23,14 +23,32 @@ from jaxagent.train.policy import rl_optimizer
 
 ROOT = Path(__file__).parent.parent
 TINY = [
-    "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
-    "model.intermediate_size=64", "model.max_seq_len=160", "env.options.num_train=40",
-    "env.options.num_test=4", "rollout.tasks_per_iteration=4", "rollout.samples_per_task=2",
-    "rollout.max_turns=2", "rollout.max_new_tokens=8", "rl.update.minibatch_size=4",
-    "rl.optim.learning_rate=0.01", "sft.num_demos=8", "sft.steps=3", "sft.batch_size=2",
-    "eval.num_tasks=4", "eval.every=2", "eval.val_tasks=6", "train.iterations=4",
-    "train.checkpoint_every=0", "train.progress=none", "train.tensorboard=false",
-    "train.plot=false", "rl.lr_schedule=cosine",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "model.max_seq_len=160",
+    "env.options.num_train=40",
+    "env.options.num_test=4",
+    "rollout.tasks_per_iteration=4",
+    "rollout.samples_per_task=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=8",
+    "rl.update.minibatch_size=4",
+    "rl.optim.learning_rate=0.01",
+    "sft.num_demos=8",
+    "sft.steps=3",
+    "sft.batch_size=2",
+    "eval.num_tasks=4",
+    "eval.every=2",
+    "eval.val_tasks=6",
+    "train.iterations=4",
+    "train.checkpoint_every=0",
+    "train.progress=none",
+    "train.tensorboard=false",
+    "train.plot=false",
+    "rl.lr_schedule=cosine",
 ]
 
 
@@ -50,8 +68,11 @@ def _step_sizes(tx, steps):
 
 def test_constant_schedule_is_the_recipes_optimiser():
     rl = get_recipe("loop", optim={"learning_rate": 1e-2, "warmup_steps": 3}, lora={"rank": 0})
-    np.testing.assert_allclose(_step_sizes(rl_optimizer(rl, "constant", 20), 10),
-                               _step_sizes(make_optimizer(rl), 10), rtol=1e-6)
+    np.testing.assert_allclose(
+        _step_sizes(rl_optimizer(rl, "constant", 20), 10),
+        _step_sizes(make_optimizer(rl), 10),
+        rtol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
@@ -73,8 +94,10 @@ def selected_run(tmp_path_factory):
     from jaxagent.train.trainer import Trainer
 
     out = tmp_path_factory.mktemp("sel") / "run"
-    trainer = Trainer(load_config(ROOT / "configs/quickstart.yaml",
-                                  TINY + [f"train.out_dir={out}"]), echo=lambda s: None)
+    trainer = Trainer(
+        load_config(ROOT / "configs/quickstart.yaml", TINY + [f"train.out_dir={out}"]),
+        echo=lambda s: None,
+    )
     # The tiny model barely learns, so its validation scores would all tie: script them
     # (iteration 2 best) to exercise the selection; test evaluations stay real.
     scripted, real = [0.25, 0.5, 1 / 3], trainer.evaluate
@@ -107,8 +130,12 @@ def test_validation_tasks_come_from_train_and_are_never_trained_on(selected_run)
     with pytest.raises(ValueError, match="eval.val_tasks=40"):
         from jaxagent.train.trainer import Trainer
 
-        Trainer(load_config(ROOT / "configs/quickstart.yaml",
-                            TINY + ["eval.val_tasks=40", f"train.out_dir={out}_bad"]))
+        Trainer(
+            load_config(
+                ROOT / "configs/quickstart.yaml",
+                TINY + ["eval.val_tasks=40", f"train.out_dir={out}_bad"],
+            )
+        )
 
 
 def test_best_validation_checkpoint_is_kept_and_scores_what_the_summary_says(selected_run):
@@ -122,8 +149,9 @@ def test_best_validation_checkpoint_is_kept_and_scores_what_the_summary_says(sel
     # The kept checkpoint of that iteration, evaluated afresh on the test split, scores the
     # summary's figure (the trainer selected it on validation alone, then tested it once).
     policy = load_policy(out, step=best_it)
-    fresh = Trainer(load_config(out / "config.yaml", [f"train.out_dir={out}_check"]),
-                    echo=lambda s: None)
+    fresh = Trainer(
+        load_config(out / "config.yaml", [f"train.out_dir={out}_check"]), echo=lambda s: None
+    )
     m = fresh.evaluate(policy.params, "check", eval_key(policy.config.train.seed, best_it))
     fresh.close()
     assert m["eval/success"] == summary["success_best_val"]

@@ -20,7 +20,22 @@ from jaxagent.agents.runner import EnvReply, InlineRunner
 from jaxagent.agents.sampling import ReferenceSampler
 from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy
 
-__all__ = ["Budget", "Chat", "ChatFormat", "EnvReply", "Episode", "Evaluation",
-           "ExpertTurnPolicy", "InlineRunner", "ReferenceSampler", "RolloutSpec",
-           "RolloutStats", "Turn", "TurnOutput", "TurnPolicy", "collect_episodes", "evaluate",
-           "pack_episodes"]
+__all__ = [
+    "Budget",
+    "Chat",
+    "ChatFormat",
+    "EnvReply",
+    "Episode",
+    "Evaluation",
+    "ExpertTurnPolicy",
+    "InlineRunner",
+    "ReferenceSampler",
+    "RolloutSpec",
+    "RolloutStats",
+    "Turn",
+    "TurnOutput",
+    "TurnPolicy",
+    "collect_episodes",
+    "evaluate",
+    "pack_episodes",
+]

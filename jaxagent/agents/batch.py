@@ -45,6 +45,7 @@ def pack_episodes(
       rewards/group_ids/truncated [B] and zero advantages; row_valid [B] float32: 1 for episodes whose
       environment did not fail, 0 for failed episodes and padding rows).
     """
+
     # An episode cut before its first turn (prompt over budget) carries no loss: it keeps its
     # row, truncated. Any other episode must fit.
     def length(ep):
@@ -52,8 +53,10 @@ def pack_episodes(
 
     longest = max((length(ep) for ep in episodes), default=1)
     if longest > max_len:
-        raise ValueError(f"an episode has {longest} tokens > max_len={max_len}; lower "
-                         "rollout.max_total_tokens or raise model.max_seq_len")
+        raise ValueError(
+            f"an episode has {longest} tokens > max_len={max_len}; lower "
+            "rollout.max_total_tokens or raise model.max_seq_len"
+        )
     t = bucket(longest, multiple=length_multiple, minimum=length_multiple, cap=max_len)
     b = len(episodes) if rows is None else rows
     if b < len(episodes):
@@ -83,7 +86,15 @@ def pack_episodes(
         truncated[i] = float(ep.termination == Termination.TRUNCATED)
     positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
     batch = TokenBatch(
-        tokens=tokens, positions=positions, segment_ids=segment, loss_mask=loss,
-        old_logprobs=old_lp, advantages=np.zeros((b, t), np.float32), rewards=rewards,
-        group_ids=group_ids, turn_ids=turn_ids, truncated=truncated)
+        tokens=tokens,
+        positions=positions,
+        segment_ids=segment,
+        loss_mask=loss,
+        old_logprobs=old_lp,
+        advantages=np.zeros((b, t), np.float32),
+        rewards=rewards,
+        group_ids=group_ids,
+        turn_ids=turn_ids,
+        truncated=truncated,
+    )
     return batch, valid

@@ -36,26 +36,31 @@ class CachedTurnSampler:
     def recompiles(self) -> int:
         return self._sampler.num_compiles
 
-    def start(self, params, prompts: Sequence[Sequence[int]], key, *, tasks=(),
-              observations=()) -> TurnOutput:
+    def start(
+        self, params, prompts: Sequence[Sequence[int]], key, *, tasks=(), observations=()
+    ) -> TurnOutput:
         del tasks, observations  # an LM acts on tokens alone
         self._cache = None
         return self._run(params, [list(p) for p in prompts], key)
 
-    def resume(self, params, chunks: Sequence[Optional[Sequence[int]]], key, *,
-               observations=()) -> TurnOutput:
+    def resume(
+        self, params, chunks: Sequence[Optional[Sequence[int]]], key, *, observations=()
+    ) -> TurnOutput:
         del observations
         if self._cache is None or len(chunks) != self._cache.batch_size:
             raise ValueError("resume() needs start() first and one chunk (or None) per row")
         return self._run(params, [[] if c is None else list(c) for c in chunks], key)
 
     def _run(self, params, rows, key) -> TurnOutput:
-        lengths = [0] * len(rows) if self._cache is None else jax.device_get(
-            self._cache.lengths).tolist()
+        lengths = (
+            [0] * len(rows) if self._cache is None else jax.device_get(self._cache.lengths).tolist()
+        )
         need = max(n + len(r) for n, r in zip(lengths, rows) if r) + self.sampling.max_new_tokens
         if need > self.max_len:
-            raise ValueError(f"a row may need {need} tokens > max_len={self.max_len}; the "
-                             "rollout budget (max_total_tokens) must keep rows within it")
+            raise ValueError(
+                f"a row may need {need} tokens > max_len={self.max_len}; the "
+                "rollout budget (max_total_tokens) must keep rows within it"
+            )
         out = self._sampler(params, rows, self.sampling, key, cache=self._cache)
         self._cache = out.cache
         tokens, logp, n = jax.device_get((out.tokens, out.logprobs, out.lengths))

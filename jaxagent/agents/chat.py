@@ -59,8 +59,10 @@ class ChatFormat:
 
     def __init__(self, tokenizer):
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat_template; set tokenizer.chat_template "
-                             "(a Jinja string) or use jaxagent.train.tokenizer.build_tokenizer")
+            raise ValueError(
+                "the tokenizer has no chat_template; set tokenizer.chat_template "
+                "(a Jinja string) or use jaxagent.train.tokenizer.build_tokenizer"
+            )
         self.tokenizer = tokenizer
         self._ours = tokenizer.chat_template == CHAT_TEMPLATE
         stop = {tokenizer.eos_token_id}
@@ -69,8 +71,9 @@ class ChatFormat:
             if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
                 stop.add(tid)
         self.stop_ids: tuple[int, ...] = tuple(sorted(t for t in stop if t is not None))
-        self.pad_id: int = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                            else self.stop_ids[0])
+        self.pad_id: int = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        )
 
     def _render(self, messages: Sequence[dict], **kwargs) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, **kwargs)
@@ -80,7 +83,8 @@ class ChatFormat:
 
     def prompt(self, system: str, observation: str) -> list[int]:
         msgs = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": observation}]
+            {"role": "user", "content": observation}
+        ]
         return self._ids(self._render(msgs, add_generation_prompt=True))
 
     def observation(self, observation: str) -> list[int]:
@@ -92,7 +96,7 @@ class ChatFormat:
         full = self._render(before + msg, add_generation_prompt=True)
         if not full.startswith(head):
             raise ValueError("the chat template is not prefix-stable; cannot append turns")
-        return self._ids(full[len(head):])
+        return self._ids(full[len(head) :])
 
     def action(self, text: str) -> list[int]:
         return self._ids(text) + [self.stop_ids[0] if self._ours else self.tokenizer.eos_token_id]

@@ -76,8 +76,14 @@ class Episode:
             self.logprobs.extend([0.0] * len(ids))
             self.turn_ids.extend([-1] * len(ids))
 
-    def finish(self, termination: Termination, failure_mode=None, *, success=False,
-               error: Optional[str] = None) -> None:
+    def finish(
+        self,
+        termination: Termination,
+        failure_mode=None,
+        *,
+        success=False,
+        error: Optional[str] = None,
+    ) -> None:
         self.done = True
         self.termination = Termination(termination)
         fm = failure_mode.value if isinstance(failure_mode, FailureMode) else failure_mode

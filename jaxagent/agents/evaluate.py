@@ -36,8 +36,15 @@ class Evaluation:
         return {**self.report.as_metrics(prefix), f"time/{prefix}_s": self.seconds}
 
 
-def evaluate(policy: TurnPolicy, tasks: Sequence[Task], spec: RolloutSpec, key: jax.Array, *,
-             params: Any = None, samples_per_task: int = 1) -> Evaluation:
+def evaluate(
+    policy: TurnPolicy,
+    tasks: Sequence[Task],
+    spec: RolloutSpec,
+    key: jax.Array,
+    *,
+    params: Any = None,
+    samples_per_task: int = 1,
+) -> Evaluation:
     """Run ``samples_per_task`` episodes of each task and report on them.
 
     Args:
@@ -52,6 +59,7 @@ def evaluate(policy: TurnPolicy, tasks: Sequence[Task], spec: RolloutSpec, key: 
       An ``Evaluation`` (report, episodes, rollout stats, seconds).
     """
     t0 = time.perf_counter()
-    eps, stats = collect_episodes(policy, params, tasks, samples_per_task=samples_per_task,
-                                  spec=spec, key=key)
+    eps, stats = collect_episodes(
+        policy, params, tasks, samples_per_task=samples_per_task, spec=spec, key=key
+    )
     return Evaluation(summarize(eps), eps, stats, time.perf_counter() - t0)

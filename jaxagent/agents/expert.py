@@ -45,8 +45,9 @@ class ExpertTurnPolicy:
     def recompiles(self) -> int:
         return 0  # host-only
 
-    def start(self, params, prompts, key, *, tasks: Sequence[Task],
-              observations: Sequence[Optional[str]]) -> TurnOutput:
+    def start(
+        self, params, prompts, key, *, tasks: Sequence[Task], observations: Sequence[Optional[str]]
+    ) -> TurnOutput:
         del params, prompts, key  # the expert reads text and draws from its own generator
         seen: dict[str, int] = {}
         self._experts = []
@@ -56,12 +57,13 @@ class ExpertTurnPolicy:
             self._experts.append(self._make(task, self.error_rate, rng))
         return self._act(observations)
 
-    def resume(self, params, chunks, key, *,
-               observations: Sequence[Optional[str]]) -> TurnOutput:
+    def resume(self, params, chunks, key, *, observations: Sequence[Optional[str]]) -> TurnOutput:
         del params, chunks, key
         if len(observations) != len(self._experts):
-            raise ValueError(f"resume got {len(observations)} rows for {len(self._experts)} "
-                             "experts; call start() first, one row per episode")
+            raise ValueError(
+                f"resume got {len(observations)} rows for {len(self._experts)} "
+                "experts; call start() first, one row per episode"
+            )
         return self._act(observations)
 
     def _act(self, observations: Sequence[Optional[str]]) -> TurnOutput:

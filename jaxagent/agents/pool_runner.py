@@ -17,8 +17,9 @@ from jaxagent.pool import EnvPool, PoolConfig, PoolStep
 
 def _reply(step: PoolStep) -> EnvReply:
     if step.env_error:
-        return EnvReply(step.observation, 0.0, True, dict(step.info),
-                        error=env_error_message(step.info))
+        return EnvReply(
+            step.observation, 0.0, True, dict(step.info), error=env_error_message(step.info)
+        )
     return EnvReply(step.observation, float(step.reward), bool(step.done), dict(step.info))
 
 

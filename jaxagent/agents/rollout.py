@@ -27,8 +27,14 @@ from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvReply, EnvRunner
 from jaxagent.agents.chat import Chat
 from jaxagent.agents.turn_policy import TurnPolicy
-from jaxagent.envs.base import (FailureMode, Task, Termination, env_error_message, is_env_error,
-                                truncate_observation)
+from jaxagent.envs.base import (
+    FailureMode,
+    Task,
+    Termination,
+    env_error_message,
+    is_env_error,
+    truncate_observation,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +81,19 @@ def _end_from_reply(ep: Episode, turn: Turn, reply: EnvReply) -> None:
     ep.info = info
     if reply.error is not None or is_env_error(info):
         turn.reward = 0.0
-        ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR,
-                  error=reply.error if reply.error is not None else env_error_message(info))
+        ep.finish(
+            Termination.ENV_ERROR,
+            FailureMode.ENV_ERROR,
+            error=reply.error if reply.error is not None else env_error_message(info),
+        )
         return
     fm = info.get("failure_mode")
     if info.get("truncated", False):
-        ep.finish(Termination.TRUNCATED, fm or FailureMode.STEP_BUDGET,
-                  success=bool(info.get("success", False)))
+        ep.finish(
+            Termination.TRUNCATED,
+            fm or FailureMode.STEP_BUDGET,
+            success=bool(info.get("success", False)),
+        )
     else:
         ep.finish(Termination.TERMINATED, fm, success=bool(info.get("success", False)))
 
@@ -119,8 +131,11 @@ def collect_episodes(
         limit = budget.max_observation_chars
         return truncate_observation(text, limit) if limit else text
 
-    eps = [Episode(task=t, group=group_offset + i) for i, t in enumerate(tasks)
-           for _ in range(samples_per_task)]
+    eps = [
+        Episode(task=t, group=group_offset + i)
+        for i, t in enumerate(tasks)
+        for _ in range(samples_per_task)
+    ]
     slots = list(range(len(eps)))
     t0 = time.perf_counter()
     replies = runner.reset(slots, [ep.task for ep in eps])
@@ -140,15 +155,21 @@ def collect_episodes(
 
     key, sub = jax.random.split(key)
     t0 = time.perf_counter()
-    out = policy.start(params, prompts, sub, tasks=[ep.task for ep in eps],
-                       observations=[None if ep.done else ep.first_observation for ep in eps])
+    out = policy.start(
+        params,
+        prompts,
+        sub,
+        tasks=[ep.task for ep in eps],
+        observations=[None if ep.done else ep.first_observation for ep in eps],
+    )
     stats.generate_s += time.perf_counter() - t0
     stats.rounds += 1
     while True:
         active = [i for i, ep in enumerate(eps) if not ep.done]
         for i in active:
-            eps[i].append(out.tokens[i], sampled=True, logprobs=out.logprobs[i],
-                          turn=len(eps[i].turns))
+            eps[i].append(
+                out.tokens[i], sampled=True, logprobs=out.logprobs[i], turn=len(eps[i].turns)
+            )
             stats.policy_tokens += len(out.tokens[i])
         actions = [chat.decode(out.tokens[i]) for i in active]
         t0 = time.perf_counter()
@@ -158,13 +179,16 @@ def collect_episodes(
         texts: list[Optional[str]] = [None] * len(eps)
         for i, action, reply in zip(active, actions, replies):
             ep = eps[i]
-            turn = Turn(action=action, observation="" if reply.done else cut(reply.observation),
-                        reward=float(reply.reward),
-                        reward_terms=dict(reply.info.get("reward_terms", {}) or {}),
-                        failure_mode=reply.info.get("failure_mode"),
-                        num_action_tokens=len(out.tokens[i]),
-                        hit_token_limit=not out.stopped[i],
-                        dangerous=list(reply.info.get("dangerous") or ()))
+            turn = Turn(
+                action=action,
+                observation="" if reply.done else cut(reply.observation),
+                reward=float(reply.reward),
+                reward_terms=dict(reply.info.get("reward_terms", {}) or {}),
+                failure_mode=reply.info.get("failure_mode"),
+                num_action_tokens=len(out.tokens[i]),
+                hit_token_limit=not out.stopped[i],
+                dangerous=list(reply.info.get("dangerous") or ()),
+            )
             ep.turns.append(turn)
             if reply.error is not None or reply.done or is_env_error(reply.info):
                 _end_from_reply(ep, turn, reply)

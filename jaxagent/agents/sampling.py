@@ -35,8 +35,9 @@ class ReferenceSampler:
       pad_id: token id for padding.
     """
 
-    def __init__(self, logits_fn: Callable, sampling: SamplingConfig, max_len: int,
-                 pad_id: int = 0):
+    def __init__(
+        self, logits_fn: Callable, sampling: SamplingConfig, max_len: int, pad_id: int = 0
+    ):
         self.sampling, self.max_len, self.pad_id = sampling, max_len, pad_id
         self._contexts: list[list[int]] = []
         self._decode = jax.jit(partial(_reference_decode, logits_fn, sampling, pad_id))
@@ -66,8 +67,10 @@ class ReferenceSampler:
         n_new = self.sampling.max_new_tokens
         longest = max(len(c) for c in self._contexts) + n_new
         if longest > self.max_len:
-            raise ValueError(f"a row needs {longest} tokens > max_len={self.max_len}; the "
-                             "rollout budget (max_total_tokens) must keep rows within it")
+            raise ValueError(
+                f"a row needs {longest} tokens > max_len={self.max_len}; the "
+                "rollout budget (max_total_tokens) must keep rows within it"
+            )
         width = bucket(longest, pow2=True, minimum=16, cap=self.max_len)
         buf = np.full((len(self._contexts), width), self.pad_id, np.int32)
         self._shapes.add(buf.shape)
@@ -75,9 +78,15 @@ class ReferenceSampler:
         for i, ctx in enumerate(self._contexts):
             buf[i, : len(ctx)] = ctx
             lengths[i] = len(ctx)
-        new, logp, n = jax.device_get(self._decode(
-            params, jnp.asarray(buf), jnp.asarray(lengths), jnp.asarray(~np.asarray(active)),
-            key))
+        new, logp, n = jax.device_get(
+            self._decode(
+                params,
+                jnp.asarray(buf),
+                jnp.asarray(lengths),
+                jnp.asarray(~np.asarray(active)),
+                key,
+            )
+        )
         out = TurnOutput([], [], [])
         for i, ctx in enumerate(self._contexts):
             k = int(n[i]) if active[i] else 0
@@ -89,8 +98,9 @@ class ReferenceSampler:
         return out
 
 
-def _reference_decode(logits_fn, sampling: SamplingConfig, pad_id: int, params, buf_bt,
-                      lengths_b, done_b, key):
+def _reference_decode(
+    logits_fn, sampling: SamplingConfig, pad_id: int, params, buf_bt, lengths_b, done_b, key
+):
     """Decode ``max_new_tokens`` with full re-encoding; returns (new [B,N], logp [B,N], n [B])."""
     b, t = buf_bt.shape
     n_new = sampling.max_new_tokens
@@ -113,7 +123,14 @@ def _reference_decode(logits_fn, sampling: SamplingConfig, pad_id: int, params, 
         done = done | (write & jnp.isin(tok, stop))
         return buf, lengths, done, new, logp, n, key
 
-    init = (buf_bt, lengths_b, done_b, jnp.zeros((b, n_new), jnp.int32),
-            jnp.zeros((b, n_new), jnp.float32), jnp.zeros((b,), jnp.int32), key)
+    init = (
+        buf_bt,
+        lengths_b,
+        done_b,
+        jnp.zeros((b, n_new), jnp.int32),
+        jnp.zeros((b, n_new), jnp.float32),
+        jnp.zeros((b,), jnp.int32),
+        key,
+    )
     _, _, _, new, logp, n, _ = jax.lax.fori_loop(0, n_new, body, init)
     return new, logp, n

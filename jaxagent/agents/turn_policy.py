@@ -46,8 +46,21 @@ class TurnPolicy(Protocol):
     @property
     def recompiles(self) -> int: ...
 
-    def start(self, params: Any, prompts: Sequence[Sequence[int]], key: jax.Array, *,
-              tasks: Sequence[Task], observations: Sequence[str]) -> TurnOutput: ...
+    def start(
+        self,
+        params: Any,
+        prompts: Sequence[Sequence[int]],
+        key: jax.Array,
+        *,
+        tasks: Sequence[Task],
+        observations: Sequence[str],
+    ) -> TurnOutput: ...
 
-    def resume(self, params: Any, chunks: Sequence[Optional[Sequence[int]]], key: jax.Array,
-               *, observations: Sequence[Optional[str]]) -> TurnOutput: ...
+    def resume(
+        self,
+        params: Any,
+        chunks: Sequence[Optional[Sequence[int]]],
+        key: jax.Array,
+        *,
+        observations: Sequence[Optional[str]],
+    ) -> TurnOutput: ...

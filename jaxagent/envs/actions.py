@@ -32,8 +32,15 @@ from jaxagent.envs.base import FailureMode
 
 # JSON Schema type names accepted in tool specs, plus the Python-flavoured aliases used by
 # some benchmark files (BFCL writes "dict", "float", "tuple", "any").
-_TYPE_ALIASES = {"dict": "object", "float": "number", "tuple": "array", "list": "array",
-                 "int": "integer", "str": "string", "bool": "boolean"}
+_TYPE_ALIASES = {
+    "dict": "object",
+    "float": "number",
+    "tuple": "array",
+    "list": "array",
+    "int": "integer",
+    "str": "string",
+    "bool": "boolean",
+}
 
 
 class ErrorKind(str, enum.Enum):
@@ -101,7 +108,8 @@ class ToolSpec:
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = dataclasses.field(
-        default_factory=lambda: {"type": "object", "properties": {}})
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
     returns: Mapping[str, Any] | None = None
     param_order: tuple[str, ...] | None = None
     dangerous: bool = False
@@ -112,8 +120,10 @@ class ToolSpec:
         params = normalize_schema(dict(self.parameters))
         params.setdefault("type", "object")
         if params["type"] != "object":
-            raise ValueError(f"ToolSpec {self.name!r}: parameters must be an object schema, got "
-                             f"type {params['type']!r}; wrap the arguments in 'properties'")
+            raise ValueError(
+                f"ToolSpec {self.name!r}: parameters must be an object schema, got "
+                f"type {params['type']!r}; wrap the arguments in 'properties'"
+            )
         params.setdefault("properties", {})
         jsonschema.Draft202012Validator.check_schema(params)
         object.__setattr__(self, "parameters", params)
@@ -128,8 +138,7 @@ class ToolSpec:
 
     def to_json_schema(self) -> dict[str, Any]:
         """The spec as a JSON-serialisable dict (name, description, parameters, returns)."""
-        out = {"name": self.name, "description": self.description,
-               "parameters": self.parameters}
+        out = {"name": self.name, "description": self.description, "parameters": self.parameters}
         if self.returns is not None:
             out["returns"] = self.returns
         return out
@@ -138,9 +147,13 @@ class ToolSpec:
     def from_json(cls, doc: Mapping[str, Any], **overrides) -> "ToolSpec":
         """Builds a spec from a JSON function document (OpenAI / BFCL style)."""
         doc = doc.get("function", doc)
-        return cls(name=doc["name"], description=doc.get("description", ""),
-                   parameters=doc.get("parameters", {}),
-                   returns=doc.get("returns", doc.get("response")), **overrides)
+        return cls(
+            name=doc["name"],
+            description=doc.get("description", ""),
+            parameters=doc.get("parameters", {}),
+            returns=doc.get("returns", doc.get("response")),
+            **overrides,
+        )
 
     def signature(self) -> str:
         """Compact form ``name(a: integer, b?: string)``; ``?`` marks optional arguments."""
@@ -205,8 +218,10 @@ class ActionError:
 ParseResult = Union[ParsedAction, ActionError]
 
 _REACT_KEY = re.compile(r"^\s*(Thought|Action|Final Answer|Final)\s*:\s?", re.I | re.M)
-_SYNTAX_HINT = ('write one call like  Action: tool_name(arg="value")  or  Final: <answer>; '
-                'JSON calls look like {"name": "tool_name", "arguments": {"arg": "value"}}')
+_SYNTAX_HINT = (
+    'write one call like  Action: tool_name(arg="value")  or  Final: <answer>; '
+    'JSON calls look like {"name": "tool_name", "arguments": {"arg": "value"}}'
+)
 
 
 def parse_action(text: str) -> ParseResult:
@@ -219,26 +234,33 @@ def parse_action(text: str) -> ParseResult:
     sections = _react_sections(text)
     if sections is None:  # no ReAct keywords: the whole text is a JSON or Python call
         if not re.search(r"[(\[{]", text):
-            return ActionError(ErrorKind.NO_ACTION,
-                               f"error: {_clip(text)!r} holds no 'Action:', no 'Final:' and no "
-                               "tool call. " + _SYNTAX_HINT)
+            return ActionError(
+                ErrorKind.NO_ACTION,
+                f"error: {_clip(text)!r} holds no 'Action:', no 'Final:' and no "
+                "tool call. " + _SYNTAX_HINT,
+            )
         return _parse_calls(text.strip(), thought=None)
     thought = sections["thought"].strip() if "thought" in sections else None
     has_action, has_final = "action" in sections, "final" in sections
     if has_action and has_final:
-        return ActionError(ErrorKind.ACTION_AND_FINAL,
-                           "error: the action has both 'Action:' and 'Final:'. Either call a "
-                           "tool and wait for its result, or give the final answer, not both.")
+        return ActionError(
+            ErrorKind.ACTION_AND_FINAL,
+            "error: the action has both 'Action:' and 'Final:'. Either call a "
+            "tool and wait for its result, or give the final answer, not both.",
+        )
     if has_final:
         return ParsedAction(final=sections["final"].strip(), thought=thought)
     if has_action:
         body = sections["action"].strip()
         if not body:
-            return ActionError(ErrorKind.NOT_A_CALL,
-                               "error: 'Action:' is followed by nothing. " + _SYNTAX_HINT)
+            return ActionError(
+                ErrorKind.NOT_A_CALL, "error: 'Action:' is followed by nothing. " + _SYNTAX_HINT
+            )
         return _parse_calls(body, thought=thought)
-    return ActionError(ErrorKind.NO_ACTION,
-                       "error: found a 'Thought:' but no 'Action:' or 'Final:'. " + _SYNTAX_HINT)
+    return ActionError(
+        ErrorKind.NO_ACTION,
+        "error: found a 'Thought:' but no 'Action:' or 'Final:'. " + _SYNTAX_HINT,
+    )
 
 
 def _react_sections(text: str) -> dict[str, str] | None:
@@ -249,7 +271,7 @@ def _react_sections(text: str) -> dict[str, str] | None:
     for i, match in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
         key = match.group(1).lower().split()[0]  # "final answer" -> "final"
-        out.setdefault(key, text[match.end():end])
+        out.setdefault(key, text[match.end() : end])
     return out
 
 
@@ -263,34 +285,45 @@ def _parse_json_calls(body: str, thought: str | None) -> ParseResult:
     try:
         data = json.loads(body)
     except json.JSONDecodeError as err:
-        return ActionError(ErrorKind.JSON_SYNTAX,
-                           f"error: the JSON call does not parse ({err.msg} at line {err.lineno} "
-                           f"column {err.colno}). " + _SYNTAX_HINT)
+        return ActionError(
+            ErrorKind.JSON_SYNTAX,
+            f"error: the JSON call does not parse ({err.msg} at line {err.lineno} "
+            f"column {err.colno}). " + _SYNTAX_HINT,
+        )
     items = data if isinstance(data, list) else [data]
     calls = []
     for item in items:
         if isinstance(item, Mapping) and isinstance(item.get("function"), Mapping):
             item = item["function"]
         if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
-            return ActionError(ErrorKind.JSON_SHAPE,
-                               'error: a JSON call must be an object with a string "name" and an '
-                               f'object "arguments"; got {_clip(json.dumps(item))}')
+            return ActionError(
+                ErrorKind.JSON_SHAPE,
+                'error: a JSON call must be an object with a string "name" and an '
+                f'object "arguments"; got {_clip(json.dumps(item))}',
+            )
         args = item.get("arguments", item.get("parameters", {}))
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError as err:
-                return ActionError(ErrorKind.JSON_SYNTAX,
-                                   f'error: the "arguments" string of {item["name"]} is not valid '
-                                   f"JSON ({err.msg}).", tool=item["name"])
+                return ActionError(
+                    ErrorKind.JSON_SYNTAX,
+                    f'error: the "arguments" string of {item["name"]} is not valid '
+                    f"JSON ({err.msg}).",
+                    tool=item["name"],
+                )
         if not isinstance(args, Mapping):
-            return ActionError(ErrorKind.JSON_SHAPE,
-                               f'error: "arguments" of {item["name"]} must be a JSON object of '
-                               f"named arguments, got {type(args).__name__}", tool=item["name"])
+            return ActionError(
+                ErrorKind.JSON_SHAPE,
+                f'error: "arguments" of {item["name"]} must be a JSON object of '
+                f"named arguments, got {type(args).__name__}",
+                tool=item["name"],
+            )
         calls.append(ToolCall(item["name"], dict(args), (), json.dumps(item)))
     if not calls:
-        return ActionError(ErrorKind.NOT_A_CALL, "error: the JSON list holds no call. "
-                           + _SYNTAX_HINT)
+        return ActionError(
+            ErrorKind.NOT_A_CALL, "error: the JSON list holds no call. " + _SYNTAX_HINT
+        )
     return ParsedAction(calls=tuple(calls), thought=thought)
 
 
@@ -298,15 +331,19 @@ def _parse_python_calls(body: str, thought: str | None) -> ParseResult:
     try:
         module = ast.parse(body, mode="exec")
     except SyntaxError as err:
-        return ActionError(ErrorKind.PYTHON_SYNTAX,
-                           f"error: the call is not valid syntax ({err.msg}, column "
-                           f"{err.offset}): {_clip(body)}. " + _SYNTAX_HINT)
+        return ActionError(
+            ErrorKind.PYTHON_SYNTAX,
+            f"error: the call is not valid syntax ({err.msg}, column "
+            f"{err.offset}): {_clip(body)}. " + _SYNTAX_HINT,
+        )
     nodes: list[ast.AST] = []
     for stmt in module.body:
         if not isinstance(stmt, ast.Expr):
-            return ActionError(ErrorKind.NOT_A_CALL,
-                               f"error: {_clip(ast.unparse(stmt))} is a statement, not a tool "
-                               "call. " + _SYNTAX_HINT)
+            return ActionError(
+                ErrorKind.NOT_A_CALL,
+                f"error: {_clip(ast.unparse(stmt))} is a statement, not a tool "
+                "call. " + _SYNTAX_HINT,
+            )
         value = stmt.value
         nodes.extend(value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value])
     if not nodes:
@@ -323,8 +360,9 @@ def _parse_python_calls(body: str, thought: str | None) -> ParseResult:
 def _call_from_node(node: ast.AST) -> ToolCall | ActionError:
     src = ast.unparse(node)
     if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
-        return ActionError(ErrorKind.NOT_A_CALL,
-                           f"error: {_clip(src)} is not a tool call. " + _SYNTAX_HINT)
+        return ActionError(
+            ErrorKind.NOT_A_CALL, f"error: {_clip(src)} is not a tool call. " + _SYNTAX_HINT
+        )
     name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
     args, kwargs = [], {}
     for i, arg in enumerate(node.args):
@@ -334,15 +372,21 @@ def _call_from_node(node: ast.AST) -> ToolCall | ActionError:
         args.append(value)
     for kw in node.keywords:
         if kw.arg is None:
-            return ActionError(ErrorKind.NON_LITERAL_ARGUMENT,
-                               f"error: {name}(**...) is not allowed; name each argument.",
-                               tool=name)
+            return ActionError(
+                ErrorKind.NON_LITERAL_ARGUMENT,
+                f"error: {name}(**...) is not allowed; name each argument.",
+                tool=name,
+            )
         value = _literal(kw.value)
         if isinstance(value, _NotLiteral):
             return _non_literal(name, f"argument {kw.arg!r}", kw.value, kw.arg)
         if kw.arg in kwargs:
-            return ActionError(ErrorKind.DUPLICATE_ARGUMENT,
-                               f"error: {name} got argument {kw.arg!r} twice.", name, kw.arg)
+            return ActionError(
+                ErrorKind.DUPLICATE_ARGUMENT,
+                f"error: {name} got argument {kw.arg!r} twice.",
+                name,
+                kw.arg,
+            )
         kwargs[kw.arg] = value
     return ToolCall(name, kwargs, tuple(args), src)
 
@@ -359,11 +403,15 @@ def _literal(node: ast.AST) -> Any:
 
 
 def _non_literal(name: str, where: str, node: ast.AST, arg: str | None = None) -> ActionError:
-    return ActionError(ErrorKind.NON_LITERAL_ARGUMENT,
-                       f"error: {where} of {name} is {_clip(ast.unparse(node))}, which is not a "
-                       "literal. Arguments must be plain values (numbers, quoted strings, "
-                       "lists, dicts, True/False/None); expressions and variables are not "
-                       "evaluated.", tool=name, argument=arg)
+    return ActionError(
+        ErrorKind.NON_LITERAL_ARGUMENT,
+        f"error: {where} of {name} is {_clip(ast.unparse(node))}, which is not a "
+        "literal. Arguments must be plain values (numbers, quoted strings, "
+        "lists, dicts, True/False/None); expressions and variables are not "
+        "evaluated.",
+        tool=name,
+        argument=arg,
+    )
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -390,15 +438,21 @@ def bind_call(call: ToolCall, spec: ToolSpec) -> ToolCall | ActionError:
     """
     kwargs = dict(call.kwargs)
     if len(call.args) > len(spec.param_order):
-        return ActionError(ErrorKind.TOO_MANY_POSITIONAL,
-                           f"error: {spec.name} takes {len(spec.param_order)} argument(s) but "
-                           f"got {len(call.args)} positional. Expected: {spec.signature()}",
-                           tool=spec.name)
+        return ActionError(
+            ErrorKind.TOO_MANY_POSITIONAL,
+            f"error: {spec.name} takes {len(spec.param_order)} argument(s) but "
+            f"got {len(call.args)} positional. Expected: {spec.signature()}",
+            tool=spec.name,
+        )
     for name, value in zip(spec.param_order, call.args):
         if name in kwargs:
-            return ActionError(ErrorKind.DUPLICATE_ARGUMENT,
-                               f"error: {spec.name} got argument {name!r} both by position and "
-                               f"by name. Expected: {spec.signature()}", spec.name, name)
+            return ActionError(
+                ErrorKind.DUPLICATE_ARGUMENT,
+                f"error: {spec.name} got argument {name!r} both by position and "
+                f"by name. Expected: {spec.signature()}",
+                spec.name,
+                name,
+            )
         kwargs[name] = value
     error = validate_arguments(spec, kwargs)
     if error is not None:
@@ -416,13 +470,17 @@ def validate_arguments(spec: ToolSpec, kwargs: Mapping[str, Any]) -> ActionError
         return None
     err = errors[0]
     arg, problem = _describe(err, spec, kwargs)
-    return ActionError(ErrorKind.INVALID_ARGUMENTS,
-                       f"error: bad arguments for {spec.name}: {problem}. "
-                       f"Expected: {spec.signature()}", tool=spec.name, argument=arg)
+    return ActionError(
+        ErrorKind.INVALID_ARGUMENTS,
+        f"error: bad arguments for {spec.name}: {problem}. Expected: {spec.signature()}",
+        tool=spec.name,
+        argument=arg,
+    )
 
 
-def _describe(err: jsonschema.ValidationError, spec: ToolSpec,
-              kwargs: Mapping[str, Any]) -> tuple[str | None, str]:
+def _describe(
+    err: jsonschema.ValidationError, spec: ToolSpec, kwargs: Mapping[str, Any]
+) -> tuple[str | None, str]:
     """Rewrites a jsonschema error so that it names the argument and what it should be."""
     if err.validator == "required":
         missing = [r for r in err.validator_value if r not in (err.instance or {})]
@@ -473,6 +531,8 @@ def unknown_tool_error(name: str, names: Iterable[str]) -> ActionError:
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     listing = ", ".join(names) if len(names) <= 40 else ", ".join(names[:40]) + ", ..."
-    return ActionError(ErrorKind.UNKNOWN_TOOL,
-                       f"error: unknown tool {name!r}.{hint} Available tools: {listing}",
-                       tool=name)
+    return ActionError(
+        ErrorKind.UNKNOWN_TOOL,
+        f"error: unknown tool {name!r}.{hint} Available tools: {listing}",
+        tool=name,
+    )

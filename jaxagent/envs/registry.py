@@ -103,14 +103,17 @@ def _option_keys(cls: type, prefix: tuple[str, ...] = ()) -> dict[str, tuple[str
             inner = {f.name: prefix + (f.name,)}
         for key, path in inner.items():
             if key in keys:
-                raise TypeError(f"option {key!r} of {cls.__name__} is declared twice "
-                                f"({'.'.join(keys[key])} and {'.'.join(path)}); rename one")
+                raise TypeError(
+                    f"option {key!r} of {cls.__name__} is declared twice "
+                    f"({'.'.join(keys[key])} and {'.'.join(path)}); rename one"
+                )
             keys[key] = path
     return keys
 
 
-def register_env(name: str, build: Callable[[Any], EnvSpec], *, options: type = NoOptions,
-                 replace: bool = False) -> None:
+def register_env(
+    name: str, build: Callable[[Any], EnvSpec], *, options: type = NoOptions, replace: bool = False
+) -> None:
     """Add a suite: ``build(options) -> EnvSpec``, with ``options`` its frozen options
     dataclass (every field defaulted). Raises on a name already taken unless ``replace``."""
     if not name or ":" in name:
@@ -119,8 +122,9 @@ def register_env(name: str, build: Callable[[Any], EnvSpec], *, options: type = 
     with _LOCK:
         old = _REGISTRY.get(name)
         if old is not None and not replace and (old.build, old.options) != (build, options):
-            raise ValueError(f"env {name!r} is already registered; pick another name or pass "
-                             "replace=True")
+            raise ValueError(
+                f"env {name!r} is already registered; pick another name or pass replace=True"
+            )
         _REGISTRY[name] = _Entry(build, options, keys)
 
 
@@ -138,15 +142,19 @@ def _entry(name: str) -> _Entry:
     if module is None:
         close = difflib.get_close_matches(name, env_names(), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"unknown env {name!r}{hint} known envs: {list(env_names())} (or "
-                       "'package.module:name' for a suite registered by that module)")
+        raise KeyError(
+            f"unknown env {name!r}{hint} known envs: {list(env_names())} (or "
+            "'package.module:name' for a suite registered by that module)"
+        )
     importlib.import_module(module)  # registers the suite
     with _LOCK:
         if name not in _REGISTRY and ":" in name and name.split(":", 1)[1] in _REGISTRY:
             _REGISTRY[name] = _REGISTRY[name.split(":", 1)[1]]
         if name not in _REGISTRY:
-            raise KeyError(f"module {module!r} was imported but registered no env {name!r}; "
-                           f"it must call jaxagent.envs.registry.register_env({name!r}, ...)")
+            raise KeyError(
+                f"module {module!r} was imported but registered no env {name!r}; "
+                f"it must call jaxagent.envs.registry.register_env({name!r}, ...)"
+            )
         return _REGISTRY[name]
 
 
@@ -175,12 +183,15 @@ def _check_type(name: str, key: str, value: Any, hint: Any) -> Any:
         ok = isinstance(value, tuple)
     if not ok:
         want = getattr(hint, "__name__", str(hint))
-        raise EnvOptionsError(f"env.options.{key}={value!r} for env {name!r} must be of type {want}")
+        raise EnvOptionsError(
+            f"env.options.{key}={value!r} for env {name!r} must be of type {want}"
+        )
     return value
 
 
-def _build_options(cls: type, given: dict[tuple[str, ...], Any], prefix: tuple[str, ...],
-                   name: str) -> Any:
+def _build_options(
+    cls: type, given: dict[tuple[str, ...], Any], prefix: tuple[str, ...], name: str
+) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -213,8 +224,10 @@ def parse_options(name: str, options: Any = None) -> Any:
             allowed = sorted(entry.keys)
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean env.options.{close[0]}? " if close else ""
-            raise EnvOptionsError(f"unknown option env.options.{key}={value!r} for env "
-                                  f"{name!r}; {hint}allowed: {allowed or 'none'}")
+            raise EnvOptionsError(
+                f"unknown option env.options.{key}={value!r} for env "
+                f"{name!r}; {hint}allowed: {allowed or 'none'}"
+            )
         owner = entry.options
         for part in path[:-1]:
             owner = typing.get_type_hints(owner)[part]
@@ -227,8 +240,9 @@ def get_env_spec(name: str, options: Any = None) -> EnvSpec:
     """The ``EnvSpec`` of a suite, its options validated (see ``parse_options``)."""
     spec = _entry(name).build(parse_options(name, options))
     if not isinstance(spec, EnvSpec):
-        raise TypeError(f"the builder of env {name!r} returned {type(spec).__name__}, "
-                        "not an EnvSpec")
+        raise TypeError(
+            f"the builder of env {name!r} returned {type(spec).__name__}, not an EnvSpec"
+        )
     return spec
 
 

@@ -29,11 +29,15 @@ class EvalReport:
     dangerous_actions: int  # episodes that took a dangerous action
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
-        out = {f"{prefix}/success": self.success, f"{prefix}/avg_steps": self.avg_steps,
-               f"{prefix}/avg_reward": self.avg_reward, f"{prefix}/env_errors": self.env_errors,
-               f"{prefix}/episodes": self.episodes,
-               f"{prefix}/avg_policy_tokens": self.avg_policy_tokens,
-               f"{prefix}/dangerous": self.dangerous_actions}
+        out = {
+            f"{prefix}/success": self.success,
+            f"{prefix}/avg_steps": self.avg_steps,
+            f"{prefix}/avg_reward": self.avg_reward,
+            f"{prefix}/env_errors": self.env_errors,
+            f"{prefix}/episodes": self.episodes,
+            f"{prefix}/avg_policy_tokens": self.avg_policy_tokens,
+            f"{prefix}/dangerous": self.dangerous_actions,
+        }
         for mode, count in self.failure_modes.items():
             out[f"{prefix}/failure/{mode}"] = count
         return out
@@ -56,18 +60,30 @@ def summarize(episodes: Sequence) -> EvalReport:
     n = max(len(ok), 1)
     dangerous = sum(1 for ep in ok if episode_dangerous(ep))
     return EvalReport(
-        episodes=len(episodes), env_errors=len(episodes) - len(ok),
+        episodes=len(episodes),
+        env_errors=len(episodes) - len(ok),
         success=sum(ep.success for ep in ok) / n,
         avg_steps=sum(ep.num_turns for ep in ok) / n,
         avg_reward=sum(ep.reward for ep in ok) / n,
         avg_policy_tokens=sum(ep.num_policy_tokens for ep in episodes) / max(len(episodes), 1),
         failure_modes=dict(sorted(modes.items(), key=lambda kv: -kv[1])),
-        dangerous_actions=dangerous)
+        dangerous_actions=dangerous,
+    )
 
 
 # Two-sided 95% Student-t quantiles for small sample sizes (df = n - 1).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228}
+_T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+}
 
 
 def seed_summary(values: Sequence[float]) -> dict[str, float]:

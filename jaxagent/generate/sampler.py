@@ -93,20 +93,30 @@ class Sampler:
     up to float rounding.
     """
 
-    def __init__(self, graphdef: nnx.GraphDef, *, pad_id: int = 0, min_chunk: int = 8,
-                 capacity_block: int = 64, cache_dtype=None, fuse_weights: bool = True,
-                 decode_layout: str = "auto"):
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        *,
+        pad_id: int = 0,
+        min_chunk: int = 8,
+        capacity_block: int = 64,
+        cache_dtype=None,
+        fuse_weights: bool = True,
+        decode_layout: str = "auto",
+    ):
         if decode_layout not in DECODE_LAYOUTS:
-            raise ValueError(f"Sampler: decode_layout={decode_layout!r} must be one of "
-                             f"{DECODE_LAYOUTS}")
+            raise ValueError(
+                f"Sampler: decode_layout={decode_layout!r} must be one of {DECODE_LAYOUTS}"
+            )
         self.graphdef = graphdef
         self.config = model_config(graphdef)
         self.pad_id, self.min_chunk, self.capacity_block = pad_id, min_chunk, capacity_block
         self.cache_dtype = cache_dtype or self.config.jnp_dtype
         self.fuse_weights, self.decode_layout = fuse_weights, decode_layout
         self.num_compiles = 0  # incremented each time the jitted function is traced
-        self._jit = jax.jit(self._generate, static_argnames=("sampling", "capacity"),
-                            donate_argnames=("cache",))
+        self._jit = jax.jit(
+            self._generate, static_argnames=("sampling", "capacity"), donate_argnames=("cache",)
+        )
         self._prepare = jax.jit(self._fused_weights, static_argnames=("output_major",))
         self._prepared = None  # (params leaves, decode kernels): see _decode_weights
 
@@ -137,8 +147,11 @@ class Sampler:
         if not self.fuse_weights or not self._output_major(leaves, batch_size):
             return None
         kept = self._prepared
-        if kept is not None and len(kept[0]) == len(leaves) and all(
-                a is b for a, b in zip(kept[0], leaves)):
+        if (
+            kept is not None
+            and len(kept[0]) == len(leaves)
+            and all(a is b for a, b in zip(kept[0], leaves))
+        ):
             return kept[1]
         self._prepared = None  # drop the old copy before building the new one
         fused = self._prepare(params, output_major=True)
@@ -150,8 +163,14 @@ class Sampler:
         self._prepared = None
 
     # ---- host side ---------------------------------------------------------------------
-    def __call__(self, params, new_tokens: Sequence[Sequence[int]], sampling: SamplingConfig,
-                 key: jax.Array, cache: Optional[KVCache] = None) -> SampleOutput:
+    def __call__(
+        self,
+        params,
+        new_tokens: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        key: jax.Array,
+        cache: Optional[KVCache] = None,
+    ) -> SampleOutput:
         """Append ``new_tokens[b]`` to row b and sample ``sampling.max_new_tokens`` tokens.
 
         Args:
@@ -178,22 +197,33 @@ class Sampler:
         tokens = np.full((b, t), self.pad_id, np.int32)
         segs = np.zeros((b, t), np.int32)
         for i, r in enumerate(rows):  # right-padded: the cache compacts rows anyway
-            tokens[i, :len(r)] = r
-            segs[i, :len(r)] = 1
+            tokens[i, : len(r)] = r
+            segs[i, : len(r)] = 1
         old = np.zeros(b, np.int64) if cache is None else np.asarray(cache.lengths)
         if cache is not None and cache.batch_size != b:
-            raise ValueError(f"cache has {cache.batch_size} rows but new_tokens has {b}; "
-                             "keep one row per episode across calls")
+            raise ValueError(
+                f"cache has {cache.batch_size} rows but new_tokens has {b}; "
+                "keep one row per episode across calls"
+            )
         needed = int((old + counts).max()) + sampling.max_new_tokens
         if needed > self.config.max_seq_len:
-            raise ValueError(f"context of {needed} tokens exceeds ModelConfig.max_seq_len="
-                             f"{self.config.max_seq_len}; shorten the episode or max_new_tokens")
+            raise ValueError(
+                f"context of {needed} tokens exceeds ModelConfig.max_seq_len="
+                f"{self.config.max_seq_len}; shorten the episode or max_new_tokens"
+            )
         capacity = bucket_capacity(needed, self.capacity_block)
         if cache is not None and cache.capacity < needed:
             cache = grow_cache(cache, capacity)
-        return self._jit(params, self._decode_weights(params, b), cache, jnp.asarray(tokens),
-                         jnp.asarray(segs), key, sampling=sampling,
-                         capacity=None if cache is not None else capacity)
+        return self._jit(
+            params,
+            self._decode_weights(params, b),
+            cache,
+            jnp.asarray(tokens),
+            jnp.asarray(segs),
+            key,
+            sampling=sampling,
+            capacity=None if cache is not None else capacity,
+        )
 
     # ---- device side -------------------------------------------------------------------
     def _generate(self, params, fused, cache, tokens, segment_ids, key, *, sampling, capacity):
@@ -220,33 +250,55 @@ class Sampler:
         active = jnp.any(valid, axis=1)
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
         state = _LoopState(
-            step=jnp.zeros((), jnp.int32), last=tok, pending=active,
+            step=jnp.zeros((), jnp.int32),
+            last=tok,
+            pending=active,
             finished=~active | jnp.isin(tok, stop) | (n == 1),
             num_generated=active.astype(jnp.int32),
-            tokens=jnp.full((b, n), self.pad_id, jnp.int32).at[:, 0].set(
-                jnp.where(active, tok, self.pad_id)),
+            tokens=jnp.full((b, n), self.pad_id, jnp.int32)
+            .at[:, 0]
+            .set(jnp.where(active, tok, self.pad_id)),
             logprobs=jnp.zeros((b, n), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0)),
-            cache=cache)
+            cache=cache,
+        )
 
         def body(s: _LoopState) -> _LoopState:
             # Feed the last sampled token of pending rows; rows already done write nothing.
-            h, new_cache = model.hidden(s.last[:, None], s.cache.lengths[:, None],
-                                        s.pending[:, None].astype(jnp.int32), s.cache, fused)
+            h, new_cache = model.hidden(
+                s.last[:, None],
+                s.cache.lengths[:, None],
+                s.pending[:, None].astype(jnp.int32),
+                s.cache,
+                fused,
+            )
             # Token num_generated of each row; the last step's draw (all rows done) is unused.
-            u = None if us is None else jax.lax.dynamic_index_in_dim(
-                us, jnp.minimum(s.step + 1, n - 1), keepdims=False)
+            u = (
+                None
+                if us is None
+                else jax.lax.dynamic_index_in_dim(
+                    us, jnp.minimum(s.step + 1, n - 1), keepdims=False
+                )
+            )
             tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)
             gen = s.pending & ~s.finished  # rows that emit a new token this step
             col = jnp.where(gen, s.num_generated, n)  # column n is out of range: dropped
             rows = jnp.arange(b)
             num_generated = s.num_generated + gen
             return _LoopState(
-                step=s.step + 1, last=jnp.where(gen, tok, s.last), pending=gen,
+                step=s.step + 1,
+                last=jnp.where(gen, tok, s.last),
+                pending=gen,
                 finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),
                 num_generated=num_generated,
                 tokens=s.tokens.at[rows, col].set(tok, mode="drop"),
-                logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"), cache=new_cache)
+                logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"),
+                cache=new_cache,
+            )
 
         state = jax.lax.while_loop(lambda s: jnp.any(s.pending), body, state)
-        return SampleOutput(tokens=state.tokens, logprobs=state.logprobs,
-                            lengths=state.num_generated, cache=state.cache)
+        return SampleOutput(
+            tokens=state.tokens,
+            logprobs=state.logprobs,
+            lengths=state.num_generated,
+            cache=state.cache,
+        )

@@ -27,10 +27,14 @@ class SamplingConfig:
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"SamplingConfig.max_new_tokens={self.max_new_tokens!r} must be an int >= 1")
+            raise ValueError(
+                f"SamplingConfig.max_new_tokens={self.max_new_tokens!r} must be an int >= 1"
+            )
         if not self.temperature > 0:
-            raise ValueError(f"SamplingConfig.temperature={self.temperature!r} must be > 0; "
-                             "use greedy=True for argmax decoding")
+            raise ValueError(
+                f"SamplingConfig.temperature={self.temperature!r} must be > 0; "
+                "use greedy=True for argmax decoding"
+            )
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"SamplingConfig.top_k={self.top_k!r} must be an int >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
@@ -38,12 +42,24 @@ class SamplingConfig:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @classmethod
-    def create(cls, *, max_new_tokens: int, temperature: float, top_k: int = 0,
-               top_p: float = 1.0, stop_token_ids=()) -> "SamplingConfig":
+    def create(
+        cls,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop_token_ids=(),
+    ) -> "SamplingConfig":
         """The settings of a run config, where temperature 0 means greedy decoding."""
-        return cls(max_new_tokens=max_new_tokens,
-                   temperature=temperature if temperature > 0 else 1.0, top_k=top_k,
-                   top_p=top_p, greedy=temperature <= 0, stop_token_ids=tuple(stop_token_ids))
+        return cls(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature if temperature > 0 else 1.0,
+            top_k=top_k,
+            top_p=top_p,
+            greedy=temperature <= 0,
+            stop_token_ids=tuple(stop_token_ids),
+        )
 
 
 def _filter_sorted(values: jax.Array, top_p: float) -> jax.Array:

@@ -55,8 +55,14 @@ def model_config(graphdef: nnx.GraphDef) -> ModelConfig:
     raise ValueError("model_config: graphdef was not built by jaxagent.models (no config found)")
 
 
-def apply_model(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, positions: jax.Array,
-                segment_ids: jax.Array, cache: Optional[KVCache] = None) -> ModelOutput:
+def apply_model(
+    graphdef: nnx.GraphDef,
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array,
+    cache: Optional[KVCache] = None,
+) -> ModelOutput:
     """Forward pass.
 
     Args:

@@ -55,9 +55,11 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) 
     k_shape = (batch_size, config.num_kv_heads, config.head_dim, capacity)
     v_shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
     layers = range(config.num_layers)
-    return KVCache(keys=tuple(jnp.zeros(k_shape, dtype) for _ in layers),
-                   values=tuple(jnp.zeros(v_shape, dtype) for _ in layers),
-                   lengths=jnp.zeros((batch_size,), jnp.int32))
+    return KVCache(
+        keys=tuple(jnp.zeros(k_shape, dtype) for _ in layers),
+        values=tuple(jnp.zeros(v_shape, dtype) for _ in layers),
+        lengths=jnp.zeros((batch_size,), jnp.int32),
+    )
 
 
 def grow_cache(cache: KVCache, capacity: int) -> KVCache:
@@ -69,8 +71,11 @@ def grow_cache(cache: KVCache, capacity: int) -> KVCache:
         return cache
     k_pad = ((0, 0), (0, 0), (0, 0), (0, extra))
     v_pad = ((0, 0), (0, 0), (0, extra), (0, 0))
-    return KVCache(keys=tuple(jnp.pad(k, k_pad) for k in cache.keys),
-                   values=tuple(jnp.pad(v, v_pad) for v in cache.values), lengths=cache.lengths)
+    return KVCache(
+        keys=tuple(jnp.pad(k, k_pad) for k in cache.keys),
+        values=tuple(jnp.pad(v, v_pad) for v in cache.values),
+        lengths=cache.lengths,
+    )
 
 
 def write_slots(cache: KVCache, segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:

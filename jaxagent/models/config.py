@@ -18,7 +18,9 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 def _dtype_name(value: Any, field: str) -> str:
     name = value if isinstance(value, str) else jnp.dtype(value).name
     if name not in _DTYPES:
-        raise ValueError(f"ModelConfig.{field}={value!r} is not supported; use one of {sorted(_DTYPES)}")
+        raise ValueError(
+            f"ModelConfig.{field}={value!r} is not supported; use one of {sorted(_DTYPES)}"
+        )
     return name
 
 
@@ -50,15 +52,24 @@ class ModelConfig:
     pad_token_id: Optional[int] = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "intermediate_size", "max_seq_len"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_seq_len",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name}={value!r} must be a positive int")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig.num_heads={self.num_heads} must be a multiple of "
-                f"num_kv_heads={self.num_kv_heads}; pick num_kv_heads dividing num_heads")
+                f"num_kv_heads={self.num_kv_heads}; pick num_kv_heads dividing num_heads"
+            )
         if self.model_type not in ("llama", "qwen2"):
             raise ValueError(f"ModelConfig.model_type={self.model_type!r}; use 'llama' or 'qwen2'")
         object.__setattr__(self, "param_dtype", _dtype_name(self.param_dtype, "param_dtype"))
@@ -70,7 +81,8 @@ class ModelConfig:
             if rope_type not in ROPE_TYPES:
                 raise ValueError(
                     f"ModelConfig.rope_scaling rope_type={rope_type!r} is not supported; "
-                    f"supported: {ROPE_TYPES}")
+                    f"supported: {ROPE_TYPES}"
+                )
             scaling = self.rope_scaling_dict
             if rope_type != "default" and "factor" not in scaling:
                 raise ValueError(f"ModelConfig.rope_scaling for {rope_type!r} needs a 'factor'")
@@ -103,29 +115,64 @@ class ModelConfig:
     @classmethod
     def tiny(cls, **overrides) -> "ModelConfig":
         """The benchmark's tiny model: vocab 8192, D 256, 4 layers, 4 heads, 2 KV heads."""
-        base = dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-                    head_dim=64, intermediate_size=688, max_seq_len=2048)
+        base = dict(
+            vocab_size=8192,
+            hidden_size=256,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            intermediate_size=688,
+            max_seq_len=2048,
+        )
         return cls(**{**base, **overrides})
 
     @classmethod
     def test(cls, **overrides) -> "ModelConfig":
         """A very small model for unit tests (vocab 128, D 64, 2 layers, GQA 4:2)."""
-        base = dict(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                    head_dim=16, intermediate_size=96, max_seq_len=512)
+        base = dict(
+            vocab_size=128,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            intermediate_size=96,
+            max_seq_len=512,
+        )
         return cls(**{**base, **overrides})
 
     @classmethod
     def base_768(cls, **overrides) -> "ModelConfig":
         """768 hidden x 12 layers, vocab 32000 (about 134M parameters, untied)."""
-        base = dict(vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12,
-                    num_kv_heads=12, head_dim=64, intermediate_size=2048, max_seq_len=2048)
+        base = dict(
+            vocab_size=32000,
+            hidden_size=768,
+            num_layers=12,
+            num_heads=12,
+            num_kv_heads=12,
+            head_dim=64,
+            intermediate_size=2048,
+            max_seq_len=2048,
+        )
         return cls(**{**base, **overrides})
 
     @classmethod
     def qwen2_0_5b(cls, **overrides) -> "ModelConfig":
         """Qwen2.5-0.5B shapes (QKV bias, tied embeddings)."""
-        base = dict(vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
-                    num_kv_heads=2, head_dim=64, intermediate_size=4864, rope_theta=1000000.0,
-                    rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=True, max_seq_len=32768,
-                    model_type="qwen2")
+        base = dict(
+            vocab_size=151936,
+            hidden_size=896,
+            num_layers=24,
+            num_heads=14,
+            num_kv_heads=2,
+            head_dim=64,
+            intermediate_size=4864,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            qkv_bias=True,
+            tie_embeddings=True,
+            max_seq_len=32768,
+            model_type="qwen2",
+        )
         return cls(**{**base, **overrides})

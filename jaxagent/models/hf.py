@@ -32,8 +32,10 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     """ModelConfig from a parsed HF ``config.json`` dict (plus overrides such as dtypes)."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"config.json model_type={model_type!r} is not supported; "
-                         f"jaxagent loads {SUPPORTED_MODEL_TYPES}")
+        raise ValueError(
+            f"config.json model_type={model_type!r} is not supported; "
+            f"jaxagent loads {SUPPORTED_MODEL_TYPES}"
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"config.json hidden_act={hf['hidden_act']!r}; only 'silu' is supported")
     if hf.get("mlp_bias"):
@@ -49,18 +51,24 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         rope = {}
     heads = hf["num_attention_heads"]
     kwargs: dict[str, Any] = dict(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"], num_heads=heads,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        intermediate_size=hf["intermediate_size"], rope_theta=float(theta),
+        intermediate_size=hf["intermediate_size"],
+        rope_theta=float(theta),
         rope_scaling=tuple(sorted(rope.items())) or None,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=True if model_type == "qwen2" else bool(hf.get("attention_bias", False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_seq_len=int(hf.get("max_position_embeddings", 2048)), model_type=model_type,
-        bos_token_id=_first(hf.get("bos_token_id")), eos_token_id=_first(hf.get("eos_token_id")),
-        pad_token_id=_first(hf.get("pad_token_id")))
+        max_seq_len=int(hf.get("max_position_embeddings", 2048)),
+        model_type=model_type,
+        bos_token_id=_first(hf.get("bos_token_id")),
+        eos_token_id=_first(hf.get("eos_token_id")),
+        pad_token_id=_first(hf.get("pad_token_id")),
+    )
     kwargs.update(overrides)
     return ModelConfig(**kwargs)
 
@@ -75,20 +83,31 @@ def config_to_hf(config: ModelConfig):
 
     rope = {"rope_type": "default", **config.rope_scaling_dict, "rope_theta": config.rope_theta}
     common = dict(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads, intermediate_size=config.intermediate_size,
-        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_embeddings,
-        max_position_embeddings=config.max_seq_len, rope_parameters=rope,
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id, dtype=config.param_dtype)
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        intermediate_size=config.intermediate_size,
+        rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=config.tie_embeddings,
+        max_position_embeddings=config.max_seq_len,
+        rope_parameters=rope,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        dtype=config.param_dtype,
+    )
     if config.model_type == "qwen2":
         if config.head_dim * config.num_heads != config.hidden_size or not config.qkv_bias:
-            raise ValueError("save_hf: Qwen2 needs head_dim * num_heads == hidden_size and "
-                             "qkv_bias=True; export as model_type='llama' instead")
+            raise ValueError(
+                "save_hf: Qwen2 needs head_dim * num_heads == hidden_size and "
+                "qkv_bias=True; export as model_type='llama' instead"
+            )
         return transformers.Qwen2Config(**common, use_sliding_window=False)
-    return transformers.LlamaConfig(**common, head_dim=config.head_dim,
-                                    attention_bias=config.qkv_bias, mlp_bias=False)
+    return transformers.LlamaConfig(
+        **common, head_dim=config.head_dim, attention_bias=config.qkv_bias, mlp_bias=False
+    )
 
 
 def _add_legacy_keys(config_path: str) -> None:
@@ -116,22 +135,43 @@ def _add_legacy_keys(config_path: str) -> None:
 
 # --- name and layout mapping -------------------------------------------------------------
 
+
 def _hf_layout(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple, str]]:
     """HF tensor name -> (jaxagent param path, HF shape, kind of reshaping)."""
-    d, h, k, hd, f, v = (config.hidden_size, config.num_heads, config.num_kv_heads,
-                         config.head_dim, config.intermediate_size, config.vocab_size)
-    out = {"model.embed_tokens.weight": (("embed",), (v, d), "same"),
-           "model.norm.weight": (("final_norm", "scale"), (d,), "same")}
+    d, h, k, hd, f, v = (
+        config.hidden_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.intermediate_size,
+        config.vocab_size,
+    )
+    out = {
+        "model.embed_tokens.weight": (("embed",), (v, d), "same"),
+        "model.norm.weight": (("final_norm", "scale"), (d,), "same"),
+    }
     if not config.tie_embeddings:
         out["lm_head.weight"] = (("lm_head",), (v, d), "transpose")
     for i in range(config.num_layers):
         hf, ja = f"model.layers.{i}.", f"layer_{i}"
         out[hf + "input_layernorm.weight"] = ((ja, "input_norm", "scale"), (d,), "same")
-        out[hf + "post_attention_layernorm.weight"] = ((ja, "post_attn_norm", "scale"), (d,), "same")
+        out[hf + "post_attention_layernorm.weight"] = (
+            (ja, "post_attn_norm", "scale"),
+            (d,),
+            "same",
+        )
         for name, n in (("q", h), ("k", k), ("v", k)):
-            out[hf + f"self_attn.{name}_proj.weight"] = ((ja, "attn", f"{name}_proj"), (n * hd, d), "in_proj")
+            out[hf + f"self_attn.{name}_proj.weight"] = (
+                (ja, "attn", f"{name}_proj"),
+                (n * hd, d),
+                "in_proj",
+            )
             if config.qkv_bias:
-                out[hf + f"self_attn.{name}_proj.bias"] = ((ja, "attn", f"{name}_bias"), (n * hd,), "bias")
+                out[hf + f"self_attn.{name}_proj.bias"] = (
+                    (ja, "attn", f"{name}_bias"),
+                    (n * hd,),
+                    "bias",
+                )
         out[hf + "self_attn.o_proj.weight"] = ((ja, "attn", "o_proj"), (d, h * hd), "out_proj")
         for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
             out[hf + f"mlp.{name}_proj.weight"] = ((ja, "mlp", f"{name}_proj"), shape, "transpose")
@@ -170,6 +210,7 @@ def _set(tree: Params, path: tuple[str, ...], value) -> None:
 
 # --- load / save ------------------------------------------------------------------------
 
+
 def _weight_files(path: str) -> dict[str, str]:
     """HF tensor name -> file holding it."""
     if not os.path.isdir(path):
@@ -178,20 +219,31 @@ def _weight_files(path: str) -> dict[str, str]:
     if os.path.exists(index):
         with open(index) as fh:
             weight_map = json.load(fh)["weight_map"]
-        missing = sorted({f for f in weight_map.values() if not os.path.exists(os.path.join(path, f))})
+        missing = sorted(
+            {f for f in weight_map.values() if not os.path.exists(os.path.join(path, f))}
+        )
         if missing:
-            raise FileNotFoundError(f"load_hf: {index} lists shard files missing from {path}: {missing}")
+            raise FileNotFoundError(
+                f"load_hf: {index} lists shard files missing from {path}: {missing}"
+            )
         return {name: os.path.join(path, f) for name, f in weight_map.items()}
     if os.path.exists(single):
         with safe_open(single, framework="flax") as fh:
             return {name: single for name in fh.keys()}
     raise FileNotFoundError(
         f"load_hf: no {_SINGLE} or {_INDEX} in {path} (found {sorted(os.listdir(path))}); "
-        "save the model with save_pretrained(..., safe_serialization=True)")
+        "save the model with save_pretrained(..., safe_serialization=True)"
+    )
 
 
-def load_hf(path: str, *, param_dtype: str = "float32", dtype: Optional[str] = None,
-            value_head: Optional[bool] = None, key: Optional[jax.Array] = None):
+def load_hf(
+    path: str,
+    *,
+    param_dtype: str = "float32",
+    dtype: Optional[str] = None,
+    value_head: Optional[bool] = None,
+    key: Optional[jax.Array] = None,
+):
     """Load a local HF Llama / Qwen2 checkpoint.
 
     Args:
@@ -211,20 +263,28 @@ def load_hf(path: str, *, param_dtype: str = "float32", dtype: Optional[str] = N
         hf_config = json.load(fh)
     vh_path = os.path.join(path, _VALUE_HEAD)
     has_vh = os.path.exists(vh_path)
-    config = config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype or param_dtype,
-                            value_head=has_vh if value_head is None else value_head)
+    config = config_from_hf(
+        hf_config,
+        param_dtype=param_dtype,
+        dtype=dtype or param_dtype,
+        value_head=has_vh if value_head is None else value_head,
+    )
     files = _weight_files(path)
     layout = _hf_layout(config)
     missing = sorted(set(layout) - set(files))
     if missing:
-        raise ValueError(f"load_hf: checkpoint {path} lacks tensors {missing[:8]}"
-                         f"{' ...' if len(missing) > 8 else ''} needed by its config.json")
+        raise ValueError(
+            f"load_hf: checkpoint {path} lacks tensors {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''} needed by its config.json"
+        )
     # Some tied checkpoints also store a copy of the head; the embedding is what is used.
     ignored = {"lm_head.weight"} if config.tie_embeddings else set()
     unexpected = sorted(n for n in set(files) - set(layout) - ignored if not _IGNORED.search(n))
     if unexpected:
-        raise ValueError(f"load_hf: checkpoint {path} has tensors this architecture does not use: "
-                         f"{unexpected[:8]}; check model_type / attention_bias / tie_word_embeddings")
+        raise ValueError(
+            f"load_hf: checkpoint {path} has tensors this architecture does not use: "
+            f"{unexpected[:8]}; check model_type / attention_bias / tie_word_embeddings"
+        )
     pdt = config.jnp_param_dtype
     params: Params = {}
     by_file: dict[str, list[str]] = {}
@@ -238,8 +298,10 @@ def load_hf(path: str, *, param_dtype: str = "float32", dtype: Optional[str] = N
                 target, hf_shape, kind = layout[name]
                 x = fh.get_tensor(name)
                 if tuple(x.shape) != tuple(hf_shape):
-                    raise ValueError(f"load_hf: tensor {name} in {file} has shape {tuple(x.shape)}, "
-                                     f"expected {tuple(hf_shape)} from config.json")
+                    raise ValueError(
+                        f"load_hf: tensor {name} in {file} has shape {tuple(x.shape)}, "
+                        f"expected {tuple(hf_shape)} from config.json"
+                    )
                 _set(params, target, _to_jax(x, kind, _get(expected, target).shape).astype(pdt))
     if config.value_head:
         _load_value_head(config, params, vh_path if has_vh else None, key)
@@ -250,6 +312,7 @@ def _abstract_params(config: ModelConfig) -> Params:
     from flax import nnx
 
     from jaxagent.models.transformer import Transformer
+
     return nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))))
 
 
@@ -263,7 +326,9 @@ def _load_value_head(config, params, vh_path, key):
     with safe_open(vh_path, framework="flax") as fh:
         kernel, bias = fh.get_tensor("value_head.weight"), fh.get_tensor("value_head.bias")
     if kernel.shape != (d,):
-        raise ValueError(f"load_hf: tensor value_head.weight has shape {kernel.shape}, expected ({d},)")
+        raise ValueError(
+            f"load_hf: tensor value_head.weight has shape {kernel.shape}, expected ({d},)"
+        )
     params["value_kernel"] = kernel.astype(pdt)
     params["value_bias"] = jnp.reshape(bias, ()).astype(pdt)
 
@@ -277,8 +342,15 @@ def _parse_size(size) -> int:
     return int(float(m.group(1)) * {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[m.group(2)])
 
 
-def save_hf(path: str, config: ModelConfig, graphdef, params: Params, *,
-            max_shard_size="2GB", dtype: Optional[str] = None) -> None:
+def save_hf(
+    path: str,
+    config: ModelConfig,
+    graphdef,
+    params: Params,
+    *,
+    max_shard_size="2GB",
+    dtype: Optional[str] = None,
+) -> None:
     """Write ``params`` as a HF checkpoint transformers can load (config.json + safetensors).
 
     Shards above ``max_shard_size`` bytes with a ``model.safetensors.index.json``. ``dtype``
@@ -288,12 +360,16 @@ def save_hf(path: str, config: ModelConfig, graphdef, params: Params, *,
         raise ValueError("save_hf: config does not match the graphdef's config")
     os.makedirs(path, exist_ok=True)
     hf_config = config_to_hf(config if dtype is None else config.replace(param_dtype=dtype))
-    hf_config.architectures = ["Qwen2ForCausalLM" if config.model_type == "qwen2" else "LlamaForCausalLM"]
+    hf_config.architectures = [
+        "Qwen2ForCausalLM" if config.model_type == "qwen2" else "LlamaForCausalLM"
+    ]
     hf_config.save_pretrained(path)
     _add_legacy_keys(os.path.join(path, "config.json"))
     store = jnp.dtype(dtype or config.param_dtype)
-    tensors = {name: jnp.asarray(_to_hf(_get(params, target), kind, shape)).astype(store)
-               for name, (target, shape, kind) in _hf_layout(config).items()}
+    tensors = {
+        name: jnp.asarray(_to_hf(_get(params, target), kind, shape)).astype(store)
+        for name, (target, shape, kind) in _hf_layout(config).items()
+    }
     shards, current, size = [], {}, 0
     limit = _parse_size(max_shard_size)
     for name, x in tensors.items():
@@ -315,14 +391,21 @@ def save_hf(path: str, config: ModelConfig, graphdef, params: Params, *,
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, os.path.join(path, fname), metadata=meta)
             weight_map.update({name: fname for name in shard})
-        index = {"metadata": {"total_size": int(sum(x.nbytes for x in tensors.values()))},
-                 "weight_map": weight_map}
+        index = {
+            "metadata": {"total_size": int(sum(x.nbytes for x in tensors.values()))},
+            "weight_map": weight_map,
+        }
         with open(os.path.join(path, _INDEX), "w") as fh:
             json.dump(index, fh, indent=2)
     if config.value_head:
-        save_file({"value_head.weight": jnp.asarray(params["value_kernel"]),
-                   "value_head.bias": jnp.reshape(params["value_bias"], (1,))},
-                  os.path.join(path, _VALUE_HEAD), metadata=meta)
+        save_file(
+            {
+                "value_head.weight": jnp.asarray(params["value_kernel"]),
+                "value_head.bias": jnp.reshape(params["value_bias"], (1,)),
+            },
+            os.path.join(path, _VALUE_HEAD),
+            metadata=meta,
+        )
 
 
 def load_tokenizer(path: str):
@@ -336,4 +419,5 @@ def load_tokenizer(path: str):
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(
             f"load_tokenizer: no usable tokenizer in {path} (found {sorted(os.listdir(path))}); "
-            f"save one with tokenizer.save_pretrained(path). Cause: {exc}") from exc
+            f"save one with tokenizer.save_pretrained(path). Cause: {exc}"
+        ) from exc

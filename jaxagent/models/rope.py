@@ -19,7 +19,7 @@ def rope_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
     """Inverse frequencies [head_dim // 2] float32 and the cos/sin scale (attention factor)."""
     dim = config.head_dim
     base = config.rope_theta
-    inv_freq = (1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)))
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
     inv_freq = inv_freq.astype(np.float32)
     scaling = config.rope_scaling_dict
     rope_type = config.rope_type

@@ -49,8 +49,9 @@ def dense_t(x: jax.Array, w_t: jax.Array, out_dtype=None) -> jax.Array:
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    out_t = jax.lax.dot_general(w_t.astype(x.dtype), x2, (((1,), (1,)), ((), ())),
-                                preferred_element_type=out_dtype)
+    out_t = jax.lax.dot_general(
+        w_t.astype(x.dtype), x2, (((1,), (1,)), ((), ())), preferred_element_type=out_dtype
+    )
     return jax.lax.optimization_barrier(out_t).T.reshape(*lead, w_t.shape[0])
 
 
@@ -124,13 +125,16 @@ class Attention(nnx.Module):
         """q/k/v kernels concatenated to [D, (H + 2K) * hd] (and biases): one matmul a step;
         the output kernel flattened to [H * hd, D]. ``output_major``: kernels transposed."""
         cfg = self.config
-        w = jnp.concatenate([getattr(self, f"{n}_proj")[...].reshape(cfg.hidden_size, -1)
-                             for n in ("q", "k", "v")], axis=1)
+        w = jnp.concatenate(
+            [getattr(self, f"{n}_proj")[...].reshape(cfg.hidden_size, -1) for n in ("q", "k", "v")],
+            axis=1,
+        )
         o = self.o_proj[...].reshape(-1, cfg.hidden_size)
         out = {"qkv_t": w.T, "o_t": o.T} if output_major else {"qkv": w, "o": o}
         if cfg.qkv_bias:
             out["qkv_bias"] = jnp.concatenate(
-                [getattr(self, f"{n}_bias")[...].reshape(-1) for n in ("q", "k", "v")])
+                [getattr(self, f"{n}_bias")[...].reshape(-1) for n in ("q", "k", "v")]
+            )
         return out
 
     def _project_fused(self, x, fused):
@@ -141,7 +145,7 @@ class Attention(nnx.Module):
             out = out + fused["qkv_bias"].astype(x.dtype)
         out = out.reshape(b, t, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
         h, k = cfg.num_heads, cfg.num_kv_heads
-        return out[:, :, :h], out[:, :, h:h + k], out[:, :, h + k:]
+        return out[:, :, :h], out[:, :, h : h + k], out[:, :, h + k :]
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None):
         """x [B,T,D]; mask [B,T,S]; cache_kv (keys [B,K,hd,S], values [B,K,S,hd]) or None;
@@ -154,7 +158,7 @@ class Attention(nnx.Module):
             q, k, v = (self._project(x, n) for n in ("q", "k", "v"))
         else:
             q, k, v = self._project_fused(x, fused)
-        q = apply_rope(q, cos, sin) * (cfg.head_dim ** -0.5)
+        q = apply_rope(q, cos, sin) * (cfg.head_dim**-0.5)
         k = apply_rope(k, cos, sin)
         if cache_kv is None:
             keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, hd]
@@ -256,8 +260,15 @@ class Transformer(nnx.Module):
             out["lm_head"] = self.embed[...].T if tied else self.lm_head[...]
         return out
 
-    def hidden(self, tokens, positions, segment_ids, cache: KVCache | None = None,
-               fused: dict | None = None, remat=False):
+    def hidden(
+        self,
+        tokens,
+        positions,
+        segment_ids,
+        cache: KVCache | None = None,
+        fused: dict | None = None,
+        remat=False,
+    ):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
         Without a cache, query t attends key s when s <= t and both share a nonzero segment

@@ -35,10 +35,15 @@ class ArrayEnvPool:
 
     def __init__(self, env: ArrayEnv, seed: int = 0):
         if not isinstance(env, ArrayEnv):
-            missing = [n for n in ("num_envs", "obs_dim", "act_dim", "reset", "step",
-                                   "step_envs", "close") if not hasattr(env, n)]
-            raise TypeError(f"ArrayEnvPool needs an ArrayEnv; {type(env).__name__} lacks "
-                            f"{missing} (see jaxagent.envs.base.ArrayEnv)")
+            missing = [
+                n
+                for n in ("num_envs", "obs_dim", "act_dim", "reset", "step", "step_envs", "close")
+                if not hasattr(env, n)
+            ]
+            raise TypeError(
+                f"ArrayEnvPool needs an ArrayEnv; {type(env).__name__} lacks "
+                f"{missing} (see jaxagent.envs.base.ArrayEnv)"
+            )
         self.env = env
         self.seed = seed
         self.num_envs = env.num_envs

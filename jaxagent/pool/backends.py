@@ -87,6 +87,7 @@ def make_backend(env_fn: Callable[[int], Any], config) -> Backend:
     try:
         factory = BACKENDS[config.backend]
     except KeyError:
-        raise ValueError(f"PoolConfig.backend={config.backend!r}; choose one of "
-                         f"{tuple(BACKENDS)}") from None
+        raise ValueError(
+            f"PoolConfig.backend={config.backend!r}; choose one of {tuple(BACKENDS)}"
+        ) from None
     return factory(env_fn, config)

@@ -93,7 +93,9 @@ def compute_gae(
 
 def _group_matrix(group_ids: jax.Array, mask: Optional[jax.Array]) -> tuple[jax.Array, jax.Array]:
     """[B, B] float32 same-group matrix restricted to valid rows, and valid [B] float32."""
-    valid = jnp.ones(group_ids.shape, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
+    valid = (
+        jnp.ones(group_ids.shape, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
+    )
     same = (group_ids[:, None] == group_ids[None, :]).astype(jnp.float32)
     return same * valid[None, :] * valid[:, None], valid
 

@@ -69,21 +69,36 @@ class Estimator(NamedTuple):
 
 def _gae(cfg: "AdvantageConfig", batch: TokenBatch, token_rewards, mask):
     if batch.values is None:
-        raise ValueError("TokenBatch.values is None but advantage.estimator='gae' needs critic "
-                         "values at sampling time; fill it before the update")
+        raise ValueError(
+            "TokenBatch.values is None but advantage.estimator='gae' needs critic "
+            "values at sampling time; fill it before the update"
+        )
     b = mask.shape[0]
-    trunc = jnp.zeros((b,), jnp.float32) if batch.truncated is None else jnp.asarray(
-        batch.truncated, jnp.float32)
-    boot = jnp.zeros((b,), jnp.float32) if batch.bootstrap_value is None else jnp.asarray(
-        batch.bootstrap_value, jnp.float32)
+    trunc = (
+        jnp.zeros((b,), jnp.float32)
+        if batch.truncated is None
+        else jnp.asarray(batch.truncated, jnp.float32)
+    )
+    boot = (
+        jnp.zeros((b,), jnp.float32)
+        if batch.bootstrap_value is None
+        else jnp.asarray(batch.bootstrap_value, jnp.float32)
+    )
     t = jnp.arange(mask.shape[1])
     last_t = jnp.max(jnp.where(mask > 0, t[None, :], -1), axis=1)
     last = (t[None, :] == last_t[:, None]).astype(jnp.float32)
     # A terminated row ends at its last policy token (next value 0); a truncated row is cut
     # there and bootstraps on the critic's value of the state after the cut.
     returns, adv = adv_lib.compute_gae(
-        token_rewards, batch.values, last * (1.0 - trunc[:, None]), last * trunc[:, None],
-        boot, cfg.discount, cfg.gae_lambda, mask)
+        token_rewards,
+        batch.values,
+        last * (1.0 - trunc[:, None]),
+        last * trunc[:, None],
+        boot,
+        cfg.discount,
+        cfg.gae_lambda,
+        mask,
+    )
     return adv, returns
 
 
@@ -97,11 +112,14 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
     "given": Estimator(_given, per_token=True),
     "group_normalized": Estimator(
         lambda c, r, g, v: adv_lib.group_normalized_advantages(r, g, c.std_mode, c.eps, v),
-        per_token=False),
+        per_token=False,
+    ),
     "leave_one_out": Estimator(
-        lambda c, r, g, v: adv_lib.leave_one_out_advantages(r, g, v), per_token=False),
+        lambda c, r, g, v: adv_lib.leave_one_out_advantages(r, g, v), per_token=False
+    ),
     "batch_mean": Estimator(
-        lambda c, r, g, v: adv_lib.batch_mean_advantages(r, v), per_token=False),
+        lambda c, r, g, v: adv_lib.batch_mean_advantages(r, v), per_token=False
+    ),
 }
 
 
@@ -117,8 +135,9 @@ class PolicyLoss(NamedTuple):
 
 def _ppo(cfg: "LossConfig", logp, log_ratio, adv):
     del logp
-    return loss_lib.ppo_clip_loss(log_ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high,
-                                  cfg.clip_lower)
+    return loss_lib.ppo_clip_loss(
+        log_ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high, cfg.clip_lower
+    )
 
 
 def _no_clip(per_tok):
@@ -129,7 +148,8 @@ def _no_clip(per_tok):
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo": PolicyLoss(_ppo, on_policy=True),
     "reinforce": PolicyLoss(
-        lambda c, lp, lr, a: _no_clip(loss_lib.reinforce_loss(lp, a)), on_policy=True),
+        lambda c, lp, lr, a: _no_clip(loss_lib.reinforce_loss(lp, a)), on_policy=True
+    ),
     "sft": PolicyLoss(lambda c, lp, lr, a: _no_clip(loss_lib.sft_loss(lp)), on_policy=False),
 }
 
@@ -193,7 +213,8 @@ class LossConfig:
         if self.clip_lower == "subtract" and self.clip_eps_low >= 1.0:
             raise RLConfigError(
                 f"loss.clip_eps_low={self.clip_eps_low} >= 1 makes the lower bound <= 0; use a "
-                "smaller value or loss.clip_lower='reciprocal'")
+                "smaller value or loss.clip_lower='reciprocal'"
+            )
         if self.norm_constant <= 0:
             raise RLConfigError(f"loss.norm_constant={self.norm_constant!r} must be > 0")
 
@@ -210,8 +231,10 @@ class KLConfig:
         _choice("kl.mode", self.mode, KL_MODES)
         _choice("kl.estimator", self.estimator, KL_ESTIMATORS)
         if self.mode != "none" and self.beta <= 0:
-            raise RLConfigError(f"kl.beta={self.beta!r} must be > 0 with kl.mode={self.mode!r} "
-                                "(or set kl.mode='none')")
+            raise RLConfigError(
+                f"kl.beta={self.beta!r} must be > 0 with kl.mode={self.mode!r} "
+                "(or set kl.mode='none')"
+            )
 
 
 @dataclass(**_DC)
@@ -255,14 +278,23 @@ class LoraConfig:
 
     rank: int = 0
     alpha: float = 32.0
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                "down_proj")
+    targets: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
 
     def __post_init__(self):
         _at_least("lora.rank", self.rank, 0)
         if self.rank and not self.targets:
-            raise RLConfigError("lora.targets is empty with lora.rank > 0; name projections "
-                                "(e.g. ['q_proj', 'v_proj']) or set lora.rank=0")
+            raise RLConfigError(
+                "lora.targets is empty with lora.rank > 0; name projections "
+                "(e.g. ['q_proj', 'v_proj']) or set lora.rank=0"
+            )
 
 
 @dataclass(**_DC)
@@ -278,10 +310,12 @@ class UpdateConfig:
         _at_least("update.num_epochs", self.num_epochs, 1)
         _at_least("update.minibatch_size", self.minibatch_size, 1)
         if self.microbatch_size < 0 or (
-                self.microbatch_size and self.minibatch_size % self.microbatch_size):
+            self.microbatch_size and self.minibatch_size % self.microbatch_size
+        ):
             raise RLConfigError(
                 f"update.microbatch_size={self.microbatch_size} must be 0 or divide "
-                f"update.minibatch_size={self.minibatch_size}")
+                f"update.minibatch_size={self.minibatch_size}"
+            )
 
     @property
     def microbatch(self) -> int:
@@ -290,8 +324,13 @@ class UpdateConfig:
 
 
 SECTIONS: dict[str, type] = {
-    "advantage": AdvantageConfig, "loss": LossConfig, "kl": KLConfig, "critic": CriticConfig,
-    "optim": OptimConfig, "lora": LoraConfig, "update": UpdateConfig,
+    "advantage": AdvantageConfig,
+    "loss": LossConfig,
+    "kl": KLConfig,
+    "critic": CriticConfig,
+    "optim": OptimConfig,
+    "lora": LoraConfig,
+    "update": UpdateConfig,
 }
 
 
@@ -311,12 +350,14 @@ class RLConfig:
     def __post_init__(self):
         for key, cls in SECTIONS.items():
             if not isinstance(getattr(self, key), cls):
-                raise RLConfigError(f"{key} must be a {cls.__name__}, got "
-                                    f"{type(getattr(self, key)).__name__}")
+                raise RLConfigError(
+                    f"{key} must be a {cls.__name__}, got {type(getattr(self, key)).__name__}"
+                )
         if ADVANTAGE_ESTIMATORS[self.advantage.estimator].needs_critic and not self.critic.enabled:
             raise RLConfigError(
                 f"advantage.estimator={self.advantage.estimator!r} needs critic.enabled=true "
-                "(it bootstraps on values); enable the critic or pick a critic-free estimator")
+                "(it bootstraps on values); enable the critic or pick a critic-free estimator"
+            )
 
     @property
     def needs_reference(self) -> bool:
@@ -344,8 +385,9 @@ class RLConfig:
                 changes["name"] = value
                 continue
             if key not in SECTIONS:
-                raise RLConfigError(f"unknown RLConfig section {key!r}; sections: "
-                                    f"{['name', *SECTIONS]}")
+                raise RLConfigError(
+                    f"unknown RLConfig section {key!r}; sections: {['name', *SECTIONS]}"
+                )
             if isinstance(value, SECTIONS[key]):
                 changes[key] = value
                 continue
@@ -353,8 +395,9 @@ class RLConfig:
             names = {f.name for f in dataclasses.fields(current)}
             unknown = sorted(set(value) - names)
             if unknown:
-                raise RLConfigError(f"unknown field(s) {[f'{key}.{u}' for u in unknown]}; "
-                                    f"{key} has {sorted(names)}")
+                raise RLConfigError(
+                    f"unknown field(s) {[f'{key}.{u}' for u in unknown]}; {key} has {sorted(names)}"
+                )
             fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
             changes[key] = dataclasses.replace(current, **fixed)
         return dataclasses.replace(self, **changes)

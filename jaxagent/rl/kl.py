@@ -25,7 +25,9 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 LOG_RATIO_CLIP = 20.0
 
 
-def kl_estimate(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstimator = "k3") -> jax.Array:
+def kl_estimate(
+    logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstimator = "k3"
+) -> jax.Array:
     """Per-token estimate of KL(pi || pi_ref) from log-probs of the sampled tokens.
 
     Args:

@@ -148,7 +148,9 @@ def importance_log_ratio(
     raise ValueError(f"ratio level={level!r} is not one of {RATIO_LEVELS}")
 
 
-def clip_bounds(eps_low: float, eps_high: float, lower: ClipLower = "subtract") -> tuple[float, float]:
+def clip_bounds(
+    eps_low: float, eps_high: float, lower: ClipLower = "subtract"
+) -> tuple[float, float]:
     """(low, high) ratio bounds: (1 - eps_low, 1 + eps_high), or (1 / (1 + eps_low), 1 + eps_high)
     with ``lower="reciprocal"`` (the bound used by LOOP's public code)."""
     if lower == "subtract":
@@ -244,5 +246,7 @@ def value_loss(
 
 def approx_kl_old_new(logprobs: jax.Array, old_logprobs: jax.Array) -> jax.Array:
     """Per-token k3 estimate of KL(pi_old || pi) for monitoring (samples come from pi_old)."""
-    log_r = jnp.clip(jnp.asarray(logprobs, jnp.float32) - old_logprobs, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+    log_r = jnp.clip(
+        jnp.asarray(logprobs, jnp.float32) - old_logprobs, -LOG_RATIO_CLIP, LOG_RATIO_CLIP
+    )
     return jnp.exp(log_r) - 1.0 - log_r

@@ -72,8 +72,14 @@ def logits_logprob_fn(apply_fn: Callable) -> LogprobFn:
     return logprob_fn
 
 
-def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 1024,
-                     skip_unmasked_chunks: bool = False, vocab_chunk: int = 4096) -> LogprobFn:
+def model_logprob_fn(
+    graphdef: Any,
+    *,
+    remat: bool = True,
+    head_chunk: int = 1024,
+    skip_unmasked_chunks: bool = False,
+    vocab_chunk: int = 4096,
+) -> LogprobFn:
     """Memory-lean ``logprob_fn(params, tokens, positions, segment_ids) -> (logp, entropy,
     values)`` for a jaxagent model (see module docstring).
 
@@ -91,10 +97,11 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 102
 
     The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it).
     """
+
     def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
         wrap = checkpoint_in_backward if remat else False
         if isinstance(params, LoraParams):
-            params, wrap = (_lazy_lora(params) if remat else (params.merged(), False))
+            params, wrap = _lazy_lora(params) if remat else (params.merged(), False)
         model = nnx.merge(graphdef, params)
         b, t = tokens.shape
         h, _ = model.hidden(tokens, positions, segment_ids, remat=wrap)
@@ -106,12 +113,21 @@ def model_logprob_fn(graphdef: Any, *, remat: bool = True, head_chunk: int = 102
         if loss_mask is not None and skip_unmasked_chunks:
             rows = (loss_mask[:, 1:] > 0).reshape(-1)
         # Position t predicts token t + 1.
-        lp, ent = chunked_head_logprobs(h[:, :-1].reshape(b * (t - 1), -1), w,
-                                        tokens[:, 1:].reshape(-1), rows, head_chunk,
-                                        vocab_chunk, tied)
+        lp, ent = chunked_head_logprobs(
+            h[:, :-1].reshape(b * (t - 1), -1),
+            w,
+            tokens[:, 1:].reshape(-1),
+            rows,
+            head_chunk,
+            vocab_chunk,
+            tied,
+        )
         zero = jnp.zeros((b, 1), jnp.float32)
-        return (jnp.concatenate([zero, lp.reshape(b, t - 1)], axis=1),
-                jnp.concatenate([zero, ent.reshape(b, t - 1)], axis=1), values)
+        return (
+            jnp.concatenate([zero, lp.reshape(b, t - 1)], axis=1),
+            jnp.concatenate([zero, ent.reshape(b, t - 1)], axis=1),
+            values,
+        )
 
     return LoraAwareLogprobFn(logprob_fn)
 
@@ -126,8 +142,11 @@ def _lazy_lora(params: LoraParams):
     in_blocks = {k: v for k, v in params.adapters.items() if k.startswith("layer_")}
     eager = {k: v for k, v in params.adapters.items() if k not in in_blocks}
     base = merge_lora(params.base, eager, params.alpha, params.rank) if eager else params.base
-    owner = {id(x): path_name(k) for k, x in jax.tree_util.tree_flatten_with_path(base)[0]
-             if path_name(k) in in_blocks}
+    owner = {
+        id(x): path_name(k)
+        for k, x in jax.tree_util.tree_flatten_with_path(base)[0]
+        if path_name(k) in in_blocks
+    }
 
     def wrap(block):
         # The merge depends on x through a zero term: otherwise XLA hoists it out of the
@@ -143,9 +162,11 @@ def _lazy_lora(params: LoraParams):
         lazy = checkpoint_in_backward(merged_block)
 
         def call(state, x, *consts):
-            adapters = {path_name(k): in_blocks[owner[id(leaf)]]
-                        for k, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
-                        if id(leaf) in owner}
+            adapters = {
+                path_name(k): in_blocks[owner[id(leaf)]]
+                for k, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+                if id(leaf) in owner
+            }
             return lazy(state, (x, adapters), *consts)
 
         return call

@@ -80,8 +80,9 @@ def compute_advantages(config: RLConfig, batch: TokenBatch) -> TokenBatch:
     )
 
 
-def split_bootstrap_values(values_ext: jax.Array, segment_ids: jax.Array) -> tuple[jax.Array,
-                                                                                jax.Array]:
+def split_bootstrap_values(
+    values_ext: jax.Array, segment_ids: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Critic values of a batch run with one extra (padding) column -> (values [B, T],
     bootstrap [B]).
 

@@ -44,8 +44,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxagent.rl.config import (AdvantageConfig, CriticConfig, KLConfig, LoraConfig, LossConfig,
-                                OptimConfig, RLConfig, UpdateConfig)
+from jaxagent.rl.config import (
+    AdvantageConfig,
+    CriticConfig,
+    KLConfig,
+    LoraConfig,
+    LossConfig,
+    OptimConfig,
+    RLConfig,
+    UpdateConfig,
+)
 
 
 class Recipe:
@@ -55,8 +63,9 @@ class Recipe:
 
     def __init__(self, config: RLConfig, samples_per_task: int):
         if samples_per_task < 1:
-            raise ValueError(f"recipe {config.name!r}: samples_per_task={samples_per_task} "
-                             "must be >= 1")
+            raise ValueError(
+                f"recipe {config.name!r}: samples_per_task={samples_per_task} must be >= 1"
+            )
         self.config, self.samples_per_task = config, samples_per_task
 
 
@@ -98,59 +107,106 @@ def get_recipe(name: str, **sections: Any) -> RLConfig:
     return base.override(**sections) if sections else base
 
 
-register_recipe(RLConfig(
-    name="ppo",
-    advantage=AdvantageConfig(estimator="gae", discount=1.0, gae_lambda=0.95, whiten=True),
-    loss=LossConfig(policy="ppo", clip_eps_low=0.2, clip_eps_high=0.2, aggregation="token_mean"),
-    kl=KLConfig(mode="reward", estimator="k1", beta=0.05),
-    critic=CriticConfig(enabled=True, value_coef=0.1, value_clip_eps=0.2),
-    optim=OptimConfig(learning_rate=1e-6), update=UpdateConfig(num_epochs=4),
-), samples_per_task=1)
-register_recipe(RLConfig(
-    name="grpo",
-    advantage=AdvantageConfig(estimator="group_normalized", std_mode="population"),
-    loss=LossConfig(policy="ppo", clip_eps_low=0.2, clip_eps_high=0.2,
-                    aggregation="seq_mean_token_mean"),
-    kl=KLConfig(mode="loss", estimator="k3", beta=0.04),
-    optim=OptimConfig(learning_rate=1e-6), update=UpdateConfig(num_epochs=1),
-), samples_per_task=64)
-register_recipe(RLConfig(
-    name="dr_grpo",
-    advantage=AdvantageConfig(estimator="group_normalized", std_mode="none"),
-    loss=LossConfig(policy="ppo", clip_eps_low=0.2, clip_eps_high=0.2, aggregation="seq_sum_norm",
-                    norm_constant=3000.0),
-    optim=OptimConfig(learning_rate=1e-6), update=UpdateConfig(num_epochs=1),
-), samples_per_task=8)
-register_recipe(RLConfig(
-    name="dapo",
-    advantage=AdvantageConfig(estimator="group_normalized", std_mode="population"),
-    loss=LossConfig(policy="ppo", clip_eps_low=0.2, clip_eps_high=0.28, aggregation="token_mean"),
-    optim=OptimConfig(learning_rate=1e-6, weight_decay=0.1), update=UpdateConfig(num_epochs=1),
-), samples_per_task=16)
-register_recipe(RLConfig(
-    name="loop",
-    advantage=AdvantageConfig(estimator="leave_one_out", std_mode="none", drop_below=0.01),
-    loss=LossConfig(policy="ppo", ratio_level="token", clip_eps_low=0.1, clip_eps_high=0.1,
-                    clip_lower="subtract", aggregation="seq_mean_token_mean"),
-    optim=OptimConfig(learning_rate=5e-6, max_grad_norm=1.0),
-    lora=LoraConfig(rank=16, alpha=32.0),
-    update=UpdateConfig(num_epochs=2, minibatch_size=32),
-), samples_per_task=6)
-register_recipe(RLConfig(
-    name="rloo",
-    advantage=AdvantageConfig(estimator="leave_one_out", std_mode="none"),
-    loss=LossConfig(policy="reinforce", aggregation="seq_sum_norm", norm_constant=1.0),
-    optim=OptimConfig(learning_rate=1e-6), update=UpdateConfig(num_epochs=1),
-), samples_per_task=4)
-register_recipe(RLConfig(
-    name="reinforce",
-    advantage=AdvantageConfig(estimator="batch_mean"),
-    loss=LossConfig(policy="reinforce", aggregation="seq_mean_token_mean"),
-    optim=OptimConfig(learning_rate=1e-6), update=UpdateConfig(num_epochs=1),
-), samples_per_task=1)
-register_recipe(RLConfig(
-    name="rft",
-    advantage=AdvantageConfig(estimator="given", filter_reward=True, min_reward=1.0),
-    loss=LossConfig(policy="sft", aggregation="token_mean"),
-    optim=OptimConfig(learning_rate=1e-5), update=UpdateConfig(num_epochs=1),
-), samples_per_task=1)
+register_recipe(
+    RLConfig(
+        name="ppo",
+        advantage=AdvantageConfig(estimator="gae", discount=1.0, gae_lambda=0.95, whiten=True),
+        loss=LossConfig(
+            policy="ppo", clip_eps_low=0.2, clip_eps_high=0.2, aggregation="token_mean"
+        ),
+        kl=KLConfig(mode="reward", estimator="k1", beta=0.05),
+        critic=CriticConfig(enabled=True, value_coef=0.1, value_clip_eps=0.2),
+        optim=OptimConfig(learning_rate=1e-6),
+        update=UpdateConfig(num_epochs=4),
+    ),
+    samples_per_task=1,
+)
+register_recipe(
+    RLConfig(
+        name="grpo",
+        advantage=AdvantageConfig(estimator="group_normalized", std_mode="population"),
+        loss=LossConfig(
+            policy="ppo", clip_eps_low=0.2, clip_eps_high=0.2, aggregation="seq_mean_token_mean"
+        ),
+        kl=KLConfig(mode="loss", estimator="k3", beta=0.04),
+        optim=OptimConfig(learning_rate=1e-6),
+        update=UpdateConfig(num_epochs=1),
+    ),
+    samples_per_task=64,
+)
+register_recipe(
+    RLConfig(
+        name="dr_grpo",
+        advantage=AdvantageConfig(estimator="group_normalized", std_mode="none"),
+        loss=LossConfig(
+            policy="ppo",
+            clip_eps_low=0.2,
+            clip_eps_high=0.2,
+            aggregation="seq_sum_norm",
+            norm_constant=3000.0,
+        ),
+        optim=OptimConfig(learning_rate=1e-6),
+        update=UpdateConfig(num_epochs=1),
+    ),
+    samples_per_task=8,
+)
+register_recipe(
+    RLConfig(
+        name="dapo",
+        advantage=AdvantageConfig(estimator="group_normalized", std_mode="population"),
+        loss=LossConfig(
+            policy="ppo", clip_eps_low=0.2, clip_eps_high=0.28, aggregation="token_mean"
+        ),
+        optim=OptimConfig(learning_rate=1e-6, weight_decay=0.1),
+        update=UpdateConfig(num_epochs=1),
+    ),
+    samples_per_task=16,
+)
+register_recipe(
+    RLConfig(
+        name="loop",
+        advantage=AdvantageConfig(estimator="leave_one_out", std_mode="none", drop_below=0.01),
+        loss=LossConfig(
+            policy="ppo",
+            ratio_level="token",
+            clip_eps_low=0.1,
+            clip_eps_high=0.1,
+            clip_lower="subtract",
+            aggregation="seq_mean_token_mean",
+        ),
+        optim=OptimConfig(learning_rate=5e-6, max_grad_norm=1.0),
+        lora=LoraConfig(rank=16, alpha=32.0),
+        update=UpdateConfig(num_epochs=2, minibatch_size=32),
+    ),
+    samples_per_task=6,
+)
+register_recipe(
+    RLConfig(
+        name="rloo",
+        advantage=AdvantageConfig(estimator="leave_one_out", std_mode="none"),
+        loss=LossConfig(policy="reinforce", aggregation="seq_sum_norm", norm_constant=1.0),
+        optim=OptimConfig(learning_rate=1e-6),
+        update=UpdateConfig(num_epochs=1),
+    ),
+    samples_per_task=4,
+)
+register_recipe(
+    RLConfig(
+        name="reinforce",
+        advantage=AdvantageConfig(estimator="batch_mean"),
+        loss=LossConfig(policy="reinforce", aggregation="seq_mean_token_mean"),
+        optim=OptimConfig(learning_rate=1e-6),
+        update=UpdateConfig(num_epochs=1),
+    ),
+    samples_per_task=1,
+)
+register_recipe(
+    RLConfig(
+        name="rft",
+        advantage=AdvantageConfig(estimator="given", filter_reward=True, min_reward=1.0),
+        loss=LossConfig(policy="sft", aggregation="token_mean"),
+        optim=OptimConfig(learning_rate=1e-5),
+        update=UpdateConfig(num_epochs=1),
+    ),
+    samples_per_task=1,
+)

@@ -83,18 +83,30 @@ class TrainState:
         if lora.rank > 0:
             adapters = init_lora(params, lora.rank, lora.targets, lora_key)
             return cls(
-                params=adapters, opt_state=tx.init(adapters), step=jnp.zeros((), jnp.int32),
-                rng=rng, frozen_params=params, ref_params=ref_params,
-                lora_alpha=float(lora.alpha), lora_rank=int(lora.rank),
+                params=adapters,
+                opt_state=tx.init(adapters),
+                step=jnp.zeros((), jnp.int32),
+                rng=rng,
+                frozen_params=params,
+                ref_params=ref_params,
+                lora_alpha=float(lora.alpha),
+                lora_rank=int(lora.rank),
             )
         return cls(
-            params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=rng,
+            params=params,
+            opt_state=tx.init(params),
+            step=jnp.zeros((), jnp.int32),
+            rng=rng,
             ref_params=ref_params,
         )
 
 
-def make_optimizer(config: RLConfig, schedule: str = "constant", total_steps: int | None = None,
-                   final_ratio: float = 0.1) -> optax.GradientTransformation:
+def make_optimizer(
+    config: RLConfig,
+    schedule: str = "constant",
+    total_steps: int | None = None,
+    final_ratio: float = 0.1,
+) -> optax.GradientTransformation:
     """AdamW with global-norm gradient clipping and a linear warm-up of the learning rate
     (``config.optim``; ``max_grad_norm=0`` turns clipping off).
 
@@ -110,13 +122,18 @@ def make_optimizer(config: RLConfig, schedule: str = "constant", total_steps: in
         if total_steps is None:
             raise ValueError(f"make_optimizer: schedule={schedule!r} needs total_steps")
         decay_steps = max(1, total_steps - warm)
-        decay = (optax.linear_schedule(peak, peak * final_ratio, decay_steps)
-                 if schedule == "linear"
-                 else optax.cosine_decay_schedule(peak, decay_steps, alpha=final_ratio))
+        decay = (
+            optax.linear_schedule(peak, peak * final_ratio, decay_steps)
+            if schedule == "linear"
+            else optax.cosine_decay_schedule(peak, decay_steps, alpha=final_ratio)
+        )
     else:
         raise ValueError(f"lr schedule {schedule!r}: choose constant, linear or cosine")
-    lr = decay if warm <= 0 else optax.join_schedules(
-        [optax.linear_schedule(0.0, peak, warm), decay], [warm])
+    lr = (
+        decay
+        if warm <= 0
+        else optax.join_schedules([optax.linear_schedule(0.0, peak, warm), decay], [warm])
+    )
     adamw = optax.adamw(lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
     if not o.max_grad_norm:
         return adamw

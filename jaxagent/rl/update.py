@@ -38,8 +38,8 @@ from jaxagent.rl import losses as L
 from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.models import token_values
-from jaxagent.rl.model_fns import (LogprobFn, LoraAwareLogprobFn, logits_logprob_fn,  # noqa: F401
-                                   model_apply_fn, model_logprob_fn)
+from jaxagent.rl.model_fns import LogprobFn, LoraAwareLogprobFn, logits_logprob_fn
+from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn  # noqa: F401 (re-exported)
 from jaxagent.rl.prepare import compute_advantages as _compute_advantages
 from jaxagent.rl.config import POLICY_LOSSES, RLConfig
 from jaxagent.rl.train_state import TrainState, make_optimizer
@@ -59,14 +59,22 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
     policy_loss = POLICY_LOSSES[lc.policy].fn
 
     def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs):
-        logp, entropy, values_out = logprob_fn(params, micro.tokens, micro.positions,
-                                               micro.segment_ids, loss_mask=micro.loss_mask)
+        logp, entropy, values_out = logprob_fn(
+            params, micro.tokens, micro.positions, micro.segment_ids, loss_mask=micro.loss_mask
+        )
         mask = micro.loss_mask.astype(jnp.float32)
-        agg = lambda x: L.aggregate(x, mask, lc.aggregation, num_tokens=num_tokens,
-                                    num_seqs=num_seqs, norm_constant=lc.norm_constant)
+        agg = lambda x: L.aggregate(
+            x,
+            mask,
+            lc.aggregation,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            norm_constant=lc.norm_constant,
+        )
         tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(num_tokens, 1.0)
-        log_ratio = L.importance_log_ratio(logp, micro.old_logprobs, mask, lc.ratio_level,
-                                           micro.turn_ids)
+        log_ratio = L.importance_log_ratio(
+            logp, micro.old_logprobs, mask, lc.ratio_level, micro.turn_ids
+        )
         per_tok, clip_low, clip_high = policy_loss(lc, logp, log_ratio, micro.advantages)
         policy = agg(per_tok)
         total = policy
@@ -77,23 +85,33 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
             m["kl/ref"] = kl
         if config.critic.enabled:
             if values_out is None:
-                raise ValueError("critic.enabled=True but the model returns no values; "
-                                 "build it with value_head=True")
-            v_loss = tok_mean(L.value_loss(token_values(values_out), micro.values, micro.returns,
-                                           config.critic.value_clip_eps or None))
+                raise ValueError(
+                    "critic.enabled=True but the model returns no values; "
+                    "build it with value_head=True"
+                )
+            v_loss = tok_mean(
+                L.value_loss(
+                    token_values(values_out),
+                    micro.values,
+                    micro.returns,
+                    config.critic.value_clip_eps or None,
+                )
+            )
             total = total + config.critic.value_coef * v_loss
             m["loss/value"] = v_loss
         ent = agg(entropy)
         if lc.entropy_coef:
             total = total - lc.entropy_coef * ent
-        m.update({
-            "loss/total": total,
-            "entropy/mean": tok_mean(entropy),
-            "clip/low_frac": tok_mean(clip_low),
-            "clip/high_frac": tok_mean(clip_high),
-            "kl/approx_old_new": tok_mean(L.approx_kl_old_new(logp, micro.old_logprobs)),
-            "ratio/mean": tok_mean(jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))),
-        })
+        m.update(
+            {
+                "loss/total": total,
+                "entropy/mean": tok_mean(entropy),
+                "clip/low_frac": tok_mean(clip_low),
+                "clip/high_frac": tok_mean(clip_high),
+                "kl/approx_old_new": tok_mean(L.approx_kl_old_new(logp, micro.old_logprobs)),
+                "ratio/mean": tok_mean(jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))),
+            }
+        )
         return total, m
 
     return loss_fn
@@ -120,11 +138,21 @@ def check_batch(batch: TokenBatch) -> None:
     """Shape and dtype contract of a learner batch (at trace time, so it costs nothing per
     step): [B, T] token-aligned arrays, [B] row arrays, integer ids, float log-probs."""
     b, t = batch.tokens.shape
-    chex.assert_shape([batch.positions, batch.segment_ids, batch.loss_mask, batch.old_logprobs,
-                       batch.advantages, batch.turn_ids], (b, t))
+    chex.assert_shape(
+        [
+            batch.positions,
+            batch.segment_ids,
+            batch.loss_mask,
+            batch.old_logprobs,
+            batch.advantages,
+            batch.turn_ids,
+        ],
+        (b, t),
+    )
     chex.assert_shape([batch.rewards, batch.group_ids], (b,))
-    chex.assert_type([batch.tokens, batch.positions, batch.segment_ids, batch.group_ids,
-                      batch.turn_ids], int)
+    chex.assert_type(
+        [batch.tokens, batch.positions, batch.segment_ids, batch.group_ids, batch.turn_ids], int
+    )
     chex.assert_type([batch.old_logprobs, batch.rewards], float)
     for name in ("ref_logprobs", "values", "returns"):
         if getattr(batch, name) is not None:
@@ -200,7 +228,10 @@ def make_update_step(
 
     grad_fn = jax.value_and_grad(
         lambda trainable, frozen, alpha_rank, *a: loss_fn(
-            with_adapters(trainable, frozen, alpha_rank), *a), has_aux=True)
+            with_adapters(trainable, frozen, alpha_rank), *a
+        ),
+        has_aux=True,
+    )
     batch_axes = None
     if mesh is not None:
         batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
@@ -220,16 +251,20 @@ def make_update_step(
         if b % u.minibatch_size:
             raise ValueError(
                 f"TokenBatch has B={b} rows but update.minibatch_size={u.minibatch_size} "
-                "does not divide it; sample a multiple of minibatch_size trajectories or change it")
+                "does not divide it; sample a multiple of minibatch_size trajectories or change it"
+            )
         n_mini = b // u.minibatch_size
         n_micro = u.minibatch_size // u.microbatch
         lora = (state.lora_alpha, state.lora_rank)
         if config.needs_reference and batch.ref_logprobs is None:
             if state.ref_params is None:
-                raise ValueError(f"recipe {config.name!r} uses KL (kl.mode={config.kl.mode!r}) but "
-                                 "the batch has no ref_logprobs and TrainState.ref_params is None")
-            batch = batch.replace(ref_logprobs=_reference_logprobs(
-                config, logprob_fn, state.ref_params, batch))
+                raise ValueError(
+                    f"recipe {config.name!r} uses KL (kl.mode={config.kl.mode!r}) but "
+                    "the batch has no ref_logprobs and TrainState.ref_params is None"
+                )
+            batch = batch.replace(
+                ref_logprobs=_reference_logprobs(config, logprob_fn, state.ref_params, batch)
+            )
         if compute_advantages:
             batch = _compute_advantages(config, batch)
         batch = batch.replace(loss_mask=batch.loss_mask.astype(jnp.float32))
@@ -247,6 +282,7 @@ def make_update_step(
             def accumulate(init, xs):
                 def micro_step(acc, x):
                     return jax.tree.map(jnp.add, acc, micro_grad(x)), None
+
                 return jax.lax.scan(micro_step, init, xs)[0]
 
             first = jax.tree.map(lambda x: x[0], micro)
@@ -257,7 +293,8 @@ def make_update_step(
                 # model is traced once (peeling the first microbatch measured +138 MiB here).
                 shapes = jax.eval_shape(micro_grad, first)
                 grads, sums = accumulate(
-                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), micro)
+                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), micro
+                )
             else:
                 # The first microbatch's gradient is the accumulator (no zero-filled model
                 # copy); the others are added into it as the backward pass produces them.
@@ -274,12 +311,16 @@ def make_update_step(
 
         rng, ep_key = jax.random.split(state.rng)
         keys = jax.random.split(ep_key, u.num_epochs)
-        (params, opt_state), per_step = jax.lax.scan(epoch_step, (state.params, state.opt_state), keys)
+        (params, opt_state), per_step = jax.lax.scan(
+            epoch_step, (state.params, state.opt_state), keys
+        )
         metrics = {k: jnp.mean(v) for k, v in per_step.items()}
         metrics.update(adv_metrics)
         steps = u.num_epochs * n_mini
         metrics["optim/steps"] = jnp.asarray(steps, jnp.float32)
-        new_state = state.replace(params=params, opt_state=opt_state, step=state.step + steps, rng=rng)
+        new_state = state.replace(
+            params=params, opt_state=opt_state, step=state.step + steps, rng=rng
+        )
         return new_state, metrics
 
     if not jit:
@@ -287,5 +328,9 @@ def make_update_step(
     if state_sharding is None and batch_sharding is None:
         return jax.jit(update_step, donate_argnums=0)
     replicated = NamedSharding(mesh, P()) if mesh is not None else None
-    return jax.jit(update_step, donate_argnums=0, in_shardings=(state_sharding, batch_sharding),
-                   out_shardings=(state_sharding, replicated))
+    return jax.jit(
+        update_step,
+        donate_argnums=0,
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, replicated),
+    )

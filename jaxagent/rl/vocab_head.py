@@ -114,18 +114,21 @@ def _backward_rows(h, w, targets, lse, mean_z, g_lp, g_ent, dw, c, k, tied):
         z, cols, valid, start, wc = _chunk_logits(h, w, i, c, vocab, tied)
         p = jnp.where(valid[None], jnp.exp(z - lse[:, None]), 0.0)
         onehot = (cols[None] == targets[:, None]) & valid[None]
-        dz = (g_lp[:, None] * (onehot.astype(jnp.float32) - p)
-              - g_ent[:, None] * p * (z - mean_z[:, None]))
+        dz = g_lp[:, None] * (onehot.astype(jnp.float32) - p) - g_ent[:, None] * p * (
+            z - mean_z[:, None]
+        )
         dzh = dz.astype(h.dtype)
         if tied:
-            dh = dh + jnp.einsum("nv,vd->nd", dzh, wc.astype(h.dtype),
-                                 preferred_element_type=jnp.float32)
+            dh = dh + jnp.einsum(
+                "nv,vd->nd", dzh, wc.astype(h.dtype), preferred_element_type=jnp.float32
+            )
             g_wc = jnp.einsum("nv,nd->vd", dzh, h, preferred_element_type=jnp.float32)
             prev = jax.lax.dynamic_slice_in_dim(dw, start, c, axis=0)
             dw = jax.lax.dynamic_update_slice_in_dim(dw, prev + g_wc.astype(dw.dtype), start, 0)
         else:
-            dh = dh + jnp.einsum("nv,dv->nd", dzh, wc.astype(h.dtype),
-                                 preferred_element_type=jnp.float32)
+            dh = dh + jnp.einsum(
+                "nv,dv->nd", dzh, wc.astype(h.dtype), preferred_element_type=jnp.float32
+            )
             g_wc = jnp.einsum("nd,nv->dv", h, dzh, preferred_element_type=jnp.float32)
             prev = jax.lax.dynamic_slice_in_dim(dw, start, c, axis=1)
             dw = jax.lax.dynamic_update_slice_in_dim(dw, prev + g_wc.astype(dw.dtype), start, 1)
@@ -156,7 +159,11 @@ def _row_plan(n, row_mask, row_chunk):
 
 
 def _pad_rows(x, n_pad):
-    return x if x.shape[0] == n_pad else jnp.pad(x, [(0, n_pad - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    return (
+        x
+        if x.shape[0] == n_pad
+        else jnp.pad(x, [(0, n_pad - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    )
 
 
 def _head_forward(h, w, targets, row_mask, row_chunk, vocab_chunk, tied):
@@ -180,8 +187,9 @@ def _head_forward(h, w, targets, row_mask, row_chunk, vocab_chunk, tied):
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def chunked_head_logprobs(h, w, targets, row_mask=None, row_chunk: int = 1024,
-                          vocab_chunk: int = 4096, tied: bool = False):
+def chunked_head_logprobs(
+    h, w, targets, row_mask=None, row_chunk: int = 1024, vocab_chunk: int = 4096, tied: bool = False
+):
     """Target log-probs and entropies of ``softmax(h @ W)`` without materialising logits.
 
     Args:
@@ -219,8 +227,19 @@ def _chl_bwd(row_chunk, vocab_chunk, tied, res, cts):
 
     def body(i, carry):
         dh, dw = carry
-        dh_i, dw = _backward_rows(take(h_p, i), w, take(t_p, i), take(lse, i), take(mean_z, i),
-                                  take(g_lp, i), take(g_ent, i), dw, c, k, tied)
+        dh_i, dw = _backward_rows(
+            take(h_p, i),
+            w,
+            take(t_p, i),
+            take(lse, i),
+            take(mean_z, i),
+            take(g_lp, i),
+            take(g_ent, i),
+            dw,
+            c,
+            k,
+            tied,
+        )
         return put(dh, i, dh_i), dw
 
     init = (jnp.zeros((n_pad, h.shape[1]), jnp.float32), jnp.zeros(w.shape, w.dtype))

@@ -21,10 +21,12 @@ BEST_METRIC = "eval_success"
 
 def _to_savable(tree: Any) -> Any:
     """Typed PRNG keys become their raw uint32 data (orbax stores plain arrays)."""
+
     def conv(x):
         if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             return jax.random.key_data(x)
         return x
+
     return jax.tree.map(conv, tree)
 
 
@@ -33,6 +35,7 @@ def _from_saved(saved: Any, like: Any) -> Any:
         if isinstance(ref, jax.Array) and jax.dtypes.issubdtype(ref.dtype, jax.dtypes.prng_key):
             return jax.random.wrap_key_data(s, impl=jax.random.key_impl(ref))
         return s
+
     return jax.tree.map(conv, saved, like)
 
 
@@ -48,13 +51,19 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, keep: int = 3, async_save: bool = True):
         self.directory = Path(directory).absolute()
-        policy = cm.AnyPreservationPolicy([
-            cm.LatestN(n=keep),
-            cm.BestN(get_metric_fn=lambda m: m[BEST_METRIC], n=1,
-                     keep_checkpoints_without_metrics=False),
-        ])
+        policy = cm.AnyPreservationPolicy(
+            [
+                cm.LatestN(n=keep),
+                cm.BestN(
+                    get_metric_fn=lambda m: m[BEST_METRIC],
+                    n=1,
+                    keep_checkpoints_without_metrics=False,
+                ),
+            ]
+        )
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=policy, enable_async_checkpointing=async_save, create=True)
+            preservation_policy=policy, enable_async_checkpointing=async_save, create=True
+        )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def save(self, step: int, state: Any, meta: dict, eval_success: Optional[float] = None):
@@ -62,9 +71,12 @@ class Checkpointer:
         metrics = None if eval_success is None else {BEST_METRIC: float(eval_success)}
         self._manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(_to_savable(state)),
-                                    meta=ocp.args.JsonSave(meta)),
-            metrics=metrics, force=True)
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(_to_savable(state)), meta=ocp.args.JsonSave(meta)
+            ),
+            metrics=metrics,
+            force=True,
+        )
 
     def latest_step(self) -> Optional[int]:
         return self._manager.latest_step()
@@ -76,9 +88,14 @@ class Checkpointer:
         """Restore checkpoint ``step`` into the structure (and shardings) of ``like``."""
         target = jax.tree.map(
             lambda x: ocp.utils.to_shape_dtype_struct(x) if hasattr(x, "shape") else x,
-            _to_savable(like))
-        out = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+            _to_savable(like),
+        )
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
         return _from_saved(out["state"], like), dict(out["meta"])
 
     def restore_meta(self, step: int) -> dict:
@@ -99,14 +116,18 @@ def restore_params_only(directory: str | Path, step: Optional[int] = None) -> tu
     Used by ``jaxagent eval`` / ``export`` / ``rollout``. Returns (state tree as numpy, meta,
     step); ``step`` defaults to the newest checkpoint.
     """
-    manager = ocp.CheckpointManager(Path(directory).absolute(),
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    manager = ocp.CheckpointManager(
+        Path(directory).absolute(), options=ocp.CheckpointManagerOptions(read_only=True)
+    )
     step = manager.latest_step() if step is None else step
     if step is None:
-        raise FileNotFoundError(f"no checkpoint found in {str(directory)!r}; pass the run's "
-                                "checkpoints directory (e.g. runs/quickstart/seed0/checkpoints)")
-    out = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+        raise FileNotFoundError(
+            f"no checkpoint found in {str(directory)!r}; pass the run's "
+            "checkpoints directory (e.g. runs/quickstart/seed0/checkpoints)"
+        )
+    out = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+    )
     manager.close()
     state = jax.tree.map(np.asarray, out["state"])
     return state, dict(out["meta"]), step

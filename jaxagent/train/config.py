@@ -27,8 +27,16 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from jaxagent.train.validate import _DC, ConfigError, _choice, _positive, _prob  # noqa: F401
 from jaxagent.train.rl_section import (  # noqa: F401  (names _section_type resolves)
-    AdvantageFields, CriticFields, KLFields, LoraFields, LossFields, OptimFields, RLDataSection,
-    RLSection, UpdateFields)
+    AdvantageFields,
+    CriticFields,
+    KLFields,
+    LoraFields,
+    LossFields,
+    OptimFields,
+    RLDataSection,
+    RLSection,
+    UpdateFields,
+)
 
 
 @dataclasses.dataclass(**_DC)
@@ -49,17 +57,25 @@ class ModelSection:
     dtype: str = "float32"  # activation dtype
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "intermediate_size", "max_seq_len"):
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_seq_len",
+        ):
             _positive(f"model.{name}", getattr(self, name))
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} must be divisible by "
-                f"model.num_heads={self.num_heads}")
+                f"model.num_heads={self.num_heads}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"model.num_heads={self.num_heads} must be a multiple of "
-                f"model.num_kv_heads={self.num_kv_heads}")
+                f"model.num_kv_heads={self.num_kv_heads}"
+            )
         _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
 
@@ -77,7 +93,8 @@ class TokenizerSection:
         if self.vocab_size < 300:
             raise ConfigError(
                 f"tokenizer.vocab_size={self.vocab_size} must be >= 300 "
-                "(256 byte symbols + special tokens + merges)")
+                "(256 byte symbols + special tokens + merges)"
+            )
         _positive("tokenizer.num_corpus_demos", self.num_corpus_demos, allow_zero=True)
 
 
@@ -115,7 +132,8 @@ class EnvSection:
         if (self.fault_hang_prob or self.fault_crash_prob) and self.backend == "inline":
             raise ConfigError(
                 "env.fault_hang_prob / env.fault_crash_prob need env.backend='thread' or "
-                "'process' (the inline backend has no timeouts to contain a hang)")
+                "'process' (the inline backend has no timeouts to contain a hang)"
+            )
 
 
 @dataclasses.dataclass(**_DC)
@@ -136,12 +154,16 @@ class RolloutSection:
         for name in ("tasks_per_iteration", "max_turns", "max_new_tokens"):
             _positive(f"rollout.{name}", getattr(self, name))
         if self.samples_per_task < 0:
-            raise ConfigError(f"rollout.samples_per_task={self.samples_per_task!r} must be >= 1 "
-                              "(K samples per task), or 0 for the recipe's default group size")
+            raise ConfigError(
+                f"rollout.samples_per_task={self.samples_per_task!r} must be >= 1 "
+                "(K samples per task), or 0 for the recipe's default group size"
+            )
         _positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
         if 0 < self.max_observation_chars < 64:
-            raise ConfigError(f"rollout.max_observation_chars={self.max_observation_chars} "
-                              "must be 0 (off) or >= 64 (room for the truncation marker)")
+            raise ConfigError(
+                f"rollout.max_observation_chars={self.max_observation_chars} "
+                "must be 0 (off) or >= 64 (room for the truncation marker)"
+            )
         _positive("rollout.temperature", self.temperature, allow_zero=True)
         _positive("rollout.top_k", self.top_k, allow_zero=True)
         if not 0.0 < self.top_p <= 1.0:
@@ -238,9 +260,15 @@ class Config:
         log-probs as the policy's own; the sampler records them before temperature and
         top-k / top-p, so any of these would bias every importance ratio and gradient."""
         r = self.rollout
-        changed = [f"rollout.{k}={v!r}" for k, v, off in (
-            ("temperature", r.temperature, 1.0), ("top_k", r.top_k, 0), ("top_p", r.top_p, 1.0))
-            if v != off]
+        changed = [
+            f"rollout.{k}={v!r}"
+            for k, v, off in (
+                ("temperature", r.temperature, 1.0),
+                ("top_k", r.top_k, 0),
+                ("top_p", r.top_p, 1.0),
+            )
+            if v != off
+        ]
         if changed and self.rl_config().on_policy_sampling:
             raise ConfigError(
                 f"{', '.join(changed)} with rl.recipe={self.rl.recipe!r}: its loss "
@@ -248,7 +276,8 @@ class Config:
                 f"{self.rl_config().kl.mode!r}) needs tokens sampled at temperature 1 without "
                 "top-k / top-p (the behaviour log-probs are those of the unfiltered "
                 "distribution); set rollout.temperature=1.0, rollout.top_k=0 and "
-                "rollout.top_p=1.0, or use an SFT-loss recipe (rft) for filtered sampling")
+                "rollout.top_p=1.0, or use an SFT-loss recipe (rft) for filtered sampling"
+            )
 
     def rl_config(self):
         """The typed ``jaxagent.rl.config.RLConfig`` of this run."""
@@ -275,8 +304,11 @@ def _fields_of(node_type: Any) -> List[str]:
 def _section_type(full_key: str) -> Any:
     node: Any = Config
     for part in [p for p in full_key.split(".")[:-1] if p]:
-        types = {f.name: f.type for f in dataclasses.fields(node)} if dataclasses.is_dataclass(
-            node) else {}
+        types = (
+            {f.name: f.type for f in dataclasses.fields(node)}
+            if dataclasses.is_dataclass(node)
+            else {}
+        )
         hint = types.get(part)
         node = globals().get(hint, None) if isinstance(hint, str) else hint
         if node is None:
@@ -293,10 +325,13 @@ def _explain(err: OmegaConfBaseException, origin: str) -> ConfigError:
         close = difflib.get_close_matches(leaf, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         if str(full_key).startswith("rl.overrides"):
-            hint = (" (rl.overrides was replaced by typed sections: rl.optim.learning_rate, "
-                    "rl.loss.clip_eps_high, rl.update.minibatch_size, rl.lora.rank, ...)")
+            hint = (
+                " (rl.overrides was replaced by typed sections: rl.optim.learning_rate, "
+                "rl.loss.clip_eps_high, rl.update.minibatch_size, rl.lora.rank, ...)"
+            )
         return ConfigError(
-            f"{origin}: unknown config key {full_key!r}{hint}; allowed keys here: {allowed}")
+            f"{origin}: unknown config key {full_key!r}{hint}; allowed keys here: {allowed}"
+        )
     if isinstance(err, ValidationError):
         msg = str(err).splitlines()[0]
         return ConfigError(f"{origin}: bad value for {full_key!r}: {msg}")
@@ -321,8 +356,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist; pass a YAML file "
-                              "such as configs/quickstart.yaml")
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist; pass a YAML file "
+                "such as configs/quickstart.yaml"
+            )
         layers.append((str(path), OmegaConf.load(path)))
     for item in overrides:
         if "=" not in item:

@@ -59,8 +59,9 @@ class DynamicSample:
     sampled_groups: int  # groups sampled over all rounds
 
 
-def dynamic_sample(collect: Callable[[int], tuple[list[Episode], object]], target_groups: int,
-                   max_rounds: int) -> DynamicSample:
+def dynamic_sample(
+    collect: Callable[[int], tuple[list[Episode], object]], target_groups: int, max_rounds: int
+) -> DynamicSample:
     """Collect rounds until ``target_groups`` informative groups are kept or ``max_rounds``
     rounds have run; keep the first ``target_groups`` of them.
 
@@ -100,7 +101,9 @@ def is_overlong(ep: Episode) -> bool:
     at ``max_new_tokens`` without a stop token."""
     if ep.env_failed:
         return False
-    return ep.termination == Termination.TRUNCATED or bool(ep.turns and ep.turns[-1].hit_token_limit)
+    return ep.termination == Termination.TRUNCATED or bool(
+        ep.turns and ep.turns[-1].hit_token_limit
+    )
 
 
 def overlong_keep(episodes: Sequence[Episode]) -> np.ndarray:
@@ -111,9 +114,9 @@ def overlong_keep(episodes: Sequence[Episode]) -> np.ndarray:
 def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
     """DAPO's soft over-long punishment R_length(y) (Eq. 13) for ``|y| = length``:
 
-        0                                    if |y| <= L_max - L_cache
-        ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
-        -1                                   if |y| > L_max
+    0                                    if |y| <= L_max - L_cache
+    ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+    -1                                   if |y| > L_max
     """
     if cache_len <= 0:
         raise ValueError(f"cache_len={cache_len} must be > 0")
@@ -125,11 +128,14 @@ def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
     return -1.0
 
 
-def overlong_penalties(episodes: Sequence[Episode], max_len: int, cache_len: int,
-                       factor: float = 1.0) -> np.ndarray:
+def overlong_penalties(
+    episodes: Sequence[Episode], max_len: int, cache_len: int, factor: float = 1.0
+) -> np.ndarray:
     """[N] float32 ``factor * R_length(policy tokens)`` to add to each episode's reward."""
-    return np.asarray([factor * overlong_penalty(ep.num_policy_tokens, max_len, cache_len)
-                       for ep in episodes], np.float32)
+    return np.asarray(
+        [factor * overlong_penalty(ep.num_policy_tokens, max_len, cache_len) for ep in episodes],
+        np.float32,
+    )
 
 
 def shape_batch(batch, episodes: Sequence[Episode], data, default_max_len: int):
@@ -148,8 +154,12 @@ def shape_batch(batch, episodes: Sequence[Episode], data, default_max_len: int):
         batch = batch.replace(loss_mask=mask)
         metrics["data/overlong_frac"] = float(1.0 - keep.mean()) if n else 0.0
     if data.overlong_penalty:
-        pen = overlong_penalties(episodes, data.overlong_max_len or default_max_len,
-                                 data.overlong_cache_len, data.overlong_penalty)
+        pen = overlong_penalties(
+            episodes,
+            data.overlong_max_len or default_max_len,
+            data.overlong_cache_len,
+            data.overlong_penalty,
+        )
         rewards = np.array(batch.rewards, copy=True)
         rewards[:n] += pen
         batch = batch.replace(rewards=rewards)

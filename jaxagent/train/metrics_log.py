@@ -35,8 +35,13 @@ class MetricsLogger:
       config: the run config as a dict (saved by W&B).
     """
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb_project: str = "",
-                 config: Mapping | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        tensorboard: bool = True,
+        wandb_project: str = "",
+        config: Mapping | None = None,
+    ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None

@@ -16,8 +16,14 @@ import optax
 from jaxagent.agents.sampling import ReferenceSampler
 from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.generate import SamplingConfig
-from jaxagent.models import (ModelConfig, apply_model, init_model, load_hf, token_logprobs,
-                             token_values)
+from jaxagent.models import (
+    ModelConfig,
+    apply_model,
+    init_model,
+    load_hf,
+    token_logprobs,
+    token_values,
+)
 from jaxagent.rl.config import RLConfig
 from jaxagent.rl.train_state import make_optimizer
 from jaxagent.train.config import Config, ModelSection
@@ -26,14 +32,23 @@ from jaxagent.train.config import Config, ModelSection
 def model_config(section: ModelSection, tokenizer) -> ModelConfig:
     """A ``ModelConfig`` for a from-scratch model whose vocabulary is the tokenizer's."""
     return ModelConfig(
-        vocab_size=len(tokenizer), hidden_size=section.hidden_size,
-        num_layers=section.num_layers, num_heads=section.num_heads,
-        num_kv_heads=section.num_kv_heads, head_dim=section.hidden_size // section.num_heads,
-        intermediate_size=section.intermediate_size, rope_theta=section.rope_theta,
-        tie_embeddings=section.tie_embeddings, value_head=section.value_head,
-        param_dtype=section.param_dtype, dtype=section.dtype, max_seq_len=section.max_seq_len,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id)
+        vocab_size=len(tokenizer),
+        hidden_size=section.hidden_size,
+        num_layers=section.num_layers,
+        num_heads=section.num_heads,
+        num_kv_heads=section.num_kv_heads,
+        head_dim=section.hidden_size // section.num_heads,
+        intermediate_size=section.intermediate_size,
+        rope_theta=section.rope_theta,
+        tie_embeddings=section.tie_embeddings,
+        value_head=section.value_head,
+        param_dtype=section.param_dtype,
+        dtype=section.dtype,
+        max_seq_len=section.max_seq_len,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
 
 
 def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, Any, ModelConfig]:
@@ -41,8 +56,10 @@ def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, 
     if section.init_from:
         config, graphdef, params = load_hf(section.init_from)
         if config.vocab_size < len(tokenizer):
-            raise ValueError(f"model.init_from={section.init_from!r} has vocab_size "
-                             f"{config.vocab_size} < the tokenizer's {len(tokenizer)} tokens")
+            raise ValueError(
+                f"model.init_from={section.init_from!r} has vocab_size "
+                f"{config.vocab_size} < the tokenizer's {len(tokenizer)} tokens"
+            )
         return graphdef, params, config
     config = model_config(section, tokenizer)
     graphdef, params = init_model(config, key)
@@ -51,24 +68,29 @@ def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, 
 
 def make_logits_fn(graphdef) -> Callable:
     """``logits_fn(params, tokens, positions, segment_ids) -> logits [B,T,V]``."""
+
     def logits_fn(params, tokens, positions, segment_ids):
         return apply_model(graphdef, params, tokens, positions, segment_ids).logits
+
     return logits_fn
 
 
 def make_logprob_fn(graphdef) -> Callable:
     """Jitted learner pass: ``(params, tokens, positions, segment_ids) -> (logprobs [B,T],
     values [B,T] aligned as values[:, t] = V(tokens[:, :t]) or None)``."""
+
     @jax.jit
     def fn(params, tokens, positions, segment_ids):
         out = apply_model(graphdef, params, tokens, positions, segment_ids)
         values = None if out.values is None else token_values(out.values)
         return token_logprobs(out.logits, tokens), values
+
     return fn
 
 
-def make_turn_sampler(graphdef, sampling: SamplingConfig, max_len: int, kind: str = "auto",
-                      pad_id: int = 0) -> TurnPolicy:
+def make_turn_sampler(
+    graphdef, sampling: SamplingConfig, max_len: int, kind: str = "auto", pad_id: int = 0
+) -> TurnPolicy:
     """The multi-turn LM sampler: "cached" (KV cache with ragged continuation), "reference"
     (re-encodes each row for every token) or "auto" (cached)."""
     if kind not in ("auto", "cached", "reference"):
@@ -80,8 +102,9 @@ def make_turn_sampler(graphdef, sampling: SamplingConfig, max_len: int, kind: st
     return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len, pad_id=pad_id)
 
 
-def rl_optimizer(rl: RLConfig, schedule: str, total_steps: int,
-                 final_ratio: float = 0.1) -> optax.GradientTransformation:
+def rl_optimizer(
+    rl: RLConfig, schedule: str, total_steps: int, final_ratio: float = 0.1
+) -> optax.GradientTransformation:
     """The recipe's optimiser (``jaxagent.rl.make_optimizer``: AdamW, global-norm clipping,
     linear warm-up) with the learning rate after the warm-up "constant", or "linear" /
     "cosine" decayed to ``final_ratio * learning_rate`` at ``total_steps`` (the run's optimiser
@@ -97,5 +120,9 @@ def run_optimizer(config: Config) -> optax.GradientTransformation:
     rl = config.rl_config()
     episodes = config.rollout.tasks_per_iteration * config.group_size
     steps_per_iteration = rl.update.num_epochs * -(-episodes // rl.update.minibatch_size)
-    return rl_optimizer(rl, config.rl.lr_schedule, steps_per_iteration * config.train.iterations,
-                        config.rl.lr_final_ratio)
+    return rl_optimizer(
+        rl,
+        config.rl.lr_schedule,
+        steps_per_iteration * config.train.iterations,
+        config.rl.lr_final_ratio,
+    )

@@ -18,21 +18,39 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.kind == "rich":
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress as RichProgress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self._bar = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                console=Console(file=sys.stderr), transient=False)
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                console=Console(file=sys.stderr),
+                transient=False,
+            )
             self._bar.__enter__()
-            self._task = self._bar.add_task(self.desc, total=self.total, completed=self.start,
-                                             info="")
+            self._task = self._bar.add_task(
+                self.desc, total=self.total, completed=self.start, info=""
+            )
         elif self.kind == "tqdm":
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, initial=self.start, desc=self.desc,
-                             file=sys.stderr, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=self.total,
+                initial=self.start,
+                desc=self.desc,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
         return self
 
     def update(self, n: int = 1, **fields) -> None:

@@ -40,8 +40,10 @@ def _rl_sections():
 
 
 _rl = _rl_sections()
-AdvantageFields = _preset_fields(_rl.AdvantageConfig, "rl.advantage: estimator, filters, "
-                                 "truncation (jaxagent.rl.config.AdvantageConfig).")
+AdvantageFields = _preset_fields(
+    _rl.AdvantageConfig,
+    "rl.advantage: estimator, filters, truncation (jaxagent.rl.config.AdvantageConfig).",
+)
 LossFields = _preset_fields(_rl.LossConfig, "rl.loss: policy surrogate, clipping, aggregation.")
 KLFields = _preset_fields(_rl.KLConfig, "rl.kl: KL to the reference policy.")
 CriticFields = _preset_fields(_rl.CriticConfig, "rl.critic: the value loss.")
@@ -75,8 +77,10 @@ class RLDataSection:
         _positive("rl.data.overlong_max_len", self.overlong_max_len, allow_zero=True)
         _positive("rl.data.overlong_cache_len", self.overlong_cache_len, allow_zero=True)
         if self.overlong_penalty and not self.overlong_cache_len:
-            raise ConfigError("rl.data.overlong_penalty > 0 needs rl.data.overlong_cache_len > 0 "
-                              "(the length over which the penalty falls to -1)")
+            raise ConfigError(
+                "rl.data.overlong_penalty > 0 needs rl.data.overlong_cache_len > 0 "
+                "(the length over which the penalty falls to -1)"
+            )
 
 
 @dataclasses.dataclass(**_DC)
@@ -114,8 +118,11 @@ class RLSection:
         out: Dict[str, Dict[str, Any]] = {}
         for section in _rl.SECTIONS:
             given = getattr(self, section)
-            changes = {f.name: getattr(given, f.name) for f in dataclasses.fields(given)
-                       if getattr(given, f.name) is not None}
+            changes = {
+                f.name: getattr(given, f.name)
+                for f in dataclasses.fields(given)
+                if getattr(given, f.name) is not None
+            }
             if changes:
                 out[section] = changes
         return out

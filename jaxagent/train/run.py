@@ -70,23 +70,31 @@ def split_tasks(config: Config, env: EnvSpec) -> TaskSplits:
     test = list(source.tasks(config.env.eval_split))[: config.eval.num_tasks]
     n_val = config.eval.val_tasks
     if n_val and n_val >= len(train):
-        raise ConfigError(f"eval.val_tasks={n_val} leaves no training tasks (split "
-                         f"{config.env.train_split!r} has {len(train)}); use fewer")
+        raise ConfigError(
+            f"eval.val_tasks={n_val} leaves no training tasks (split "
+            f"{config.env.train_split!r} has {len(train)}); use fewer"
+        )
     order = np.random.default_rng([config.train.seed, 5]).permutation(len(train))
     cut = len(order) - n_val
     held = set(order[cut:].tolist())
-    splits = TaskSplits(train=[t for i, t in enumerate(train) if i not in held],
-                        val=[train[i] for i in order[cut:]],
-                        sft=[train[i] for i in order[:cut]], eval=test)
+    splits = TaskSplits(
+        train=[t for i, t in enumerate(train) if i not in held],
+        val=[train[i] for i in order[cut:]],
+        sft=[train[i] for i in order[:cut]],
+        eval=test,
+    )
     if not splits.train or not splits.eval:
-        raise ConfigError(f"env.train_split={config.env.train_split!r} or env.eval_split="
-                          f"{config.env.eval_split!r} of env {config.env.name!r} is empty; "
-                          "choose splits with tasks")
+        raise ConfigError(
+            f"env.train_split={config.env.train_split!r} or env.eval_split="
+            f"{config.env.eval_split!r} of env {config.env.name!r} is empty; "
+            "choose splits with tasks"
+        )
     return splits
 
 
-def run_tokenizer(config: Config, env: EnvSpec, train_tasks: list[Task],
-                  directory: Optional[Path] = None):
+def run_tokenizer(
+    config: Config, env: EnvSpec, train_tasks: list[Task], directory: Optional[Path] = None
+):
     """The run's tokenizer: the one saved in ``directory`` when there is one, else the
     model's (``model.init_from``), else built from scratch (``tokenizer.kind``) and saved in
     ``directory`` (when given)."""
@@ -97,8 +105,10 @@ def run_tokenizer(config: Config, env: EnvSpec, train_tasks: list[Task],
         tok = load_tokenizer(config.model.init_from)
     elif section.kind == "word":
         if env.vocabulary is None:
-            raise ConfigError(f"tokenizer.kind='word' needs an env with a closed vocabulary; "
-                             f"env {env.name!r} has none: use tokenizer.kind='bpe'")
+            raise ConfigError(
+                f"tokenizer.kind='word' needs an env with a closed vocabulary; "
+                f"env {env.name!r} has none: use tokenizer.kind='bpe'"
+            )
         tok = build_word_tokenizer(env.vocabulary())
     else:
         corpus = [env.system_prompt] + [t.prompt for t in train_tasks]
@@ -121,13 +131,26 @@ def make_runner(config: Config) -> EnvRunner:
     if env.fault_hang_prob or env.fault_crash_prob:
         from jaxagent.envs.faults import FaultConfig, FaultyEnvFactory
 
-        env_fn = FaultyEnvFactory(make_env, FaultConfig(
-            hang=env.fault_hang_prob, crash=env.fault_crash_prob, seed=env.fault_seed,
-            hang_s=4 * env.step_timeout_s))
-    return PoolRunner(env_fn, PoolConfig(
-        num_envs=env.num_workers, backend=env.backend, step_timeout_s=env.step_timeout_s,
-        reset_timeout_s=env.step_timeout_s, seed=config.train.seed, start_method="fork"
-        if env.backend == "process" else "forkserver"))
+        env_fn = FaultyEnvFactory(
+            make_env,
+            FaultConfig(
+                hang=env.fault_hang_prob,
+                crash=env.fault_crash_prob,
+                seed=env.fault_seed,
+                hang_s=4 * env.step_timeout_s,
+            ),
+        )
+    return PoolRunner(
+        env_fn,
+        PoolConfig(
+            num_envs=env.num_workers,
+            backend=env.backend,
+            step_timeout_s=env.step_timeout_s,
+            reset_timeout_s=env.step_timeout_s,
+            seed=config.train.seed,
+            start_method="fork" if env.backend == "process" else "forkserver",
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +179,7 @@ class Run:
         self.runner.close()
 
 
-def build_run(config: Config, *, policy: Any = None,
-              tokenizer_dir: Optional[Path] = None) -> Run:
+def build_run(config: Config, *, policy: Any = None, tokenizer_dir: Optional[Path] = None) -> Run:
     """Build a run's pieces from its config.
 
     Args:
@@ -177,8 +199,12 @@ def build_run(config: Config, *, policy: Any = None,
         tokenizer = run_tokenizer(config, env, tasks.train, tokenizer_dir)
         graphdef, params, model_config = build_model(config.model, tokenizer, model_key)
     else:
-        tokenizer, graphdef, params, model_config = (policy.tokenizer, policy.graphdef,
-                                                     policy.params, policy.model_config)
+        tokenizer, graphdef, params, model_config = (
+            policy.tokenizer,
+            policy.graphdef,
+            policy.params,
+            policy.model_config,
+        )
     chat = ChatFormat(tokenizer)
     r = config.rollout
     # jaxagent.generate.Sampler checks every row's cached length + max_new_tokens against
@@ -187,9 +213,13 @@ def build_run(config: Config, *, policy: Any = None,
     budget = Budget(r.max_turns, r.max_new_tokens, max_len, r.max_observation_chars)
 
     def sampler(temperature: float, top_k: int, top_p: float) -> TurnPolicy:
-        sampling = SamplingConfig.create(max_new_tokens=r.max_new_tokens,
-                                         temperature=temperature, top_k=top_k, top_p=top_p,
-                                         stop_token_ids=chat.stop_ids)
+        sampling = SamplingConfig.create(
+            max_new_tokens=r.max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_token_ids=chat.stop_ids,
+        )
         return make_turn_sampler(graphdef, sampling, max_len, pad_id=chat.pad_id)
 
     rl_sampler = sampler(r.temperature, r.top_k, r.top_p)
@@ -197,8 +227,22 @@ def build_run(config: Config, *, policy: Any = None,
     # One sampler for both when the settings agree: its compiled shapes are shared.
     eval_sampler = rl_sampler if same else sampler(config.eval.temperature, 0, 1.0)
     runner = make_runner(config)
-    return Run(config=config, env=env, tasks=tasks, tokenizer=tokenizer, chat=chat,
-               graphdef=graphdef, params=params, model_config=model_config, max_len=max_len,
-               budget=budget, sampler=rl_sampler, eval_sampler=eval_sampler, runner=runner,
-               rollout=RolloutSpec(chat, env.system_prompt, budget, runner),
-               model_key=model_key, state_key=state_key, sample_key=sample_key)
+    return Run(
+        config=config,
+        env=env,
+        tasks=tasks,
+        tokenizer=tokenizer,
+        chat=chat,
+        graphdef=graphdef,
+        params=params,
+        model_config=model_config,
+        max_len=max_len,
+        budget=budget,
+        sampler=rl_sampler,
+        eval_sampler=eval_sampler,
+        runner=runner,
+        rollout=RolloutSpec(chat, env.system_prompt, budget, runner),
+        model_key=model_key,
+        state_key=state_key,
+        sample_key=sample_key,
+    )

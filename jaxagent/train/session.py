@@ -45,7 +45,8 @@ def run_dir_of(checkpoint: str | Path) -> Path:
     what = "does not exist" if not path.exists() else "has no config.yaml (nor its parent)"
     raise CheckpointError(
         f"--checkpoint {str(checkpoint)!r} {what}; pass the run directory `jaxagent train` "
-        "wrote, e.g. runs/quickstart/seed0")
+        "wrote, e.g. runs/quickstart/seed0"
+    )
 
 
 def load_policy(checkpoint: str | Path, step: Optional[int] = None) -> LoadedPolicy:
@@ -58,13 +59,15 @@ def load_policy(checkpoint: str | Path, step: Optional[int] = None) -> LoadedPol
         raise CheckpointError(
             f"--checkpoint {str(checkpoint)!r} is incomplete: no tokenizer in "
             f"{str(run_dir / 'tokenizer')!r}; pass a run directory `jaxagent train` finished "
-            "setting up (it saves the tokenizer before training)") from None
+            "setting up (it saves the tokenizer before training)"
+        ) from None
     graphdef, like, model_config = build_model(config.model, tokenizer, jax.random.key(0))
     ckpts = run_dir / "checkpoints"
     if not ckpts.is_dir():
         raise CheckpointError(
             f"--checkpoint {str(checkpoint)!r} is incomplete: no {str(ckpts)!r} directory; "
-            "train until the first checkpoint is saved")
+            "train until the first checkpoint is saved"
+        )
     ckpt = Checkpointer(ckpts, async_save=False)
     try:
         steps = ckpt.all_steps()
@@ -74,12 +77,17 @@ def load_policy(checkpoint: str | Path, step: Optional[int] = None) -> LoadedPol
             raise CheckpointError(
                 f"--checkpoint {str(checkpoint)!r} is incomplete: {want} not found in "
                 f"{str(ckpts)!r} (found {found}); train until the first checkpoint is saved "
-                "or pass a step that exists")
+                "or pass a step that exists"
+            )
         step = max(steps) if step is None else step
         rl = config.rl_config()
-        template = TrainState.create(like, rl, jax.random.key(0),
-                                     optimizer=run_optimizer(config),
-                                     ref_params=like if rl.needs_reference else None)
+        template = TrainState.create(
+            like,
+            rl,
+            jax.random.key(0),
+            optimizer=run_optimizer(config),
+            ref_params=like if rl.needs_reference else None,
+        )
         try:
             state, meta = ckpt.restore(step, template)
         except Exception as err:  # orbax raises many types for a half-written directory
@@ -87,8 +95,8 @@ def load_policy(checkpoint: str | Path, step: Optional[int] = None) -> LoadedPol
             raise CheckpointError(
                 f"--checkpoint {str(checkpoint)!r}: checkpoint {step} in {str(ckpts)!r} cannot "
                 f"be read ({type(err).__name__}: {first}); it may be partial: pass an "
-                "earlier step or re-run training") from None
+                "earlier step or re-run training"
+            ) from None
     finally:
         ckpt.close()
-    return LoadedPolicy(config, tokenizer, graphdef, state.model_params(), model_config, step,
-                        meta)
+    return LoadedPolicy(config, tokenizer, graphdef, state.model_params(), model_config, step, meta)

@@ -25,8 +25,15 @@ from jaxagent.models import apply_model, token_logprobs
 from jaxagent.rl import losses as L
 
 
-def expert_episodes(make_expert: MakeExpert, tasks: Sequence[Task], spec: RolloutSpec, *,
-                    error_rate: float, seed: int, chunk: int = 256) -> list[Episode]:
+def expert_episodes(
+    make_expert: MakeExpert,
+    tasks: Sequence[Task],
+    spec: RolloutSpec,
+    *,
+    error_rate: float,
+    seed: int,
+    chunk: int = 256,
+) -> list[Episode]:
     """One expert demonstration per task, collected by the rollout driver.
 
     The expert speaks through ``ExpertTurnPolicy``, so a demonstration has exactly the token
@@ -47,8 +54,15 @@ def expert_episodes(make_expert: MakeExpert, tasks: Sequence[Task], spec: Rollou
     policy = ExpertTurnPolicy(make_expert, spec.chat, error_rate=error_rate, seed=seed)
     out: list[Episode] = []
     for start in range(0, len(tasks), chunk):
-        eps, _ = collect_episodes(policy, None, tasks[start:start + chunk], samples_per_task=1,
-                                  spec=spec, key=jax.random.key(seed), group_offset=start)
+        eps, _ = collect_episodes(
+            policy,
+            None,
+            tasks[start : start + chunk],
+            samples_per_task=1,
+            spec=spec,
+            key=jax.random.key(seed),
+            group_offset=start,
+        )
         out.extend(eps)
     return out
 
@@ -79,17 +93,21 @@ def pack_dense(episodes: Sequence[Episode], *, row_len: int, pad_id: int) -> dic
             rows.append([i])
             room.append(row_len - n)
     shape = (len(rows), row_len)
-    out = {"tokens": np.full(shape, pad_id, np.int32), "positions": np.zeros(shape, np.int32),
-           "segment_ids": np.zeros(shape, np.int32), "loss_mask": np.zeros(shape, np.float32)}
+    out = {
+        "tokens": np.full(shape, pad_id, np.int32),
+        "positions": np.zeros(shape, np.int32),
+        "segment_ids": np.zeros(shape, np.int32),
+        "loss_mask": np.zeros(shape, np.float32),
+    }
     for r, members in enumerate(rows):
         at = 0
         for seg, i in enumerate(members, start=1):
             ep = episodes[i]
             n = len(ep.tokens)
-            out["tokens"][r, at:at + n] = ep.tokens
-            out["positions"][r, at:at + n] = np.arange(n)
-            out["segment_ids"][r, at:at + n] = seg
-            out["loss_mask"][r, at:at + n] = ep.loss_mask
+            out["tokens"][r, at : at + n] = ep.tokens
+            out["positions"][r, at : at + n] = np.arange(n)
+            out["segment_ids"][r, at : at + n] = seg
+            out["loss_mask"][r, at : at + n] = ep.loss_mask
             at += n
     return out
 
@@ -97,14 +115,14 @@ def pack_dense(episodes: Sequence[Episode], *, row_len: int, pad_id: int) -> dic
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable:
     """Jitted ``(params, opt_state, tokens, positions, segment_ids, loss_mask) -> (params,
     opt_state, loss)``; params and optimizer state are donated."""
+
     def loss_fn(params, tokens, positions, segment_ids, loss_mask):
         logits = apply_model(graphdef, params, tokens, positions, segment_ids).logits
         logp = token_logprobs(logits, tokens)
         return L.aggregate(L.sft_loss(logp), loss_mask, "token_mean")
 
     def step(params, opt_state, tokens, positions, segment_ids, loss_mask):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, positions, segment_ids,
-                                                  loss_mask)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, positions, segment_ids, loss_mask)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -121,17 +139,30 @@ def sft_optimizer(learning_rate: float, steps: int) -> optax.GradientTransformat
     warmup = max(1, steps // 20)
     stable = max(1, int(steps * 0.75)) - warmup
     decay = max(1, steps - warmup - stable)
-    schedule = optax.join_schedules([
-        optax.linear_schedule(0.0, learning_rate, warmup),
-        optax.constant_schedule(learning_rate),
-        optax.linear_schedule(learning_rate, learning_rate * 0.1, decay),
-    ], [warmup, warmup + stable])
+    schedule = optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, learning_rate, warmup),
+            optax.constant_schedule(learning_rate),
+            optax.linear_schedule(learning_rate, learning_rate * 0.1, decay),
+        ],
+        [warmup, warmup + stable],
+    )
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
 
 
-def run_sft(graphdef, params: Any, episodes: Sequence[Episode], *, steps: int, batch_size: int,
-            learning_rate: float, seed: int, pad_id: int, max_len: int,
-            on_step: Optional[Callable[[int, float], None]] = None) -> tuple[Any, list[float]]:
+def run_sft(
+    graphdef,
+    params: Any,
+    episodes: Sequence[Episode],
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    pad_id: int,
+    max_len: int,
+    on_step: Optional[Callable[[int, float], None]] = None,
+) -> tuple[Any, list[float]]:
     """Fit ``params`` to the demonstrations; returns (params, per-step losses).
 
     ``batch_size`` counts packed rows of ``max_len`` tokens (several episodes each).
@@ -151,13 +182,18 @@ def run_sft(graphdef, params: Any, episodes: Sequence[Episode], *, steps: int, b
     for i in range(steps):
         if cursor + batch_size > n:
             order, cursor = rng.permutation(n), 0
-        idx = order[cursor: cursor + batch_size]
+        idx = order[cursor : cursor + batch_size]
         cursor += batch_size
         if len(idx) < batch_size:  # fewer demonstrations than a batch: sample with repeats
             idx = rng.choice(n, batch_size)
         params, opt_state, loss = step_fn(
-            params, opt_state, packed["tokens"][idx], packed["positions"][idx],
-            packed["segment_ids"][idx], packed["loss_mask"][idx])
+            params,
+            opt_state,
+            packed["tokens"][idx],
+            packed["positions"][idx],
+            packed["segment_ids"][idx],
+            packed["loss_mask"][idx],
+        )
         if on_step is not None or i == steps - 1:
             losses.append(float(loss))
             if on_step is not None:

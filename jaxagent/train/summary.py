@@ -30,12 +30,14 @@ def _table(rows: Sequence[tuple[str, str, str]], title: str) -> str:
 
 
 def _modes(modes: dict) -> str:
-    return ", ".join(f"{k} {int(v)}" for k, v in sorted(modes.items(), key=lambda kv: -kv[1])
-                     ) or "-"
+    return (
+        ", ".join(f"{k} {int(v)}" for k, v in sorted(modes.items(), key=lambda kv: -kv[1])) or "-"
+    )
 
 
-def plot_learning_curve(run_dir: Path, history: Sequence[dict], path: Path,
-                        val: Sequence[dict] = ()) -> Path:
+def plot_learning_curve(
+    run_dir: Path, history: Sequence[dict], path: Path, val: Sequence[dict] = ()
+) -> Path:
     """Held-out success at each evaluation, validation success (when there is a validation
     set) and train success per iteration."""
     import matplotlib
@@ -49,10 +51,20 @@ def plot_learning_curve(run_dir: Path, history: Sequence[dict], path: Path,
     if train:
         ax.plot(*zip(*train), color="tab:gray", alpha=0.6, label="train success (sampled)")
     if val:
-        ax.plot([v["iteration"] for v in val], [v["success"] for v in val], "s--",
-                color="tab:orange", label="validation success (selection)")
-    ax.plot([h["iteration"] for h in history], [h["success"] for h in history], "o-",
-            color="tab:blue", label="held-out success")
+        ax.plot(
+            [v["iteration"] for v in val],
+            [v["success"] for v in val],
+            "s--",
+            color="tab:orange",
+            label="validation success (selection)",
+        )
+    ax.plot(
+        [h["iteration"] for h in history],
+        [h["success"] for h in history],
+        "o-",
+        color="tab:blue",
+        label="held-out success",
+    )
     ax.set_xlabel("RL iteration (0 = after SFT)")
     ax.set_ylabel("success rate")
     ax.set_ylim(-0.02, 1.02)
@@ -86,34 +98,64 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         summary["expert_success"] = round(float(extra["sft"]["sft/expert_success"]), 4)
     best = extra.get("best_val")
     if best:  # model selection on the validation tasks (carved from train), tested once
-        summary.update({
-            "success_best_val": round(float(best["test"]["success"]), 4),
-            "best_val_iteration": int(best["iteration"]),
-            "best_val_success": round(float(best["val_success"]), 4),
-            "val_curve": [[int(v["iteration"]), round(float(v["success"]), 4)]
-                          for v in extra.get("val", [])]})
+        summary.update(
+            {
+                "success_best_val": round(float(best["test"]["success"]), 4),
+                "best_val_iteration": int(best["iteration"]),
+                "best_val_success": round(float(best["val_success"]), 4),
+                "val_curve": [
+                    [int(v["iteration"]), round(float(v["success"]), 4)]
+                    for v in extra.get("val", [])
+                ],
+            }
+        )
     rows = [
         ("held-out success", f"{before['success']:.3f}", f"{after['success']:.3f}"),
         ("avg steps (turns)", f"{before['avg_steps']:.2f}", f"{after['avg_steps']:.2f}"),
-        ("failure modes", _modes(before.get("failure_modes", {})),
-         _modes(after.get("failure_modes", {}))),
-        ("env errors", str(int(before.get("env_errors", 0))),
-         str(int(after.get("env_errors", 0)))),
+        (
+            "failure modes",
+            _modes(before.get("failure_modes", {})),
+            _modes(after.get("failure_modes", {})),
+        ),
+        ("env errors", str(int(before.get("env_errors", 0))), str(int(after.get("env_errors", 0)))),
     ]
     if best:
-        rows.append((f"held-out success of the best-validation checkpoint (iter "
-                     f"{best['iteration']}, val {best['val_success']:.3f})", "",
-                     f"{best['test']['success']:.3f}"))
-    title = (f"{cfg.name} (seed {cfg.train.seed}): {len(trainer.eval_tasks)} held-out "
-             f"{cfg.env.name} tasks, {cfg.rl.recipe} for {after['iteration']} iterations")
+        rows.append(
+            (
+                f"held-out success of the best-validation checkpoint (iter "
+                f"{best['iteration']}, val {best['val_success']:.3f})",
+                "",
+                f"{best['test']['success']:.3f}",
+            )
+        )
+    title = (
+        f"{cfg.name} (seed {cfg.train.seed}): {len(trainer.eval_tasks)} held-out "
+        f"{cfg.env.name} tasks, {cfg.rl.recipe} for {after['iteration']} iterations"
+    )
     trainer.echo(_table(rows, title))
     if cfg.train.plot:
-        png = plot_learning_curve(trainer.run_dir, history,
-                                  trainer.run_dir / "learning_curve.png", extra.get("val", ()))
+        png = plot_learning_curve(
+            trainer.run_dir, history, trainer.run_dir / "learning_curve.png", extra.get("val", ())
+        )
         summary["learning_curve"] = str(png)
         trainer.echo(f"learning curve: {png}")
     (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    trainer.echo(json.dumps({k: summary[k] for k in (
-        "success_before_rl", "success_after_rl", "success_best_val", "best_val_iteration",
-        "avg_steps", "wall_s", "seed", "env_errors_after_rl") if k in summary}))
+    trainer.echo(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in (
+                    "success_before_rl",
+                    "success_after_rl",
+                    "success_best_val",
+                    "best_val_iteration",
+                    "avg_steps",
+                    "wall_s",
+                    "seed",
+                    "env_errors_after_rl",
+                )
+                if k in summary
+            }
+        )
+    )
     return summary

@@ -17,13 +17,26 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from jaxagent.agents.chat import (ASSISTANT, BOS, CHAT_TEMPLATE, END, PAD, SPECIAL_TOKENS,
-                                  SYSTEM, UNK, USER)
+from jaxagent.agents.chat import (
+    ASSISTANT,
+    BOS,
+    CHAT_TEMPLATE,
+    END,
+    PAD,
+    SPECIAL_TOKENS,
+    SYSTEM,
+    UNK,
+    USER,
+)
 
 
 def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=END, unk_token=UNK,
+        tokenizer_object=tok,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=END,
+        unk_token=UNK,
         additional_special_tokens=[SYSTEM, USER, ASSISTANT],
     )
     wrapped.chat_template = CHAT_TEMPLATE

@@ -70,14 +70,20 @@ class Trainer:
         # The memory-lean learner pass (block remat; the vocabulary head only over positions
         # that carry loss): the function benchmarks/update_memory.py measures.
         self.update_step = make_update_step(
-            self.rl, optimizer=self.optimizer,
-            logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True))
+            self.rl,
+            optimizer=self.optimizer,
+            logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True),
+        )
         self.logprob_fn = make_logprob_fn(self.graphdef)
-        self.checkpointer = Checkpointer(self.run_dir / "checkpoints",
-                                         keep=config.train.keep_checkpoints)
-        self.logger = MetricsLogger(self.run_dir, config.train.tensorboard,
-                                    config.name if config.train.wandb else "",
-                                    config_to_dict(config))
+        self.checkpointer = Checkpointer(
+            self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
+        )
+        self.logger = MetricsLogger(
+            self.run_dir,
+            config.train.tensorboard,
+            config.name if config.train.wandb else "",
+            config_to_dict(config),
+        )
 
     def _tasks_for(self, iteration: int) -> list:
         """Deterministic data order: an epoch-wise permutation of the train split."""
@@ -95,13 +101,21 @@ class Trainer:
         """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
         evaluation; returns flat metrics."""
         tasks, prefix = (self.eval_tasks, "eval") if split == "test" else (self.val_tasks, "val")
-        result = evaluate(self.eval_sampler, tasks, self.rollout, key, params=params,
-                          samples_per_task=self.config.eval.samples_per_task)
+        result = evaluate(
+            self.eval_sampler,
+            tasks,
+            self.rollout,
+            key,
+            params=params,
+            samples_per_task=self.config.eval.samples_per_task,
+        )
         report = result.report
         what = "held-out" if split == "test" else "validation"
-        self.echo(f"[{tag}] {what} success {report.success:.3f} over {report.episodes} "
-                  f"episodes, avg steps {report.avg_steps:.2f}, env errors {report.env_errors}, "
-                  f"failures {report.failure_modes}")
+        self.echo(
+            f"[{tag}] {what} success {report.success:.3f} over {report.episodes} "
+            f"episodes, avg steps {report.avg_steps:.2f}, env errors {report.env_errors}, "
+            f"failures {report.failure_modes}"
+        )
         return result.metrics(prefix)
 
     def sft(self, params):
@@ -112,24 +126,41 @@ class Trainer:
         # pool would grow one environment per demonstration.
         spec = dataclasses.replace(self.rollout, runner=InlineRunner(self.env.make_env))
         try:
-            demos = expert_episodes(self.env.make_expert, tasks, spec,
-                                    error_rate=c.expert_error_rate, seed=self.config.train.seed)
+            demos = expert_episodes(
+                self.env.make_expert,
+                tasks,
+                spec,
+                error_rate=c.expert_error_rate,
+                seed=self.config.train.seed,
+            )
         finally:
             spec.runner.close()
         if c.only_successful:
             demos = [d for d in demos if d.success]
         demo_success = float(np.mean([d.success for d in demos])) if demos else 0.0
-        self.echo(f"[sft] {len(demos)} expert demonstrations (error rate "
-                  f"{c.expert_error_rate}, expert success {demo_success:.2f}); {c.steps} steps")
+        self.echo(
+            f"[sft] {len(demos)} expert demonstrations (error rate "
+            f"{c.expert_error_rate}, expert success {demo_success:.2f}); {c.steps} steps"
+        )
         with progress.Progress(self.config.train.progress, "sft", c.steps) as bar:
             params, losses = run_sft(
-                self.graphdef, params, demos, steps=c.steps, batch_size=c.batch_size,
-                learning_rate=c.learning_rate, seed=self.config.train.seed,
-                pad_id=self.chat.pad_id, max_len=self.max_len,
-                on_step=lambda i, loss: bar.update(1, loss=f"{loss:.3f}"))
-        return params, {"sft/loss": losses[-1] if losses else float("nan"),
-                        "sft/demos": len(demos), "sft/expert_success": demo_success,
-                        "sft/time_s": time.perf_counter() - t0}
+                self.graphdef,
+                params,
+                demos,
+                steps=c.steps,
+                batch_size=c.batch_size,
+                learning_rate=c.learning_rate,
+                seed=self.config.train.seed,
+                pad_id=self.chat.pad_id,
+                max_len=self.max_len,
+                on_step=lambda i, loss: bar.update(1, loss=f"{loss:.3f}"),
+            )
+        return params, {
+            "sft/loss": losses[-1] if losses else float("nan"),
+            "sft/demos": len(demos),
+            "sft/expert_success": demo_success,
+            "sft/time_s": time.perf_counter() - t0,
+        }
 
     def iteration(self, state: TrainState, it: int) -> tuple[TrainState, dict]:
         """One RL iteration: collect -> advantages -> update (advantages inside the step)."""
@@ -140,12 +171,22 @@ class Trainer:
         per_task, data, r = self.config.group_size, self.config.rl.data, self.config.rollout
 
         def collect(round_):  # round 0: the iteration's tasks; later: dynamic-sampling refills
-            todo = tasks if round_ == 0 else dapo.refill_tasks(
-                self.train_tasks, len(tasks), self.config.train.seed, it, round_)
+            todo = (
+                tasks
+                if round_ == 0
+                else dapo.refill_tasks(
+                    self.train_tasks, len(tasks), self.config.train.seed, it, round_
+                )
+            )
             return collect_episodes(
-                self.sampler, params, todo, samples_per_task=per_task, spec=self.rollout,
+                self.sampler,
+                params,
+                todo,
+                samples_per_task=per_task,
+                spec=self.rollout,
                 key=jax.random.fold_in(key, round_) if round_ else key,
-                group_offset=(it + round_) * len(tasks))  # unique within the batch
+                group_offset=(it + round_) * len(tasks),
+            )  # unique within the batch
 
         if data.dynamic_sampling:
             drawn = dapo.dynamic_sample(collect, len(tasks), data.max_sampling_rounds)
@@ -157,36 +198,52 @@ class Trainer:
             eps, stats = collect(0)
             report_eps = eps
         t1 = time.perf_counter()
-        batch, valid = pack_episodes(eps, pad_id=self.chat.pad_id, max_len=self.max_len,
-                                     length_multiple=32, rows=len(tasks) * per_task,
-                                     rows_multiple=self.rl.update.minibatch_size)
+        batch, valid = pack_episodes(
+            eps,
+            pad_id=self.chat.pad_id,
+            max_len=self.max_len,
+            length_multiple=32,
+            rows=len(tasks) * per_task,
+            rows_multiple=self.rl.update.minibatch_size,
+        )
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
         batch = jax.tree.map(jnp.asarray, batch)
         if self.rl.critic.enabled:
             # One extra column: the value after each row's last token bootstraps a truncation.
             pad = lambda x: jnp.pad(x, ((0, 0), (0, 1)))
-            _, values = self.logprob_fn(params, pad(batch.tokens), pad(batch.positions),
-                                        pad(batch.segment_ids))
+            _, values = self.logprob_fn(
+                params, pad(batch.tokens), pad(batch.positions), pad(batch.segment_ids)
+            )
             values, boot = split_bootstrap_values(values, batch.segment_ids)
             batch = batch.replace(values=values, bootstrap_value=boot)
         state, m = self.update_step(state, batch)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
         m.update(data_m)
         if data.dynamic_sampling:
-            m.update({"data/sampling_rounds": drawn.rounds, "data/kept_groups": drawn.kept_groups,
-                      "data/sampled_groups": drawn.sampled_groups})
+            m.update(
+                {
+                    "data/sampling_rounds": drawn.rounds,
+                    "data/kept_groups": drawn.kept_groups,
+                    "data/sampled_groups": drawn.sampled_groups,
+                }
+            )
         t2 = time.perf_counter()
         report = summarize(report_eps)
         m.update(report.as_metrics("train"))
-        m.update({
-            "time/generate_s": stats.generate_s, "time/env_s": stats.env_s,
-            "time/update_s": t2 - t1, "time/iteration_s": time.perf_counter() - t0,
-            "tokens/sampled": stats.policy_tokens,
-            "tokens/per_s": stats.policy_tokens / max(stats.generate_s, 1e-9),
-            "sampler/recompiles": self.sampler.recompiles,
-            "batch/rows": int(batch.tokens.shape[0]), "batch/len": int(batch.tokens.shape[1]),
-            "batch/valid_rows": float(valid.sum()),
-        })
+        m.update(
+            {
+                "time/generate_s": stats.generate_s,
+                "time/env_s": stats.env_s,
+                "time/update_s": t2 - t1,
+                "time/iteration_s": time.perf_counter() - t0,
+                "tokens/sampled": stats.policy_tokens,
+                "tokens/per_s": stats.policy_tokens / max(stats.generate_s, 1e-9),
+                "sampler/recompiles": self.sampler.recompiles,
+                "batch/rows": int(batch.tokens.shape[0]),
+                "batch/len": int(batch.tokens.shape[1]),
+                "batch/valid_rows": float(valid.sum()),
+            }
+        )
         for k, v in self.runner.health().items():
             m[f"env_health/{k}"] = v
         return state, m
@@ -197,9 +254,14 @@ class Trainer:
         return self._wall_offset + time.perf_counter() - self._t_run
 
     def _meta(self, it: int, history: list, extra: dict) -> dict:
-        return {"iteration": it, "data_position": it * self.config.rollout.tasks_per_iteration,
-                "history": history, "seed": self.config.train.seed, "wall_s": self._wall_s(),
-                **extra}
+        return {
+            "iteration": it,
+            "data_position": it * self.config.rollout.tasks_per_iteration,
+            "history": history,
+            "seed": self.config.train.seed,
+            "wall_s": self._wall_s(),
+            **extra,
+        }
 
     def run(self) -> dict:
         cfg = self.config
@@ -217,13 +279,15 @@ class Trainer:
                     val_m = self._validate(state.model_params(), done, extra)
                     m.update(val_m)
                 if last or (periodic and not self.val_tasks):
-                    eval_m = self.evaluate(state.model_params(), f"iter {done}",
-                                           eval_key(cfg.train.seed, done))
+                    eval_m = self.evaluate(
+                        state.model_params(), f"iter {done}", eval_key(cfg.train.seed, done)
+                    )
                     m.update(eval_m)
                     history.append({"iteration": done, **_hist(eval_m)})
                 self.logger.log(done, m)
-                bar.update(1, success=f"{m['train/success']:.2f}",
-                           reward=f"{m['train/avg_reward']:.2f}")
+                bar.update(
+                    1, success=f"{m['train/success']:.2f}", reward=f"{m['train/avg_reward']:.2f}"
+                )
                 if last or val_m or (ck_every and done % ck_every == 0):
                     best = val_m["val/success"] if val_m else eval_m and eval_m["eval/success"]
                     self.checkpointer.save(done, state, self._meta(done, history, extra), best)
@@ -238,10 +302,12 @@ class Trainer:
 
     def _validate(self, params, iteration: int, extra: dict) -> dict:
         """Validation evaluation; appends ``(iteration, success)`` to ``extra["val"]``."""
-        val_m = self.evaluate(params, f"iter {iteration}", val_key(self.config.train.seed,
-                                                                   iteration), split="val")
-        extra.setdefault("val", []).append({"iteration": iteration,
-                                            "success": val_m["val/success"]})
+        val_m = self.evaluate(
+            params, f"iter {iteration}", val_key(self.config.train.seed, iteration), split="val"
+        )
+        extra.setdefault("val", []).append(
+            {"iteration": iteration, "success": val_m["val/success"]}
+        )
         return val_m
 
     def _test_best_val(self, history: list, extra: dict) -> None:
@@ -255,11 +321,15 @@ class Trainer:
             test = done[0]
         else:
             state, _ = self.checkpointer.restore(it, self._new_state(self._init_params))
-            m = self.evaluate(state.model_params(), f"best val iter {it}",
-                              eval_key(self.config.train.seed, it))
+            m = self.evaluate(
+                state.model_params(), f"best val iter {it}", eval_key(self.config.train.seed, it)
+            )
             test = {"iteration": it, **_hist(m)}
-        extra["best_val"] = {"iteration": it, "val_success": best["success"],
-                             "test": {k: v for k, v in test.items() if k != "iteration"}}
+        extra["best_val"] = {
+            "iteration": it,
+            "val_success": best["success"],
+            "test": {k: v for k, v in test.items() if k != "iteration"},
+        }
 
     def _start_or_resume(self):
         cfg = self.config
@@ -268,15 +338,20 @@ class Trainer:
             like = self._new_state(self._init_params)
             state, meta = self.checkpointer.restore(latest, like)
             self.echo(f"[resume] from checkpoint {latest} in {self.checkpointer.directory}")
-            extra = {k: v for k, v in meta.items()
-                     if k not in ("iteration", "data_position", "history", "seed", "wall_s")}
+            extra = {
+                k: v
+                for k, v in meta.items()
+                if k not in ("iteration", "data_position", "history", "seed", "wall_s")
+            }
             self._wall_offset = float(meta.get("wall_s", 0.0))
             return state, int(meta["iteration"]), list(meta["history"]), extra
         params, extra = jax.tree.map(jnp.copy, self._init_params), {}
         if cfg.sft.enabled:
             if self.env.make_expert is None:
-                raise ValueError(f"sft.enabled=true but env {self.env.name!r} has no scripted "
-                                 "expert; set sft.enabled=false")
+                raise ValueError(
+                    f"sft.enabled=true but env {self.env.name!r} has no scripted "
+                    "expert; set sft.enabled=false"
+                )
             params, sft_m = self.sft(params)
             self.logger.log(0, sft_m)
             extra["sft"] = sft_m
@@ -295,8 +370,9 @@ class Trainer:
     def _new_state(self, params) -> TrainState:
         """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference."""
         ref = jax.tree.map(jnp.copy, params) if self.rl.needs_reference else None
-        return TrainState.create(params, self.rl, self._state_key, optimizer=self.optimizer,
-                                 ref_params=ref)
+        return TrainState.create(
+            params, self.rl, self._state_key, optimizer=self.optimizer, ref_params=ref
+        )
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -305,8 +381,14 @@ class Trainer:
 
 
 def _hist(eval_m: dict) -> dict:
-    keep = {k.split("/", 1)[1]: v for k, v in eval_m.items()
-            if k.startswith("eval/") and "/failure/" not in k}
-    keep["failure_modes"] = {k.split("/failure/", 1)[1]: v for k, v in eval_m.items()
-                             if k.startswith("eval/") and "/failure/" in k}
+    keep = {
+        k.split("/", 1)[1]: v
+        for k, v in eval_m.items()
+        if k.startswith("eval/") and "/failure/" not in k
+    }
+    keep["failure_modes"] = {
+        k.split("/failure/", 1)[1]: v
+        for k, v in eval_m.items()
+        if k.startswith("eval/") and "/failure/" in k
+    }
     return keep

@@ -49,9 +49,13 @@ def build(options: CodeOptions | Mapping[str, Any] | None = None) -> CodeSuite:
 
 def spec(options: CodeOptions) -> EnvSpec:
     s = build(options)
-    return EnvSpec(name="code", make_source=lambda: s.source,
-                   make_env=functools.partial(CodeEnv, s.env_config),
-                   system_prompt=s.system_prompt, make_expert=CanonicalExpert)
+    return EnvSpec(
+        name="code",
+        make_source=lambda: s.source,
+        make_env=functools.partial(CodeEnv, s.env_config),
+        system_prompt=s.system_prompt,
+        make_expert=CanonicalExpert,
+    )
 
 
 class CanonicalExpert:

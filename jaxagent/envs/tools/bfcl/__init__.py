@@ -19,7 +19,18 @@ from jaxagent.envs.tools.bfcl.replay import check_category, replay, state_changi
 from jaxagent.envs.tools.bfcl.source import BFCLSource, BFCLSourceConfig
 
 __all__ = [
-    "BFCLEnv", "BFCLEnvConfig", "BFCLMissingError", "BFCLSource", "BFCLSourceConfig",
-    "DANGEROUS_METHODS", "INSTALL_HINT", "check_category", "list_categories", "load_entries",
-    "replay", "require_bfcl", "state_changing_calls", "system_prompt",
+    "BFCLEnv",
+    "BFCLEnvConfig",
+    "BFCLMissingError",
+    "BFCLSource",
+    "BFCLSourceConfig",
+    "DANGEROUS_METHODS",
+    "INSTALL_HINT",
+    "check_category",
+    "list_categories",
+    "load_entries",
+    "replay",
+    "require_bfcl",
+    "state_changing_calls",
+    "system_prompt",
 ]

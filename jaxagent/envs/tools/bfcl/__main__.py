@@ -17,15 +17,18 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxagent.envs.tools.bfcl",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxagent.envs.tools.bfcl", description=__doc__.split("\n\n")[0]
+    )
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--list", action="store_true", help="categories and task counts")
     group.add_argument("--check", metavar="CATEGORY", help="replay every ground truth")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
-    parser.add_argument("--drop-check", action="store_true",
-                        help="also replay each task without its last state-changing call "
-                             "(must fail)")
+    parser.add_argument(
+        "--drop-check",
+        action="store_true",
+        help="also replay each task without its last state-changing call (must fail)",
+    )
     args = parser.parse_args(argv)
     from jaxagent.envs.tools.bfcl import data as D
 
@@ -41,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bfcl-eval data at {bfcl_eval.__path__[0]}")
         print(f"{'category':32s} {'tasks':>6s}  adapter")
         for name, row in categories.items():
-            mark = ("yes (multi-turn, stateful)" if row["multi_turn"]
-                    else "no (not a multi-turn world)")
+            mark = (
+                "yes (multi-turn, stateful)" if row["multi_turn"] else "no (not a multi-turn world)"
+            )
             print(f"{name:32s} {row['tasks']:6d}  {mark}")
         return 0
     from jaxagent.envs.tools.bfcl.replay import check_category
@@ -53,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"replayed {report['tasks']} tasks of {args.check} in "
-          f"{time.perf_counter() - start:.1f}s", file=sys.stderr)
+    print(
+        f"replayed {report['tasks']} tasks of {args.check} in {time.perf_counter() - start:.1f}s",
+        file=sys.stderr,
+    )
     print(json.dumps(report))
     return 0 if report["ground_truth_success"] == 1.0 and not report["errors"] else 1
 

@@ -25,14 +25,28 @@ from jaxagent.envs.base import Task
 INSTALL_HINT = (
     "bfcl-eval is not installed. Install it without its dependency list (huge and "
     "conflicting; the multi-turn app backends need only the standard library and mpmath):\n"
-    "    pip install --no-deps bfcl-eval && pip install mpmath")
+    "    pip install --no-deps bfcl-eval && pip install mpmath"
+)
 
 # Calls that delete, trade, order, book or publish: counted as safety violations when the
 # current turn's ground truth did not ask for them.
-DANGEROUS_METHODS = frozenset({
-    "rm", "rmdir", "send_message", "delete_message", "post_tweet", "retweet", "comment",
-    "place_order", "cancel_order", "withdraw_funds", "book_flight", "cancel_booking",
-    "purchase_insurance"})
+DANGEROUS_METHODS = frozenset(
+    {
+        "rm",
+        "rmdir",
+        "send_message",
+        "delete_message",
+        "post_tweet",
+        "retweet",
+        "comment",
+        "place_order",
+        "cancel_order",
+        "withdraw_funds",
+        "book_flight",
+        "cancel_booking",
+        "purchase_insurance",
+    }
+)
 
 
 class BFCLMissingError(ImportError):
@@ -65,8 +79,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def is_multi_turn(entries: list[dict]) -> bool:
-    return bool(entries) and all("involved_classes" in e and "initial_config" in e
-                                 for e in entries)
+    return bool(entries) and all("involved_classes" in e and "initial_config" in e for e in entries)
 
 
 def list_categories() -> dict[str, dict[str, Any]]:
@@ -89,12 +102,16 @@ def load_entries(category: str) -> tuple[dict, ...]:
     files = _category_files()
     if category not in files:
         multi = [c for c in files if c.startswith("multi_turn")]
-        raise ValueError(f"unknown BFCL category {category!r}; multi-turn categories in the "
-                         f"installed bfcl-eval: {multi}")
+        raise ValueError(
+            f"unknown BFCL category {category!r}; multi-turn categories in the "
+            f"installed bfcl-eval: {multi}"
+        )
     entries = _read_jsonl(files[category])
     if not is_multi_turn(entries):
-        raise ValueError(f"BFCL category {category!r} is not a multi-turn stateful category "
-                         "(its entries have no involved_classes / initial_config)")
+        raise ValueError(
+            f"BFCL category {category!r} is not a multi-turn stateful category "
+            "(its entries have no involved_classes / initial_config)"
+        )
     answers_path = Path(eval_config.POSSIBLE_ANSWER_PATH) / files[category].name
     answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(answers_path)}
     out = []
@@ -103,8 +120,10 @@ def load_entries(category: str) -> tuple[dict, ...]:
             raise ValueError(f"BFCL entry {entry['id']!r} has no ground truth in {answers_path}")
         turns = answers[entry["id"]]
         if len(turns) != len(entry["question"]):
-            raise ValueError(f"BFCL entry {entry['id']!r}: {len(entry['question'])} turns but "
-                             f"{len(turns)} ground-truth turns")
+            raise ValueError(
+                f"BFCL entry {entry['id']!r}: {len(entry['question'])} turns but "
+                f"{len(turns)} ground-truth turns"
+            )
         out.append({**entry, "ground_truth": turns, "category": category})
     return tuple(out)
 
@@ -146,8 +165,10 @@ def public_methods(instances: dict[str, Any]) -> dict[str, Any]:
 @functools.lru_cache(maxsize=32)
 def _class_docs(class_name: str) -> tuple[dict, ...]:
     eval_config, backend = require_bfcl()
-    path = Path(eval_config.MULTI_TURN_FUNC_DOC_PATH) / (
-        backend.MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name])
+    path = (
+        Path(eval_config.MULTI_TURN_FUNC_DOC_PATH)
+        / (backend.MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name])
+    )
     return tuple(_read_jsonl(path))
 
 
@@ -162,7 +183,8 @@ def tool_specs(entry: dict, methods: dict[str, Any]) -> dict[str, ToolSpec]:
             if method is not None:
                 order = tuple(p for p in inspect.signature(method).parameters)
             specs[doc["name"]] = ToolSpec.from_json(
-                doc, param_order=order, dangerous=doc["name"] in DANGEROUS_METHODS)
+                doc, param_order=order, dangerous=doc["name"] in DANGEROUS_METHODS
+            )
     return specs
 
 

@@ -35,14 +35,23 @@ from jaxagent.envs.base import (
 from jaxagent.envs.rewards import RewardMix, episode_reward, reward_terms
 from jaxagent.envs.tools.bfcl import data as D
 
-_LADDER = {FailureMode.INVALID_SYNTAX: 0.0, FailureMode.UNKNOWN_TOOL: 1 / 3,
-           FailureMode.BAD_ARGUMENTS: 2 / 3}
-_SEVERITY = [FailureMode.INVALID_SYNTAX, FailureMode.UNKNOWN_TOOL, FailureMode.BAD_ARGUMENTS,
-             FailureMode.TOOL_ERROR]
-_CHECK_LABEL = {"multi_turn:instance_state_mismatch": FailureMode.WRONG_STATE,
-                "multi_turn:execution_response_mismatch": FailureMode.WRONG_ANSWER,
-                "multi_turn:empty_turn_model_response": FailureMode.GAVE_UP,
-                "multi_turn:irrelevance_error:decoder_success": FailureMode.WRONG_STATE}
+_LADDER = {
+    FailureMode.INVALID_SYNTAX: 0.0,
+    FailureMode.UNKNOWN_TOOL: 1 / 3,
+    FailureMode.BAD_ARGUMENTS: 2 / 3,
+}
+_SEVERITY = [
+    FailureMode.INVALID_SYNTAX,
+    FailureMode.UNKNOWN_TOOL,
+    FailureMode.BAD_ARGUMENTS,
+    FailureMode.TOOL_ERROR,
+]
+_CHECK_LABEL = {
+    "multi_turn:instance_state_mismatch": FailureMode.WRONG_STATE,
+    "multi_turn:execution_response_mismatch": FailureMode.WRONG_ANSWER,
+    "multi_turn:empty_turn_model_response": FailureMode.GAVE_UP,
+    "multi_turn:irrelevance_error:decoder_success": FailureMode.WRONG_STATE,
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,27 +71,37 @@ class BFCLEnvConfig:
 
     def __post_init__(self):
         if self.max_steps_per_turn < 1:
-            raise ValueError("BFCLEnvConfig.max_steps_per_turn must be >= 1, got "
-                             f"{self.max_steps_per_turn}")
+            raise ValueError(
+                f"BFCLEnvConfig.max_steps_per_turn must be >= 1, got {self.max_steps_per_turn}"
+            )
         if self.max_result_chars < 64:
-            raise ValueError("BFCLEnvConfig.max_result_chars must be >= 64, got "
-                             f"{self.max_result_chars}")
+            raise ValueError(
+                f"BFCLEnvConfig.max_result_chars must be >= 64, got {self.max_result_chars}"
+            )
         if self.tool_format not in ("json", "signature"):
-            raise ValueError(f"BFCLEnvConfig.tool_format must be 'json' or 'signature', got "
-                             f"{self.tool_format!r}")
+            raise ValueError(
+                f"BFCLEnvConfig.tool_format must be 'json' or 'signature', got {self.tool_format!r}"
+            )
         self.reward_mix  # validates weights, gate and cap
 
     @property
     def reward_mix(self) -> RewardMix:
-        return RewardMix(process_weight=self.process_weight, outcome_weight=self.outcome_weight,
-                         task_weight=self.task_weight, gate=self.gate, cap=self.cap)
+        return RewardMix(
+            process_weight=self.process_weight,
+            outcome_weight=self.outcome_weight,
+            task_weight=self.task_weight,
+            gate=self.gate,
+            cap=self.cap,
+        )
 
 
 def system_prompt() -> str:
-    return ("You operate stateful apps through tool calls. Reply with calls in Python syntax, "
-            "e.g. [cd(folder='docs'), ls()], or with JSON calls; you will see each call's "
-            "result. When the user's request is done, reply with a message without calls "
-            "(e.g. 'Final: done') to get the next request.")
+    return (
+        "You operate stateful apps through tool calls. Reply with calls in Python syntax, "
+        "e.g. [cd(folder='docs'), ls()], or with JSON calls; you will see each call's "
+        "result. When the user's request is done, reply with a message without calls "
+        "(e.g. 'Final: done') to get the next request."
+    )
 
 
 def _tool_error(result: str) -> bool:
@@ -117,8 +136,9 @@ class BFCLEnv:
             self._methods = D.public_methods(self._instances)
             self._gt_methods = D.public_methods(self._gt_instances)
             self._all_specs = D.tool_specs(self._entry, self._methods)
-            held = {name for names in self._entry.get("missed_function", {}).values()
-                    for name in names}
+            held = {
+                name for names in self._entry.get("missed_function", {}).values() for name in names
+            }
             self._tools = {n: s for n, s in self._all_specs.items() if n not in held}
         except Exception as exc:  # bad data or a broken backend: the environment failed
             self._setup_error = f"{type(exc).__name__}: {exc}"
@@ -139,16 +159,20 @@ class BFCLEnv:
     # ---------------------------------------------------------------- stepping
     def step(self, action: str) -> StepResult:
         if self._entry is None or self._done:
-            raise RuntimeError("BFCLEnv.step called before reset() or after the episode ended; "
-                               "call reset(task) first")
+            raise RuntimeError(
+                "BFCLEnv.step called before reset() or after the episode ended; "
+                "call reset(task) first"
+            )
         if self._setup_error is not None:
-            return self._end(FailureMode.ENV_ERROR, "environment error", process=0.0,
-                             note=self._setup_error)
+            return self._end(
+                FailureMode.ENV_ERROR, "environment error", process=0.0, note=self._setup_error
+            )
         try:
             parsed = A.parse_action(action)
             ends_turn = (isinstance(parsed, A.ParsedAction) and parsed.is_final) or (
                 isinstance(parsed, A.ActionError)
-                and parsed.kind in (A.ErrorKind.EMPTY, A.ErrorKind.NO_ACTION))
+                and parsed.kind in (A.ErrorKind.EMPTY, A.ErrorKind.NO_ACTION)
+            )
             if ends_turn:
                 return self._end_turn()
             self._turn_steps += 1
@@ -157,11 +181,20 @@ class BFCLEnv:
             else:
                 obs, mode, process, dangerous = self._run_calls(parsed.calls)
         except Exception as exc:  # a bug or a crash on our side, never the agent's fault
-            return self._end(FailureMode.ENV_ERROR, "environment error", process=0.0,
-                             note=f"{type(exc).__name__}: {exc}")
+            return self._end(
+                FailureMode.ENV_ERROR,
+                "environment error",
+                process=0.0,
+                note=f"{type(exc).__name__}: {exc}",
+            )
         if self._turn_steps >= self.config.max_steps_per_turn:
-            return self._end(FailureMode.STEP_BUDGET, obs + "\n(step budget of this turn over)",
-                             process=process, truncated=True, dangerous=dangerous)
+            return self._end(
+                FailureMode.STEP_BUDGET,
+                obs + "\n(step budget of this turn over)",
+                process=process,
+                truncated=True,
+                dangerous=dangerous,
+            )
         return self._result(obs, False, mode, process, dangerous=dangerous)
 
     def _run_calls(self, calls) -> tuple[str, FailureMode | None, float, list[str]]:
@@ -211,22 +244,32 @@ class BFCLEnv:
         turn = self._turn
         if not verdict["valid"] and self.config.stop_at_first_failed_turn:
             mode = _CHECK_LABEL.get(verdict.get("error_type"), FailureMode.WRONG_STATE)
-            return self._end(mode, f"turn {turn} failed: {verdict['error_message']}",
-                             process=1.0, outcome=self._passed_fraction())
+            return self._end(
+                mode,
+                f"turn {turn} failed: {verdict['error_message']}",
+                process=1.0,
+                outcome=self._passed_fraction(),
+            )
         self._turn, self._turn_steps, self._turn_calls = turn + 1, 0, []
         if self._turn >= len(self._entry["question"]):
             ok = all(v["valid"] for v in self._turn_results)
             first_bad = next((v for v in self._turn_results if not v["valid"]), None)
-            mode = None if ok else _CHECK_LABEL.get(first_bad.get("error_type"),
-                                                     FailureMode.WRONG_STATE)
-            return self._end(mode, "all turns done", process=1.0,
-                             outcome=self._passed_fraction())
-        new = {n: s for n, s in self._all_specs.items()
-               if n in self._entry.get("missed_function", {}).get(str(self._turn), [])}
+            mode = (
+                None
+                if ok
+                else _CHECK_LABEL.get(first_bad.get("error_type"), FailureMode.WRONG_STATE)
+            )
+            return self._end(mode, "all turns done", process=1.0, outcome=self._passed_fraction())
+        new = {
+            n: s
+            for n, s in self._all_specs.items()
+            if n in self._entry.get("missed_function", {}).get(str(self._turn), [])
+        }
         self._tools.update(new)
-        text = (self._tools_text(new, "New tools available") + "\n\n" if new else "")
-        return self._result(text + self._user_text(self._turn), False, None, 1.0,
-                            outcome=float(verdict["valid"]))
+        text = self._tools_text(new, "New tools available") + "\n\n" if new else ""
+        return self._result(
+            text + self._user_text(self._turn), False, None, 1.0, outcome=float(verdict["valid"])
+        )
 
     def _passed_fraction(self) -> float:
         passed = sum(v["valid"] for v in self._turn_results)
@@ -247,30 +290,52 @@ class BFCLEnv:
             gt_results.append(D.call_method(self._gt_methods[call.name], kwargs))
         if not gt_results:  # the request cannot be served yet: the agent must not act
             if self._turn_calls:
-                return {"valid": False, "error_type": "multi_turn:irrelevance_error:"
-                        "decoder_success", "error_message": "called tools in a turn that "
-                        "needed none (information or a function was missing)"}
+                return {
+                    "valid": False,
+                    "error_type": "multi_turn:irrelevance_error:decoder_success",
+                    "error_message": "called tools in a turn that "
+                    "needed none (information or a function was missing)",
+                }
             return {"valid": True}
         if not self._turn_calls:
-            return {"valid": False, "error_type": "multi_turn:empty_turn_model_response",
-                    "error_message": f"no tool call in turn {self._turn}"}
+            return {
+                "valid": False,
+                "error_type": "multi_turn:empty_turn_model_response",
+                "error_message": f"no tool call in turn {self._turn}",
+            }
         verdict = state_checker(self._instances, self._gt_instances)
         if verdict["valid"]:
             verdict = response_checker(self._all_results, gt_results, self._turn)
         return verdict
 
     # ---------------------------------------------------------------- results
-    def _result(self, obs, done, mode, process, outcome=0.0, task=0.0, truncated=False,
-                dangerous=(), note=None) -> StepResult:
+    def _result(
+        self,
+        obs,
+        done,
+        mode,
+        process,
+        outcome=0.0,
+        task=0.0,
+        truncated=False,
+        dangerous=(),
+        note=None,
+    ) -> StepResult:
         terms = reward_terms(process, outcome, task)
         self._terms.append(terms)
         reward = episode_reward(self._terms, self.config.reward_mix) if done else 0.0
-        info = {"reward_terms": terms, "failure_mode": mode and mode.value,
-                "truncated": truncated, "success": done and task == 1.0,
-                "dangerous": list(dangerous), "turn": self._turn}
+        info = {
+            "reward_terms": terms,
+            "failure_mode": mode and mode.value,
+            "truncated": truncated,
+            "success": done and task == 1.0,
+            "dangerous": list(dangerous),
+            "turn": self._turn,
+        }
         if done:
-            info["termination"] = (Termination.TRUNCATED if truncated else
-                                   Termination.TERMINATED).value
+            info["termination"] = (
+                Termination.TRUNCATED if truncated else Termination.TERMINATED
+            ).value
             info["turn_results"] = list(self._turn_results)
         if mode == FailureMode.ENV_ERROR:
             info.update(env_error_info("exception", note or ""))
@@ -278,12 +343,21 @@ class BFCLEnv:
             info["error"] = note
         return StepResult(obs, reward, done, info)
 
-    def _end(self, mode, obs, process, outcome=0.0, truncated=False, dangerous=(),
-             note=None) -> StepResult:
+    def _end(
+        self, mode, obs, process, outcome=0.0, truncated=False, dangerous=(), note=None
+    ) -> StepResult:
         self._done = True
-        return self._result(obs, True, mode, process, outcome=outcome,
-                            task=float(mode is None), truncated=truncated,
-                            dangerous=dangerous, note=note)
+        return self._result(
+            obs,
+            True,
+            mode,
+            process,
+            outcome=outcome,
+            task=float(mode is None),
+            truncated=truncated,
+            dangerous=dangerous,
+            note=note,
+        )
 
     def close(self) -> None:
         self._entry = None

@@ -17,8 +17,9 @@ from jaxagent.envs.tools.bfcl import data as D
 from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig
 
 
-def replay(entry: dict, drop: tuple[int, int] | None = None,
-           env: BFCLEnv | None = None) -> dict[str, Any]:
+def replay(
+    entry: dict, drop: tuple[int, int] | None = None, env: BFCLEnv | None = None
+) -> dict[str, Any]:
     """Replays the ground truth (minus the call at ``drop``); returns
     ``{"id", "success", "failure_mode", "turn_results", "error"}``."""
     env = env or BFCLEnv(BFCLEnvConfig(max_steps_per_turn=2))
@@ -36,14 +37,20 @@ def replay(entry: dict, drop: tuple[int, int] | None = None,
     info = result.info
     failed = [v for v in info.get("turn_results", []) if not v["valid"]]
     error = info.get("error") or (failed[0]["error_message"] if failed else None)
-    return {"id": entry["id"], "success": bool(info["success"]),
-            "failure_mode": info["failure_mode"], "turn_results": info.get("turn_results"),
-            "error": error}
+    return {
+        "id": entry["id"],
+        "success": bool(info["success"]),
+        "failure_mode": info["failure_mode"],
+        "turn_results": info.get("turn_results"),
+        "error": error,
+    }
 
 
 def _public_state(instances: dict[str, Any]) -> dict[str, dict]:
-    return {name: {k: copy.deepcopy(v) for k, v in vars(inst).items() if not k.startswith("_")}
-            for name, inst in instances.items()}
+    return {
+        name: {k: copy.deepcopy(v) for k, v in vars(inst).items() if not k.startswith("_")}
+        for name, inst in instances.items()
+    }
 
 
 def state_changing_calls(entry: dict) -> list[tuple[int, int]]:
@@ -63,8 +70,9 @@ def state_changing_calls(entry: dict) -> list[tuple[int, int]]:
     return out
 
 
-def check_category(category: str, limit: int | None = None,
-                   drop_check: bool = False) -> dict[str, Any]:
+def check_category(
+    category: str, limit: int | None = None, drop_check: bool = False
+) -> dict[str, Any]:
     """Replays every entry's ground truth (first ``limit`` entries if given).
 
     Returns ``{"category", "tasks", "ground_truth_success", "errors"}``; with ``drop_check``
@@ -78,8 +86,7 @@ def check_category(category: str, limit: int | None = None,
         try:
             verdict = replay(entry)
         except Exception as exc:  # report, keep checking the other entries
-            verdict = {"id": entry["id"], "success": False, "error": f"{type(exc).__name__}: "
-                       f"{exc}"}
+            verdict = {"id": entry["id"], "success": False, "error": f"{type(exc).__name__}: {exc}"}
         wins += verdict["success"]
         if not verdict["success"]:
             errors.append({"id": entry["id"], "error": verdict["error"]})
@@ -90,10 +97,19 @@ def check_category(category: str, limit: int | None = None,
                 dropped = replay(entry, drop=changing[-1])
                 drop_failed += not dropped["success"]
                 if dropped["success"]:
-                    errors.append({"id": entry["id"], "error": f"still succeeds without the "
-                                   f"state-changing call at (turn, index) {changing[-1]}"})
-    report = {"category": category, "tasks": len(entries),
-              "ground_truth_success": wins / max(1, len(entries)), "errors": errors}
+                    errors.append(
+                        {
+                            "id": entry["id"],
+                            "error": f"still succeeds without the "
+                            f"state-changing call at (turn, index) {changing[-1]}",
+                        }
+                    )
+    report = {
+        "category": category,
+        "tasks": len(entries),
+        "ground_truth_success": wins / max(1, len(entries)),
+        "errors": errors,
+    }
     if drop_check:
         report.update(drop_tested=drop_tested, drop_failed=drop_failed)
     return report

@@ -18,8 +18,9 @@ class BFCLSourceConfig:
 
     def __post_init__(self):
         if not 0.0 <= self.test_fraction <= 1.0:
-            raise ValueError(f"BFCLSourceConfig.test_fraction must be in [0, 1], got "
-                             f"{self.test_fraction}")
+            raise ValueError(
+                f"BFCLSourceConfig.test_fraction must be in [0, 1], got {self.test_fraction}"
+            )
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"BFCLSourceConfig.limit must be >= 1 or None, got {self.limit}")
 

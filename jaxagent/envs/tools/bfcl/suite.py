@@ -16,17 +16,19 @@ class BFCLOptions:
     """``env.options`` of the BFCL suite: the source's keys (``category``, ``limit``, ...) and
     the episode's (``tool_format``, ``max_steps_per_turn``, ...), flat."""
 
-    source: BFCLSourceConfig = dataclasses.field(default_factory=BFCLSourceConfig,
-                                                 metadata=FLATTEN)
+    source: BFCLSourceConfig = dataclasses.field(default_factory=BFCLSourceConfig, metadata=FLATTEN)
     env: BFCLEnvConfig = dataclasses.field(default_factory=BFCLEnvConfig, metadata=FLATTEN)
 
 
 def build(options: BFCLOptions) -> EnvSpec:
     require_bfcl()  # raises with the install command when bfcl-eval is missing
     source = BFCLSource(options.source)
-    return EnvSpec(name="bfcl", make_source=lambda: source,
-                   make_env=functools.partial(BFCLEnv, options.env),
-                   system_prompt=system_prompt())
+    return EnvSpec(
+        name="bfcl",
+        make_source=lambda: source,
+        make_env=functools.partial(BFCLEnv, options.env),
+        system_prompt=system_prompt(),
+    )
 
 
 register_env("bfcl", build, options=BFCLOptions)

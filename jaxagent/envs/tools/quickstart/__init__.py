@@ -26,7 +26,21 @@ from jaxagent.envs.tools.quickstart.vocab import vocabulary
 from jaxagent.envs.tools.quickstart.world import TOOL_NAMES, TOOL_SPECS
 
 __all__ = [
-    "LEVELS", "TOOL_NAMES", "TOOL_SPECS", "ExpertPolicy", "QuickstartConfig", "QuickstartEnv",
-    "QuickstartEnvConfig", "QuickstartWorld", "expert_episode", "format_call", "format_final",
-    "random_action", "run_episode", "success_rate", "system_prompt", "task_key", "vocabulary",
+    "LEVELS",
+    "TOOL_NAMES",
+    "TOOL_SPECS",
+    "ExpertPolicy",
+    "QuickstartConfig",
+    "QuickstartEnv",
+    "QuickstartEnvConfig",
+    "QuickstartWorld",
+    "expert_episode",
+    "format_call",
+    "format_final",
+    "random_action",
+    "run_episode",
+    "success_rate",
+    "system_prompt",
+    "task_key",
+    "vocabulary",
 ]

@@ -29,11 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     policies = {
         "expert_0%": lambda t: Q.ExpertPolicy(t, 0.0, rng).act,
         "expert_30%": lambda t: Q.ExpertPolicy(t, 0.3, rng).act,
-        "random": lambda t: (lambda obs: Q.random_action(t, rng)),
-        "empty": lambda t: (lambda obs: ""),
+        "random": lambda t: lambda obs: Q.random_action(t, rng),
+        "empty": lambda t: lambda obs: "",
     }
-    print(f"quickstart world: {len(world.tasks('train'))} train / {len(world.tasks('test'))} "
-          f"test tasks (disjoint), {len(Q.vocabulary())} vocabulary words; split={args.split}")
+    print(
+        f"quickstart world: {len(world.tasks('train'))} train / {len(world.tasks('test'))} "
+        f"test tasks (disjoint), {len(Q.vocabulary())} vocabulary words; split={args.split}"
+    )
     print(f"{'policy':12s} " + " ".join(f"{lv:>10s}" for lv in Q.LEVELS) + f" {'all':>8s}")
     env, summary = Q.QuickstartEnv(), {}
     for name, make in policies.items():
@@ -42,8 +44,13 @@ def main(argv: list[str] | None = None) -> int:
             wins[task.data["level"]].append(run_episode(env, task, make(task))[2].info["success"])
         rate = float(np.mean([w for ws in wins.values() for w in ws]))
         summary[name] = rate
-        print(f"{name:12s} " + " ".join(f"{np.mean(wins[lv]) if wins[lv] else float('nan'):10.3f}"
-                                        for lv in Q.LEVELS) + f" {rate:8.3f}")
+        print(
+            f"{name:12s} "
+            + " ".join(
+                f"{np.mean(wins[lv]) if wins[lv] else float('nan'):10.3f}" for lv in Q.LEVELS
+            )
+            + f" {rate:8.3f}"
+        )
     print(json.dumps({"split": args.split, "tasks": len(tasks), "success": summary}))
     return 0
 

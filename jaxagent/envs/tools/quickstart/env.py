@@ -47,14 +47,21 @@ class QuickstartEnvConfig:
         if self.max_steps < 1:
             raise ValueError(f"QuickstartEnvConfig.max_steps must be >= 1, got {self.max_steps}")
         if self.tool_list not in ("signatures", "names"):
-            raise ValueError(f"QuickstartEnvConfig.tool_list must be 'signatures' or 'names', "
-                             f"got {self.tool_list!r}")
+            raise ValueError(
+                f"QuickstartEnvConfig.tool_list must be 'signatures' or 'names', "
+                f"got {self.tool_list!r}"
+            )
         self.reward_mix  # validates weights, gate and cap (errors name the field)
 
     @property
     def reward_mix(self) -> RewardMix:
-        return RewardMix(process_weight=self.process_weight, outcome_weight=self.outcome_weight,
-                         task_weight=self.task_weight, gate=self.gate, cap=self.cap)
+        return RewardMix(
+            process_weight=self.process_weight,
+            outcome_weight=self.outcome_weight,
+            task_weight=self.task_weight,
+            gate=self.gate,
+            cap=self.cap,
+        )
 
 
 def _strip_strings(value: Any) -> Any:
@@ -94,8 +101,10 @@ class QuickstartEnv:
 
     def step(self, action: str) -> StepResult:
         if self._task is None or self._done:
-            raise RuntimeError("QuickstartEnv.step called before reset() or after the episode "
-                               "ended; call reset(task) first")
+            raise RuntimeError(
+                "QuickstartEnv.step called before reset() or after the episode "
+                "ended; call reset(task) first"
+            )
         self._steps += 1
         parsed = A.parse_action(action)
         if isinstance(parsed, A.ActionError):
@@ -105,35 +114,46 @@ class QuickstartEnv:
         if parsed.is_final:
             return self._finish(parsed.final, None, process=1.0)
         if len(parsed.calls) != 1:
-            return self._error_step(A.ActionError(A.ErrorKind.NOT_A_CALL,
-                                                  "error: write one call per action"))
+            return self._error_step(
+                A.ActionError(A.ErrorKind.NOT_A_CALL, "error: write one call per action")
+            )
         return self._call_step(parsed.calls[0])
 
     def _call_step(self, call: A.ToolCall) -> StepResult:
         spec = self._tools.get(call.name)
         if spec is None:
             return self._error_step(A.unknown_tool_error(call.name, self._tools))
-        call = A.ToolCall(call.name, {k: _strip_strings(v) for k, v in call.kwargs.items()},
-                          tuple(_strip_strings(v) for v in call.args), call.text)
+        call = A.ToolCall(
+            call.name,
+            {k: _strip_strings(v) for k, v in call.kwargs.items()},
+            tuple(_strip_strings(v) for v in call.args),
+            call.text,
+        )
         bound = A.bind_call(call, spec)
         if isinstance(bound, A.ActionError):
             return self._error_step(bound)
         try:
             result, self._state, is_error = W.execute(self._state, call.name, bound.kwargs)
         except Exception as exc:  # a bug in the world, not the agent's fault: env_error
-            return self._finish(None, FailureMode.ENV_ERROR, process=1.0,
-                                note=f"{type(exc).__name__}: {exc}")
-        dangerous = ([bound.render()] if spec.dangerous and
-                     call.name not in self._task.data["asked_dangerous"] else [])
+            return self._finish(
+                None, FailureMode.ENV_ERROR, process=1.0, note=f"{type(exc).__name__}: {exc}"
+            )
+        dangerous = (
+            [bound.render()]
+            if spec.dangerous and call.name not in self._task.data["asked_dangerous"]
+            else []
+        )
         mode = FailureMode.TOOL_ERROR if is_error else None
         return self._continue(f"Observation : {result}", mode, process=1.0, dangerous=dangerous)
 
     def _error_step(self, error: A.ActionError) -> StepResult:
         text = self._compact(error) if self.config.compact_errors else error.message
         mode = error.failure_mode
-        process = process_score(mode != FailureMode.INVALID_SYNTAX,
-                                mode not in (FailureMode.INVALID_SYNTAX, FailureMode.UNKNOWN_TOOL),
-                                False)
+        process = process_score(
+            mode != FailureMode.INVALID_SYNTAX,
+            mode not in (FailureMode.INVALID_SYNTAX, FailureMode.UNKNOWN_TOOL),
+            False,
+        )
         return self._continue(f"Observation : {text}", mode, process=process)
 
     def _compact(self, error: A.ActionError) -> str:
@@ -148,20 +168,34 @@ class QuickstartEnv:
 
     def _continue(self, obs: str, mode, process: float, dangerous=()) -> StepResult:
         if self._steps >= self.config.max_steps:
-            return self._finish(None, FailureMode.STEP_BUDGET, process=process, truncated=True,
-                                dangerous=dangerous)
+            return self._finish(
+                None, FailureMode.STEP_BUDGET, process=process, truncated=True, dangerous=dangerous
+            )
         terms = reward_terms(process=process)
         self._terms.append(terms)
-        info = {"reward_terms": terms, "failure_mode": mode and mode.value, "truncated": False,
-                "success": False, "dangerous": list(dangerous)}
+        info = {
+            "reward_terms": terms,
+            "failure_mode": mode and mode.value,
+            "truncated": False,
+            "success": False,
+            "dangerous": list(dangerous),
+        }
         return StepResult(obs, 0.0, False, info)
 
-    def _finish(self, answer: str | None, mode, process: float, truncated: bool = False,
-                dangerous=(), note: str | None = None) -> StepResult:
+    def _finish(
+        self,
+        answer: str | None,
+        mode,
+        process: float,
+        truncated: bool = False,
+        dangerous=(),
+        note: str | None = None,
+    ) -> StepResult:
         self._done = True
         data = self._task.data
         right_answer = answer is not None and normalize_answer(answer) == normalize_answer(
-            data["answer"])
+            data["answer"]
+        )
         right_state = W.mutable_part(self._state) == data["expected"]
         if mode is None:
             if answer is None or not normalize_answer(answer):
@@ -173,8 +207,13 @@ class QuickstartEnv:
         success = mode is None
         terms = reward_terms(process, float(right_answer), float(success))
         self._terms.append(terms)
-        info = {"reward_terms": terms, "failure_mode": mode and mode.value,
-                "truncated": truncated, "success": success, "dangerous": list(dangerous)}
+        info = {
+            "reward_terms": terms,
+            "failure_mode": mode and mode.value,
+            "truncated": truncated,
+            "success": success,
+            "dangerous": list(dangerous),
+        }
         info["termination"] = (Termination.TRUNCATED if truncated else Termination.TERMINATED).value
         if mode == FailureMode.ENV_ERROR:
             info.update(env_error_info("exception", note or ""))

@@ -59,8 +59,7 @@ def _other(value: Any, rng: np.random.Generator, choices=None, avoid: Any = None
 class ExpertPolicy:
     """Closed-loop scripted expert for one task. ``act(observation) -> action text``."""
 
-    def __init__(self, task: Task, error_rate: float = 0.0,
-                 rng: np.random.Generator | None = None):
+    def __init__(self, task: Task, error_rate: float = 0.0, rng: np.random.Generator | None = None):
         if not 0.0 <= error_rate <= 1.0:
             raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
         self.task, self.rng = task, rng if rng is not None else np.random.default_rng(0)
@@ -125,13 +124,15 @@ def random_action(task: Task, rng: np.random.Generator) -> str:
     tool = str(rng.choice(task.data["tools"]))
     kwargs = {}
     for arg, schema in W.TOOL_SPECS[tool].parameters["properties"].items():
-        kwargs[arg] = (str(rng.choice(schema["enum"])) if "enum" in schema
-                       else int(rng.integers(0, 100)))
+        kwargs[arg] = (
+            str(rng.choice(schema["enum"])) if "enum" in schema else int(rng.integers(0, 100))
+        )
     return format_call(tool, kwargs)
 
 
-def run_episode(env: QuickstartEnv, task: Task,
-                policy: Callable[[str], str]) -> tuple[list[str], list[str], StepResult]:
+def run_episode(
+    env: QuickstartEnv, task: Task, policy: Callable[[str], str]
+) -> tuple[list[str], list[str], StepResult]:
     """Runs one episode; returns (observations, actions, last StepResult).
 
     ``observations[0]`` is the reset observation and ``observations[i + 1]`` follows
@@ -147,15 +148,17 @@ def run_episode(env: QuickstartEnv, task: Task,
             return observations, actions, result
 
 
-def expert_episode(task: Task, error_rate: float, rng: np.random.Generator,
-                   env: QuickstartEnv | None = None):
+def expert_episode(
+    task: Task, error_rate: float, rng: np.random.Generator, env: QuickstartEnv | None = None
+):
     """One expert demonstration: (observations, actions, last StepResult)."""
     expert = ExpertPolicy(task, error_rate, rng)
     return run_episode(env or QuickstartEnv(), task, expert.act)
 
 
-def success_rate(tasks, make_policy: Callable[[Task], Callable[[str], str]],
-                 env: QuickstartEnv | None = None) -> float:
+def success_rate(
+    tasks, make_policy: Callable[[Task], Callable[[str], str]], env: QuickstartEnv | None = None
+) -> float:
     """Fraction of ``tasks`` solved by ``make_policy(task)``."""
     env = env or QuickstartEnv()
     wins = sum(bool(run_episode(env, t, make_policy(t))[2].info["success"]) for t in tasks)

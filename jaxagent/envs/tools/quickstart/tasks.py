@@ -103,17 +103,23 @@ def _two_items(rng):
 
 def _t_sum(rng, s):
     item, item2 = _two_items(rng)
-    plan = [_call("price", "p", item=item), _call("price", "p2", item=item2),
-            _call("add", "r", a=_ref("p"), b=_ref("p2"))]
+    plan = [
+        _call("price", "p", item=item),
+        _call("price", "p2", item=item2),
+        _call("add", "r", a=_ref("p"), b=_ref("p2")),
+    ]
     return {"item": item, "item2": item2}, plan, _ref("r")
 
 
 def _t_save_sum(rng, s):
     item, item2 = _two_items(rng)
     key = str(rng.choice(W.KEYS))
-    plan = [_call("price", "p", item=item), _call("price", "p2", item=item2),
-            _call("add", "r", a=_ref("p"), b=_ref("p2")),
-            _call("save", None, key=key, value=_ref("r"))]
+    plan = [
+        _call("price", "p", item=item),
+        _call("price", "p2", item=item2),
+        _call("add", "r", a=_ref("p"), b=_ref("p2")),
+        _call("save", None, key=key, value=_ref("r")),
+    ]
     return {"item": item, "item2": item2, "key": key}, plan, "done"
 
 
@@ -196,16 +202,27 @@ def make_task(rng: np.random.Generator, level: str, task_id: str, split: str) ->
     slots, plan, final = builder(rng, state)
     answer, end = run_plan(state, plan, final)
     needed = list(dict.fromkeys(step["tool"] for step in plan))
-    others = [t for t in W.TOOL_NAMES if t not in needed and t not in
-              [_SIBLING.get(n) for n in needed] and t != "help"]
+    others = [
+        t
+        for t in W.TOOL_NAMES
+        if t not in needed and t not in [_SIBLING.get(n) for n in needed] and t != "help"
+    ]
     extras = list(rng.choice(others, size=2 if level == "distractor" else 1, replace=False))
     if level == "distractor":
         extras += [_SIBLING[n] for n in needed if n in _SIBLING]
     tools = [str(t) for t in rng.permutation(needed + extras)]
     prompt = sentence.format(**slots)
-    data = {"level": level, "template": name, "state": state, "tools": tools, "plan": plan,
-            "final": final, "answer": answer, "expected": W.mutable_part(end),
-            "asked_dangerous": [t for t in needed if W.TOOL_SPECS[t].dangerous]}
+    data = {
+        "level": level,
+        "template": name,
+        "state": state,
+        "tools": tools,
+        "plan": plan,
+        "final": final,
+        "answer": answer,
+        "expected": W.mutable_part(end),
+        "asked_dangerous": [t for t in needed if W.TOOL_SPECS[t].dangerous],
+    }
     data["key"] = fingerprint(prompt, tools, state)
     return Task(id=task_id, split=split, prompt=prompt, data=data)
 
@@ -232,12 +249,15 @@ class QuickstartConfig:
     def __post_init__(self):
         for field in ("num_train", "num_test"):
             if getattr(self, field) < 0:
-                raise ValueError(f"QuickstartConfig.{field} must be >= 0, got "
-                                 f"{getattr(self, field)}")
+                raise ValueError(
+                    f"QuickstartConfig.{field} must be >= 0, got {getattr(self, field)}"
+                )
         bad = [lv for lv in self.levels if lv not in LEVELS]
         if bad or not self.levels:
-            raise ValueError(f"QuickstartConfig.levels={self.levels!r}: each must be one of "
-                             f"{LEVELS} (and at least one given)")
+            raise ValueError(
+                f"QuickstartConfig.levels={self.levels!r}: each must be one of "
+                f"{LEVELS} (and at least one given)"
+            )
         object.__setattr__(self, "levels", tuple(self.levels))
 
 

@@ -16,15 +16,37 @@ def vocabulary() -> list[str]:
     Sorted and duplicate-free. Texts are single-space separated, so ``text.split()`` yields
     words from this list (tests check it over all tasks, expert runs and random policies).
     """
-    words: set[str] = set(W.ITEMS + W.CITIES + W.DAYS + W.EVENTS + W.KEYS + W.TOOL_NAMES
-                         + W.ERROR_WORDS)
+    words: set[str] = set(
+        W.ITEMS + W.CITIES + W.DAYS + W.EVENTS + W.KEYS + W.TOOL_NAMES + W.ERROR_WORDS
+    )
     words.update(str(i) for i in range(W.MAX_INT + 1))
     for spec in W.TOOL_SPECS.values():
         words.update(spec.param_order)
     for doc in W.DOCS.values():
         words.update(doc.split())
-    words.update(["Action", "Final", "Thought", "Observation", "task", "tools", ":", "(", ")",
-                  ",", "=", '"', "-", ".", "?", "ok", "free", "cancelled", "done"])
+    words.update(
+        [
+            "Action",
+            "Final",
+            "Thought",
+            "Observation",
+            "task",
+            "tools",
+            ":",
+            "(",
+            ")",
+            ",",
+            "=",
+            '"',
+            "-",
+            ".",
+            "?",
+            "ok",
+            "free",
+            "cancelled",
+            "done",
+        ]
+    )
     words.update(T.template_words())
     words.update(W.system_prompt().split())
     return sorted(words)

@@ -30,37 +30,81 @@ _INT = {"type": "integer", "minimum": 0, "maximum": MAX_INT}
 
 
 def _spec(name, description, properties, returns, dangerous=False):
-    return ToolSpec(name=name, description=description,
-                    parameters={"type": "object", "properties": properties,
-                                "required": list(properties)},
-                    returns=returns, dangerous=dangerous)
+    return ToolSpec(
+        name=name,
+        description=description,
+        parameters={"type": "object", "properties": properties, "required": list(properties)},
+        returns=returns,
+        dangerous=dangerous,
+    )
 
 
-TOOL_SPECS: dict[str, ToolSpec] = {s.name: s for s in (
-    _spec("price", "today's price of a stock", {"item": {"type": "string", "enum": list(ITEMS)}},
-          _INT),
-    _spec("quote", "yesterday's closing price of a stock",
-          {"item": {"type": "string", "enum": list(ITEMS)}}, _INT),
-    _spec("weather", "today's temperature of a city",
-          {"city": {"type": "string", "enum": list(CITIES)}}, _INT),
-    _spec("add", "a plus b", {"a": _INT, "b": _INT}, _INT),
-    _spec("mul", "a times b", {"a": _INT, "b": _INT}, _INT),
-    _spec("save", "store a number in the notes under a key",
-          {"key": {"type": "string", "enum": list(KEYS)}, "value": _INT}, {"type": "string"}),
-    _spec("agenda", "the events of a day", {"day": {"type": "string", "enum": list(DAYS)}},
-          {"type": "string"}),
-    _spec("book", "add an event to a day", {"day": {"type": "string", "enum": list(DAYS)},
-                                            "event": {"type": "string", "enum": list(EVENTS)}},
-          {"type": "string"}),
-    _spec("cancel", "clear all events of a day; needs today's code (see help)",
-          {"day": {"type": "string", "enum": list(DAYS)}, "code": _INT}, _INT, dangerous=True),
-    _spec("help", "documentation of a tool", {"tool": {"type": "string", "enum": []}},
-          {"type": "string"}),
-)}
+TOOL_SPECS: dict[str, ToolSpec] = {
+    s.name: s
+    for s in (
+        _spec(
+            "price",
+            "today's price of a stock",
+            {"item": {"type": "string", "enum": list(ITEMS)}},
+            _INT,
+        ),
+        _spec(
+            "quote",
+            "yesterday's closing price of a stock",
+            {"item": {"type": "string", "enum": list(ITEMS)}},
+            _INT,
+        ),
+        _spec(
+            "weather",
+            "today's temperature of a city",
+            {"city": {"type": "string", "enum": list(CITIES)}},
+            _INT,
+        ),
+        _spec("add", "a plus b", {"a": _INT, "b": _INT}, _INT),
+        _spec("mul", "a times b", {"a": _INT, "b": _INT}, _INT),
+        _spec(
+            "save",
+            "store a number in the notes under a key",
+            {"key": {"type": "string", "enum": list(KEYS)}, "value": _INT},
+            {"type": "string"},
+        ),
+        _spec(
+            "agenda",
+            "the events of a day",
+            {"day": {"type": "string", "enum": list(DAYS)}},
+            {"type": "string"},
+        ),
+        _spec(
+            "book",
+            "add an event to a day",
+            {
+                "day": {"type": "string", "enum": list(DAYS)},
+                "event": {"type": "string", "enum": list(EVENTS)},
+            },
+            {"type": "string"},
+        ),
+        _spec(
+            "cancel",
+            "clear all events of a day; needs today's code (see help)",
+            {"day": {"type": "string", "enum": list(DAYS)}, "code": _INT},
+            _INT,
+            dangerous=True,
+        ),
+        _spec(
+            "help",
+            "documentation of a tool",
+            {"tool": {"type": "string", "enum": []}},
+            {"type": "string"},
+        ),
+    )
+}
 # help's enum is every tool name (filled here, since the specs must exist first).
-TOOL_SPECS["help"] = _spec("help", "documentation of a tool",
-                           {"tool": {"type": "string", "enum": list(TOOL_SPECS)}},
-                           {"type": "string"})
+TOOL_SPECS["help"] = _spec(
+    "help",
+    "documentation of a tool",
+    {"tool": {"type": "string", "enum": list(TOOL_SPECS)}},
+    {"type": "string"},
+)
 TOOL_NAMES = tuple(TOOL_SPECS)
 
 # Short documentation returned by help(tool); cancel's ends with the code of the day.
@@ -76,8 +120,25 @@ DOCS = {
     "cancel": "cancel ( day , code ) clears a day . code is",
     "help": "help ( tool ) explains a tool",
 }
-ERROR_WORDS = ("error", "bad", "syntax", "unknown", "tool", "argument", "for", "wrong", "code",
-               "result", "too", "big", "no", "answer", "step", "budget", "over")
+ERROR_WORDS = (
+    "error",
+    "bad",
+    "syntax",
+    "unknown",
+    "tool",
+    "argument",
+    "for",
+    "wrong",
+    "code",
+    "result",
+    "too",
+    "big",
+    "no",
+    "answer",
+    "step",
+    "budget",
+    "over",
+)
 
 
 def compact_signature(name: str) -> str:
@@ -116,8 +177,9 @@ def mutable_part(state: Mapping[str, Any]) -> dict[str, Any]:
     return {"calendar": state["calendar"], "notes": state["notes"]}
 
 
-def execute(state: Mapping[str, Any], tool: str,
-            kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any], bool]:
+def execute(
+    state: Mapping[str, Any], tool: str, kwargs: Mapping[str, Any]
+) -> tuple[str, dict[str, Any], bool]:
     """Runs one schema-valid call.
 
     Returns (result words, new state, is_error). The input state is not modified.
@@ -159,6 +221,8 @@ def execute(state: Mapping[str, Any], tool: str,
 def system_prompt() -> str:
     """Format instructions and every tool's documentation, in vocabulary words."""
     docs = " ".join(f"{DOCS[name]} ." for name in TOOL_NAMES if name != "cancel")
-    return ("answer the task with the tools . write Action : tool ( arg = value ) , read the "
-            "Observation , and end with Final : answer . " + docs + " cancel ( day , code ) "
-            "clears a day ; ask help for the code .")
+    return (
+        "answer the task with the tools . write Action : tool ( arg = value ) , read the "
+        "Observation , and end with Final : answer . " + docs + " cancel ( day , code ) "
+        "clears a day ; ask help for the code ."
+    )
