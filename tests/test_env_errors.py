@@ -19,16 +19,12 @@ import jax
 import pytest
 
 from jaxagent.agents.batch import pack_episodes
-from jaxagent.agents.rollout import Budget, collect_episodes
+from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
-from jaxagent.agents.sampling import TurnOutput
+from jaxagent.agents.turn_policy import TurnOutput
 from jaxagent.envs.base import FailureMode, Termination
 from jaxagent.eval.report import summarize
 
-try:
-    from jaxagent.agents.rollout import RolloutSpec
-except ImportError:  # lets this file run against the tree before the rollout spec
-    RolloutSpec = None
 
 BACKENDS = ("inline", "thread", "process")
 
@@ -181,10 +177,7 @@ def _run(tasks, experts, runner):
     chat = TextChat()
     try:
         budget = Budget(max_turns=12, max_new_tokens=1, max_total_tokens=4096)
-        if RolloutSpec is None:  # the driver's keyword form before RolloutSpec
-            how = dict(runner=runner, chat=chat, system_prompt="", budget=budget)
-        else:
-            how = dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner))
+        how = dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner))
         eps, _ = collect_episodes(
             ExpertSampler(chat, experts),
             None,
@@ -251,11 +244,7 @@ def test_observations_are_cut_once_by_the_rollout_knob(backend):
     runner = make_runner(FakeToolEnvFactory(), backend)
     chat = TextChat()
     budget = Budget(max_turns=1, max_new_tokens=1, max_total_tokens=64, max_observation_chars=80)
-    how = (
-        dict(runner=runner, chat=chat, system_prompt="", budget=budget)
-        if RolloutSpec is None
-        else dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner))
-    )
+    how = dict(spec=RolloutSpec(chat=chat, system_prompt="", budget=budget, runner=runner))
     try:
         (ep,), _ = collect_episodes(
             ExpertSampler(chat, [Script(["Final : x"])]),
