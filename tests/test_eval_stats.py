@@ -94,3 +94,14 @@ def test_difference_ci():
     r = stats.difference_ci([1.0] * 8 + [0.0] * 2, [1.0] * 3 + [0.0] * 7, reps=4000)
     assert r["value"] == pytest.approx(0.5)
     assert 0.0 < r["ci_low"] < 0.5 < r["ci_high"] <= 1.0
+
+
+def test_ratio_bootstrap_is_the_episode_rate_with_tasks_resampled():
+    r = stats.ratio_bootstrap_ci([1, 1, 0], [2, 2, 1], reps=2000)
+    assert r["value"] == pytest.approx(0.4)
+    assert 0.0 <= r["ci_low"] <= 0.4 <= r["ci_high"] <= 0.5
+    # Equal cluster sizes: the same value as the mean of the cluster means.
+    num, den = np.array([3, 1, 4, 0]), np.full(4, 4)
+    assert stats.ratio_bootstrap_ci(num, den)["value"] == pytest.approx(np.mean(num / den))
+    with pytest.raises(ValueError, match="sum\\(den\\) > 0"):
+        stats.ratio_bootstrap_ci([0], [0])

@@ -169,3 +169,24 @@ def difference_ci(
     by = y[rng.integers(0, y.size, size=(reps, y.size))].mean(axis=1)
     lo, hi = np.quantile(bx - by, [lo_q, 1.0 - lo_q])
     return {"value": float(x.mean() - y.mean()), "ci_low": float(lo), "ci_high": float(hi)}
+
+
+def ratio_bootstrap_ci(
+    num, den, *, reps: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> dict[str, float]:
+    """sum(num) / sum(den) with a cluster bootstrap interval: clusters (e.g. tasks with
+    ``num`` successes out of ``den`` valid episodes) are resampled with replacement, so the
+    interval is that of the episode-level rate even when clusters differ in size."""
+    num, den = np.asarray(num, np.float64).ravel(), np.asarray(den, np.float64).ravel()
+    if num.shape != den.shape or num.size == 0 or den.sum() <= 0:
+        raise ValueError(
+            f"ratio_bootstrap_ci needs matching non-empty num/den with sum(den) > 0 "
+            f"(shapes {num.shape}, {den.shape})"
+        )
+    lo_q = _check_confidence(confidence)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, num.size, size=(reps, num.size))
+    d = den[idx].sum(axis=1)
+    dist = num[idx].sum(axis=1) / np.where(d > 0, d, np.nan)
+    lo, hi = np.nanquantile(dist, [lo_q, 1.0 - lo_q])
+    return {"value": float(num.sum() / den.sum()), "ci_low": float(lo), "ci_high": float(hi)}
