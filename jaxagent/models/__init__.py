@@ -8,6 +8,7 @@ from jaxagent.models.api import (
     model_config,
     param_logical_axes,
     token_logprobs,
+    token_logprobs_and_entropy,
     token_values,
 )
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
@@ -29,5 +30,6 @@ __all__ = [
     "model_config",
     "param_logical_axes",
     "token_logprobs",
+    "token_logprobs_and_entropy",
     "token_values",
 ]

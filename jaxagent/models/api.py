@@ -99,6 +99,21 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.pad(lp, ((0, 0), (1, 0)))
 
 
+def token_logprobs_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``token_logprobs`` and the entropy of each predicting distribution, aligned the same way.
+
+    Args:
+      logits: [B, T, V] logits where logits[:, t] predicts tokens[:, t + 1].
+      tokens: [B, T] int token ids.
+
+    Returns:
+      (logprobs [B, T], entropy [B, T]) float32; entry 0 is 0 for both.
+    """
+    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)  # [B, T-1, V]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return token_logprobs(logits, tokens), jnp.pad(entropy, ((0, 0), (1, 0)))
+
+
 def token_values(values: jax.Array) -> jax.Array:
     """Critic values aligned with tokens like ``token_logprobs``: entry t is V(tokens[<t]).
 

@@ -17,6 +17,7 @@ from typing import Literal, Optional
 import jax
 import jax.numpy as jnp
 
+from jaxagent.models import token_logprobs_and_entropy  # noqa: F401 (re-exported)
 from jaxagent.rl.kl import LOG_RATIO_CLIP
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"]
@@ -30,22 +31,8 @@ CLIP_LOWERS = ("subtract", "reciprocal")
 # ----------------------------------------------------------------------------- log-probs
 
 
-def token_logprobs_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Aligned log-probs of ``tokens`` and entropies of the predicting distributions.
-
-    Args:
-      logits: [B, T, V] next-token logits (position t predicts token t + 1).
-      tokens: [B, T] int token ids.
-
-    Returns:
-      (logprobs [B, T], entropy [B, T]) float32; entry t is log p(tokens[t] | tokens[<t]) and
-      the entropy of that distribution; entry 0 is 0 for both.
-    """
-    logp_all = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)  # [B, T-1, V]
-    lp = jnp.take_along_axis(logp_all, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
-    ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-    pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
-    return jnp.concatenate([pad, lp], axis=1), jnp.concatenate([pad, ent], axis=1)
+# The aligned log-probs (and entropies) of full logits are the models' own definition, kept
+# in one place: ``jaxagent.models.token_logprobs_and_entropy`` (re-exported here).
 
 
 # ----------------------------------------------------------------------------- aggregation
