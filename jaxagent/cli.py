@@ -2,6 +2,9 @@
 
   jaxagent train CONFIG [key=value ...]                     train (resumes an existing run dir)
   jaxagent eval CONFIG --checkpoint RUN_DIR [key=value ...] held-out evaluation of a checkpoint
+      [--out DIR] [--seeds N] [--val] [--price-input-per-mtok P] [--price-output-per-mtok P]
+      (--checkpoint repeated: several training seeds; --policy expert: the scripted expert)
+  jaxagent eval --compare A.json B.json                     B - A and P(B > A) of two records
   jaxagent rollout CONFIG [--checkpoint RUN_DIR] --n N      print N episodes readably
   jaxagent export --checkpoint RUN_DIR --out HF_DIR         write a Hugging Face directory
 
@@ -52,40 +55,198 @@ def _run_for(args):
 
 
 def _cmd_eval(args) -> int:
-    from jaxagent.agents.evaluate import evaluate
-    from jaxagent.train.run import eval_key
+    if args.compare:
+        return _cmd_compare(args)
+    import jax
 
-    config, policy, run = _run_for(args)
-    try:
-        # The trainer's evaluation key for this checkpoint: same tasks, same samples.
-        result = evaluate(
-            run.eval_sampler,
-            run.tasks.eval,
-            run.rollout,
-            eval_key(config.train.seed, int(policy.meta.get("iteration", 0))),
-            params=run.params,
-            samples_per_task=config.eval.samples_per_task,
+    from jaxagent.agents.evaluate import evaluate
+    from jaxagent.eval.protocol import EvalGroup, Prices, build_record, provenance, write_outputs
+    from jaxagent.eval.report import summarize
+    from jaxagent.train.config import config_to_yaml, load_config
+    from jaxagent.train.run import build_run, eval_key, val_key
+    from jaxagent.train.session import load_policy
+
+    if args.config is None:
+        raise InputError("CONFIG is missing: pass a YAML config, or --compare A.json B.json")
+    if not args.checkpoint and args.policy != "expert":
+        raise InputError(
+            "the following arguments are required: --checkpoint (a run directory written by "
+            "train; or --policy expert for the config's scripted expert)"
         )
-    finally:
-        run.close()
-    report = result.report
+    if args.checkpoint and args.policy == "expert":
+        raise InputError("--policy expert and --checkpoint exclude each other; pass one")
+    if args.seeds < 1:
+        raise InputError(f"--seeds {args.seeds} must be >= 1 (the number of evaluation seeds)")
+    if not 0.0 <= args.expert_error_rate <= 1.0:
+        raise InputError(f"--expert-error-rate {args.expert_error_rate} must lie in [0, 1]")
+    try:
+        prices = Prices(args.price_input_per_mtok, args.price_output_per_mtok)
+    except ValueError as err:
+        raise InputError(f"--price-input-per-mtok / --price-output-per-mtok: {err}") from None
+    config = load_config(args.config, args.overrides)
+    # One (label, loaded policy or None, training seed) per training run.
+    if args.checkpoint:
+        policies = [load_policy(c) for c in args.checkpoint]
+        seeds = (
+            [config.train.seed]
+            if len(policies) == 1
+            else [p.config.train.seed for p in policies]  # each run's own seed
+        )
+    else:
+        policies, seeds = [None], [config.train.seed]
+    labels = [f"seed{s}" for s in seeds]
+    if len(set(labels)) < len(labels):
+        labels = [f"run{i}" for i in range(len(labels))]
+    groups, steps = [], []
+    for label, policy, seed in zip(labels, policies, seeds):
+        run = build_run(config, policy=policy)
+        try:
+            if policy is None:
+                from jaxagent.agents.expert import ExpertTurnPolicy
+
+                if run.env.make_expert is None:
+                    raise InputError(
+                        f"--policy expert: env {config.env.name!r} has no scripted expert; "
+                        "pass --checkpoint RUN_DIR"
+                    )
+
+                def sampler_for(s, run=run, seed=seed):
+                    # The expert ignores the sampling key: evaluation seed s reseeds it.
+                    return ExpertTurnPolicy(
+                        run.env.make_expert,
+                        run.chat,
+                        error_rate=args.expert_error_rate,
+                        seed=seed + 100_003 * s,
+                    )
+
+                iteration = 0
+            else:
+
+                def sampler_for(s, run=run):
+                    return run.eval_sampler
+
+                iteration = int(policy.meta.get("iteration", 0))
+            splits = [("test", run.tasks.eval, eval_key)]
+            if args.val:
+                if not run.tasks.val:
+                    raise InputError(
+                        "--val: this config has no validation tasks (eval.val_tasks=0); set "
+                        "eval.val_tasks=N to evaluate in-distribution tasks"
+                    )
+                splits.append(("val", run.tasks.val, val_key))
+            for split, tasks, key_fn in splits:
+                for s in range(args.seeds):
+                    # Seed 0 is the trainer's evaluation key for this checkpoint: same
+                    # tasks, same samples; further seeds fold it.
+                    key = key_fn(seed, iteration)
+                    key = key if s == 0 else jax.random.fold_in(key, s)
+                    result = evaluate(
+                        sampler_for(s),
+                        tasks,
+                        run.rollout,
+                        key,
+                        params=run.params,
+                        samples_per_task=config.eval.samples_per_task,
+                    )
+                    groups.append(EvalGroup(result.episodes, label, s, split, result.seconds))
+        finally:
+            run.close()
+        steps.append(policy.step if policy is not None else None)
+    test_eps = [ep for g in groups if g.split == "test" for ep in g.episodes]
+    report = summarize(test_eps)
+    what = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
+    step = steps[0] if len(steps) == 1 else steps
+    name = "expert" if not args.checkpoint else f"checkpoint {what}"
     print(
-        f"checkpoint {args.checkpoint} (step {policy.step}): {report.episodes} episodes on "
+        f"{name} (step {step}): {report.episodes} episodes on "
         f"{config.env.name}/{config.env.eval_split}"
     )
     print(
         f"  success {report.success:.3f}  avg steps {report.avg_steps:.2f}  env errors "
         f"{report.env_errors}  failure modes {report.failure_modes}"
     )
+    record = build_record(
+        groups,
+        prices=prices,
+        provenance=provenance(
+            config_yaml=config_to_yaml(config),
+            model={"init_from": config.model.init_from or None, **_model_fields(config)},
+            checkpoint=what,
+            step=step,
+            train_seeds=seeds,
+            eval_seeds=list(range(args.seeds)),
+            env=f"{config.env.name}/{config.env.eval_split}",
+            policy="expert" if not args.checkpoint else "checkpoint",
+            extra={
+                "config_name": config.name,
+                "samples_per_task": config.eval.samples_per_task,
+                "eval_temperature": config.eval.temperature,
+                **({"expert_error_rate": args.expert_error_rate} if not args.checkpoint else {}),
+            },
+        ),
+    )
+    s = record["success"]
+    out = {
+        "success": report.success,
+        "avg_steps": report.avg_steps,
+        "env_errors": report.env_errors,
+        "failure_modes": report.failure_modes,
+        "episodes": report.episodes,
+        "step": step,
+        "ci_low": s["ci_low"],
+        "ci_high": s["ci_high"],
+        "iqm": s["iqm"],
+        "cost_usd": record["cost_usd"],
+    }
+    if args.out:
+        paths = write_outputs(record, args.out)
+        print(f"  wrote {', '.join(str(p) for p in paths)}")
+        out["out"] = str(args.out)
+    print(json.dumps(out))
+    return 0
+
+
+def _model_fields(config) -> dict:
+    import dataclasses
+
+    return {
+        k: v
+        for k, v in dataclasses.asdict(config.model).items()
+        if k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "value_head", "dtype")
+    }
+
+
+def _cmd_compare(args) -> int:
+    from jaxagent.eval.compare import RecordError, compare_records, load_record
+    from jaxagent.eval.tables import compare_markdown
+
+    if args.config is not None or args.overrides or args.checkpoint or args.out:
+        raise InputError(
+            "--compare A.json B.json takes no CONFIG, overrides, --checkpoint or --out; pass "
+            "the two eval.json files only"
+        )
+    a_path, b_path = args.compare
+    try:
+        cmp = compare_records(load_record(a_path), load_record(b_path))
+    except RecordError as err:
+        raise InputError(f"--compare: {err}") from None
+    cmp["a"]["path"], cmp["b"]["path"] = a_path, b_path
+    print(compare_markdown(cmp), end="")
+    d, p = cmp["difference"], cmp["probability_of_improvement"]
     print(
         json.dumps(
             {
-                "success": report.success,
-                "avg_steps": report.avg_steps,
-                "env_errors": report.env_errors,
-                "failure_modes": report.failure_modes,
-                "episodes": report.episodes,
-                "step": policy.step,
+                "a": a_path,
+                "b": b_path,
+                "success_a": cmp["a"]["success"],
+                "success_b": cmp["b"]["success"],
+                "difference": d["value"],
+                "difference_ci_low": d["ci_low"],
+                "difference_ci_high": d["ci_high"],
+                "prob_improvement": p["value"],
+                "prob_improvement_ci_low": p["ci_low"],
+                "prob_improvement_ci_high": p["ci_high"],
+                "tasks": cmp["tasks"],
             }
         )
     )
@@ -157,9 +318,37 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config")
     train.add_argument("overrides", nargs="*", help="key=value overrides")
     ev = sub.add_parser("eval", help="evaluate a checkpoint on the held-out split")
-    ev.add_argument("config")
+    ev.add_argument("config", nargs="?", default=None)
     ev.add_argument("overrides", nargs="*", help="key=value overrides")
-    ev.add_argument("--checkpoint", required=True, help="a run directory written by train")
+    ev.add_argument(
+        "--checkpoint",
+        action="append",
+        default=None,
+        help="a run directory written by train (repeat it for several training seeds)",
+    )
+    ev.add_argument(
+        "--policy",
+        choices=["checkpoint", "expert"],
+        default="checkpoint",
+        help="expert: evaluate the env's scripted expert instead of a checkpoint",
+    )
+    ev.add_argument("--expert-error-rate", type=float, default=0.0, help="with --policy expert")
+    ev.add_argument("--out", default=None, help="write eval.json, eval.md and *.png here")
+    ev.add_argument("--seeds", type=int, default=1, help="evaluation seeds (sampling keys)")
+    ev.add_argument(
+        "--val",
+        action="store_true",
+        help="also evaluate the validation tasks (in distribution): the generalisation gap",
+    )
+    ev.add_argument("--price-input-per-mtok", type=float, default=0.0, help="USD per Mtok in")
+    ev.add_argument("--price-output-per-mtok", type=float, default=0.0, help="USD per Mtok out")
+    ev.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        default=None,
+        help="compare two eval.json files: B - A with its interval, P(B > A)",
+    )
     ro = sub.add_parser("rollout", help="print episodes readably")
     ro.add_argument("config")
     ro.add_argument("overrides", nargs="*", help="key=value overrides")

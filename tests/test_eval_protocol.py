@@ -133,11 +133,13 @@ def test_multi_run_record_uses_the_stratified_bootstrap_and_the_seed_interval():
     assert s["mean"] == pytest.approx(np.mean(list(s["per_run"].values())))
     assert s["ci_low"] <= s["mean"] <= s["ci_high"]
     assert np.asarray(rec["scores"]["matrix"]).shape == (3, 6)
-    # Several evaluation seeds of one run: resampled over evaluation seeds instead.
+    # Several evaluation seeds of one run: tasks resampled (with all seeds' episodes), and
+    # the spread between evaluation seeds reported.
     one = [EvalGroup(g.episodes, run="seed0", eval_seed=i) for i, g in enumerate(groups)]
-    assert build_record(one, reps=200)["success"]["ci_method"] == (
-        "stratified bootstrap over evaluation seeds within tasks"
-    )
+    s1 = build_record(one, reps=200)["success"]
+    assert s1["ci_method"].startswith("bootstrap over tasks") and s1["tasks"] == 6
+    assert s1["over_eval_seeds"]["n"] == 3 and "over_runs" not in s1
+    assert s1["over_eval_seeds"]["mean"] == pytest.approx(np.mean(list(s["per_run"].values())))
 
 
 def test_generalisation_gap_in_distribution_minus_held_out():

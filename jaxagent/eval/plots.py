@@ -68,6 +68,7 @@ def write_plots(record: dict[str, Any], out_dir: str | Path) -> list[Path]:
         x = s["cost_usd_per_task"] if priced else sum(s["tokens"]["per_task"].values())
         ax.scatter([x], [s["success"]["mean"]], s=40)
         ax.annotate(n, (x, s["success"]["mean"]), textcoords="offset points", xytext=(4, 4))
+    ax.set_xlim(left=0)
     ax.set_xlabel("cost per task (USD)" if priced else "tokens per task (no price set)")
     ax.set_ylabel("success")
     ax.set_ylim(0, 1)

@@ -7,10 +7,11 @@ turns a list of groups into the record ``jaxagent eval --out`` writes as ``eval.
 
 - ``success``: ``mean`` (over episodes without an env error, as ``report.summarize``),
   ``ci_low`` / ``ci_high`` (95% bootstrap), ``iqm`` with its interval, ``ci_method``:
-  ``stratified bootstrap over runs within tasks`` (rliable) when there are >= 2 training
-  runs, else the same over evaluation seeds when there are >= 2 of them, else a bootstrap
-  over tasks (each task's score = its mean success). ``per_run`` and, with >= 2 runs, a
-  t-interval over runs (``report.seed_summary``).
+  ``stratified bootstrap over training runs within tasks`` (rliable) when there are >= 2
+  training runs, else a bootstrap over tasks (a task is resampled with all its episodes,
+  every evaluation seed's, so the interval is that of the episode-level rate; the IQM is
+  over per-task mean success). ``per_run``; with >= 2 runs ``over_runs`` and with >= 2
+  evaluation seeds ``over_eval_seeds``: mean, std and t-interval (``report.seed_summary``).
 - ``avg_steps`` (over all episodes without env errors), ``avg_steps_successes``.
 - ``failure_modes`` (policy failures only) and ``failure_mode_rates``.
 - ``safety_violations`` (episodes with a dangerous action, ``report.episode_dangerous``),
@@ -156,10 +157,9 @@ def success_summary(
         "episodes": len(valid),
         "confidence": confidence,
     }
-    if len(runs) >= 2 or len(eval_seeds) >= 2:
-        by = "run" if len(runs) >= 2 else "eval_seed"
-        m, _, tasks = _score_matrix(groups, by)
-        method = f"stratified bootstrap over {'training runs' if by == 'run' else 'evaluation seeds'} within tasks"
+    if len(runs) >= 2:
+        m, _, tasks = _score_matrix(groups, "run")
+        method = "stratified bootstrap over training runs within tasks"
         if m.size:
             mean = stats.stratified_bootstrap_ci(m, reps=reps, confidence=confidence, seed=seed)
             iq = stats.stratified_bootstrap_ci(
@@ -208,6 +208,20 @@ def success_summary(
     out["per_run"] = per_run
     if len(runs) >= 2 and all(v is not None for v in per_run.values()):
         out["over_runs"] = seed_summary(list(per_run.values()))
+    if len(eval_seeds) >= 2:  # the spread of the success rate between evaluation seeds
+        rates = []
+        for unit in eval_seeds:
+            eps = [
+                ep
+                for g in groups
+                if (g.run, g.eval_seed) == unit
+                for ep in g.episodes
+                if not ep.env_failed
+            ]
+            if eps:
+                rates.append(float(np.mean([ep.success for ep in eps])))
+        if len(rates) >= 2:
+            out["over_eval_seeds"] = seed_summary(rates)
     return out
 
 
