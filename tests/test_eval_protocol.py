@@ -198,3 +198,15 @@ def test_write_outputs_and_compare(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(RecordError, match="not an eval record"):
         load_record(tmp_path / "bad.json")
+
+
+def test_a_set_of_env_errors_only_has_no_interval_and_still_writes(tmp_path):
+    eps = [_ep("a", False, env_error=True), _ep("b", False, env_error=True)]
+    rec = build_record([EvalGroup(eps)])
+    s = rec["success"]
+    assert rec["env_errors"] == 2 and s["episodes"] == 0 and s["tasks"] == 0
+    assert s["ci_low"] is None and s["iqm"] is None and rec["pass_at_k"] == {}
+    paths = protocol.write_outputs(rec, tmp_path)
+    assert json.loads(paths[0].read_text())["success"]["ci_high"] is None
+    with pytest.raises(ValueError, match="at least one evaluation"):
+        build_record([])

@@ -40,14 +40,17 @@ def write_plots(record: dict[str, Any], out_dir: str | Path) -> list[Path]:
         [(hi if hi is not None else m) - m for m, hi in zip(means, highs)],
     ]
     ax.bar(names, means, yerr=err, capsize=6, color="#4c72b0")
+    labelled = False
     for n, s in splits.items():
         iqm = s["success"].get("iqm")
         if iqm is not None:
-            ax.plot([n], [iqm], "D", color="#dd8452", label="IQM" if n == names[0] else None)
+            ax.plot([n], [iqm], "D", color="#dd8452", label=None if labelled else "IQM")
+            labelled = True
     ax.set_ylim(0, 1)
     ax.set_ylabel("success (95% CI)")
     ax.set_title("success")
-    ax.legend(loc="upper right")
+    if labelled:
+        ax.legend(loc="upper right")
     paths.append(_save(fig, out_dir / "success.png", plt))
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
