@@ -129,7 +129,7 @@ def test_multi_run_record_uses_the_stratified_bootstrap_and_the_seed_interval():
     s = rec["success"]
     assert s["ci_method"] == "stratified bootstrap over training runs within tasks"
     assert rec["runs"] == ["seed0", "seed1", "seed2"] and set(s["per_run"]) == set(rec["runs"])
-    assert s["over_runs"]["n"] == 3
+    assert s["over_runs"]["n"] == 3 and "over_eval_seeds" not in s  # one eval seed each
     assert s["mean"] == pytest.approx(np.mean(list(s["per_run"].values())))
     assert s["ci_low"] <= s["mean"] <= s["ci_high"]
     assert np.asarray(rec["scores"]["matrix"]).shape == (3, 6)

@@ -151,7 +151,7 @@ def success_summary(
     """Success rate with its interval and IQM (see the module docstring for the method)."""
     valid = [ep for g in groups for ep in g.episodes if not ep.env_failed]
     runs = sorted({g.run for g in groups})
-    eval_seeds = sorted({(g.run, g.eval_seed) for g in groups})
+    eval_seeds = sorted({g.eval_seed for g in groups})
     out: dict[str, Any] = {
         "mean": float(np.mean([ep.success for ep in valid])) if valid else 0.0,
         "episodes": len(valid),
@@ -208,15 +208,11 @@ def success_summary(
     out["per_run"] = per_run
     if len(runs) >= 2 and all(v is not None for v in per_run.values()):
         out["over_runs"] = seed_summary(list(per_run.values()))
-    if len(eval_seeds) >= 2:  # the spread of the success rate between evaluation seeds
+    if len(eval_seeds) >= 2:  # the spread between evaluation seeds (runs pooled per seed)
         rates = []
         for unit in eval_seeds:
             eps = [
-                ep
-                for g in groups
-                if (g.run, g.eval_seed) == unit
-                for ep in g.episodes
-                if not ep.env_failed
+                ep for g in groups if g.eval_seed == unit for ep in g.episodes if not ep.env_failed
             ]
             if eps:
                 rates.append(float(np.mean([ep.success for ep in eps])))
