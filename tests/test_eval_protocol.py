@@ -210,3 +210,17 @@ def test_a_set_of_env_errors_only_has_no_interval_and_still_writes(tmp_path):
     assert json.loads(paths[0].read_text())["success"]["ci_high"] is None
     with pytest.raises(ValueError, match="at least one evaluation"):
         build_record([])
+
+
+def test_compare_single_runs_bootstraps_the_tasks():
+    a = build_record(_run_groups([0.0], tasks=5), reps=200)  # never solves
+    b = build_record(_run_groups([1.0], tasks=5), reps=200)  # always solves
+    cmp = compare_records(a, b)
+    d, p = cmp["difference"], cmp["probability_of_improvement"]
+    assert d == {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "method": d["method"]}
+    assert p["value"] == 1.0 and p["method"] == "bootstrap over tasks" and p["tasks"] == 5
+    assert compare_records(b, a)["probability_of_improvement"]["value"] == 0.0
+    assert compare_records(a, a)["probability_of_improvement"]["value"] == 0.5
+    c = build_record([EvalGroup([_ep("other", True)])], reps=50)  # no task in common with a
+    with pytest.raises(RecordError, match="share no evaluated task"):
+        compare_records(a, c)
