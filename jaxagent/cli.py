@@ -60,7 +60,8 @@ def _cmd_eval(args) -> int:
     import jax
 
     from jaxagent.agents.evaluate import evaluate
-    from jaxagent.eval.protocol import EvalGroup, Prices, build_record, provenance, write_outputs
+    from jaxagent.eval.protocol import EvalGroup, Prices, build_record, write_outputs
+    from jaxagent.eval.provenance import provenance
     from jaxagent.eval.report import summarize
     from jaxagent.train.config import config_to_yaml, load_config
     from jaxagent.train.run import build_run, eval_key, val_key

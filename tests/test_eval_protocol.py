@@ -7,7 +7,7 @@ import pytest
 
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.envs.base import Task, Termination
-from jaxagent.eval import protocol
+from jaxagent.eval import protocol, provenance
 from jaxagent.eval.compare import RecordError, compare_records, load_record
 from jaxagent.eval.protocol import EvalGroup, Prices, build_record
 from jaxagent.eval.report import summarize
@@ -154,14 +154,16 @@ def test_generalisation_gap_in_distribution_minus_held_out():
 
 
 def test_write_outputs_and_compare(tmp_path):
-    prov = protocol.provenance(
+    prov = provenance.provenance(
         config_yaml="a: 1\n",
         model={"init_from": ""},
         train_seeds=[0],
         eval_seeds=[0, 1],
         env="quickstart",
     )
-    assert prov["config_hash"] == protocol.config_hash("a: 1\n") and len(prov["config_hash"]) == 16
+    assert (
+        prov["config_hash"] == provenance.config_hash("a: 1\n") and len(prov["config_hash"]) == 16
+    )
     assert {"jax", "flax", "optax", "transformers", "jaxagent"} <= set(prov["packages"])
     assert prov["packages"]["jax"]  # installed here
     a = build_record(_run_groups([0.2, 0.3], tasks=8, seed=1), provenance=prov, reps=300)
