@@ -87,10 +87,13 @@ def test_sharded_update_equals_single_device(shape):
         assert "fsdp" in str(state.params["layer_0"]["mlp"]["up_proj"].sharding.spec)
         assert len(state.params["layer_0"]["mlp"]["up_proj"].addressable_shards) == 8
     # Robust across machines: SGD's step is the gradient itself, and Adam's moments are
-    # smooth in it (mu = 0.1 g, nu = 0.001 g^2), compared at the float32 bound of the
-    # 16 x 12-term reduction (squared for nu). Adam's parameters are not: a near-zero
+    # smooth in it (mu = 0.1 g, nu = 0.001 g^2). Adam's parameters are not: a near-zero
     # gradient entry becomes a step of about +-lr, whose sign reduction-order noise flips.
-    n_terms = 2 * 16 * 12
+    # The float32 bound counts, to first order, the 16 x 12 token positions a weight gradient
+    # sums over plus the contractions along the one layer's forward/backward chain (hidden 64,
+    # heads x head_dim 64, intermediate 96, attention over 12, the head's 64 and vocabulary
+    # 128), x2 for nu's squared gradient (as in test_rl_vocab_head's mesh test).
+    n_terms = 2 * (16 * 12 + (64 + 64 + 96 + 12) + 64 + 128)
     if shape.get("tensor", 1) > 1:
         # SGD steps, read back as p1 - p0: besides the reduction order of the step (n_terms
         # eps |step|), each side rounds p0 + step to float32 and subtracts p0 again, which
