@@ -31,8 +31,6 @@ from jaxagent.envs.base import (
     FailureMode,
     Task,
     Termination,
-    env_error_message,
-    is_env_error,
     truncate_observation,
 )
 
@@ -73,19 +71,15 @@ class RolloutSpec:
 
 
 def _end_from_reply(ep: Episode, turn: Turn, reply: EnvReply) -> None:
-    """End ``ep`` on a final reply. An environment failure, whether the runner caught it
-    (``reply.error``) or the environment reported it (``info["termination"] == "env_error"``,
-    e.g. a world exception or a sandbox error), ends it as ``ENV_ERROR`` with no reward, so
-    the batch builder gives it no loss and the report leaves it out of the policy's success."""
+    """End ``ep`` on a final reply. An environment failure (``reply.error``: the runners set it
+    both for failures they catch and for those the environment reports itself) ends it as
+    ``ENV_ERROR`` with no reward, so the batch builder gives it no loss and the report leaves
+    it out of the policy's success."""
     info = reply.info
     ep.info = info
-    if reply.error is not None or is_env_error(info):
+    if reply.error is not None:
         turn.reward = 0.0
-        ep.finish(
-            Termination.ENV_ERROR,
-            FailureMode.ENV_ERROR,
-            error=reply.error if reply.error is not None else env_error_message(info),
-        )
+        ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
         return
     fm = info.get("failure_mode")
     if info.get("truncated", False):
@@ -190,7 +184,7 @@ def collect_episodes(
                 dangerous=list(reply.info.get("dangerous") or ()),
             )
             ep.turns.append(turn)
-            if reply.error is not None or reply.done or is_env_error(reply.info):
+            if reply.error is not None or reply.done:
                 _end_from_reply(ep, turn, reply)
                 continue
             if len(ep.turns) >= budget.max_turns:

@@ -36,6 +36,10 @@ class EnvReply:
 
 
 class EnvRunner(Protocol):
+    """Reaches the environments. Every failure comes back as ``EnvReply.error``: a crash, hang
+    or corrupt result the runner caught, and an error the environment reports itself
+    (``info["termination"] == "env_error"``, ``jaxagent.envs.base.is_env_error``)."""
+
     def reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> list[EnvReply]: ...
 
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvReply]: ...
