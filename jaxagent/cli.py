@@ -6,6 +6,7 @@
       (--checkpoint repeated: several training seeds; --policy expert: the scripted expert)
   jaxagent eval --compare A.json B.json                     B - A and P(B > A) of two records
   jaxagent rollout CONFIG [--checkpoint RUN_DIR] --n N      print N episodes readably
+      [--render DIR]                                        (and save their frames as PNG/GIF)
   jaxagent export --checkpoint RUN_DIR --out HF_DIR         write a Hugging Face directory
 
 Configs are YAML overlays on ``jaxagent.train.config.Config``; ``key=value`` overrides use
@@ -34,15 +35,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_train(args) -> int:
+    from jaxagent.train.classic import learner_of, run_learner
     from jaxagent.train.config import load_config
     from jaxagent.train.trainer import Trainer
 
+    learner = learner_of(args.config)
+    if learner is not None:  # a non-LLM learner (rl/classic): its own config and summary
+        summary = run_learner(learner, args.config, args.overrides)
+        print(json.dumps(summary), flush=True)
+        return 0
     config = load_config(args.config, args.overrides)
     Trainer(config).run()
     return 0
 
 
-def _run_for(args):
+def _run_for(args, render_dir=None):
     """(config, run) for ``eval`` / ``rollout``: the config's tasks and settings, with the
     checkpoint's policy when one is given (else the config's untrained model)."""
     from jaxagent.train.config import load_config
@@ -51,7 +58,7 @@ def _run_for(args):
 
     config = load_config(args.config, args.overrides)
     policy = load_policy(args.checkpoint) if args.checkpoint else None
-    return config, policy, build_run(config, policy=policy)
+    return config, policy, build_run(config, policy=policy, render_dir=render_dir)
 
 
 def _cmd_eval(args) -> int:
@@ -261,7 +268,7 @@ def _cmd_rollout(args) -> int:
 
     if args.n < 1:
         raise InputError(f"--n {args.n} must be >= 1 (the number of episodes to print)")
-    config, _, run = _run_for(args)
+    config, _, run = _run_for(args, render_dir=args.render)
     try:
         splits = run.env.make_source().splits()
         if args.split not in splits:
@@ -357,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--n", type=int, default=3, help="number of episodes")
     ro.add_argument("--split", default="test", help="task split")
     ro.add_argument("--temperature", type=float, default=None)
+    ro.add_argument(
+        "--render", default=None, metavar="DIR", help="save a PNG per step and a GIF per episode"
+    )
     ex = sub.add_parser("export", help="write a Hugging Face model directory")
     ex.add_argument("--checkpoint", required=True, help="a run directory written by train")
     ex.add_argument("--out", required=True, help="output directory")

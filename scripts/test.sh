@@ -6,6 +6,22 @@
 # while its app backends need only the standard library and mpmath.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# System packages the tests need: a headless browser and its driver (MiniWoB++ through
+# selenium) and Mesa's software OpenGL (MuJoCo's off-screen renderer, MUJOCO_GL=osmesa/egl).
+# Installed only when missing; as root on a Debian-based machine (CI), else say what to run.
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+[ -e /usr/lib/x86_64-linux-gnu/libOSMesa.so.8 ] || ldconfig -p 2>/dev/null | grep -q libOSMesa || need+=(libosmesa6)
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "missing system packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2
+    exit 1
+  fi
+fi
 python -m pip install -q torch==2.13.0
 python -m pip install -q --no-deps bfcl-eval
 python -m pip install -q -e '.[test]'

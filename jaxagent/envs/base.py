@@ -170,6 +170,27 @@ class SeedableEnv(Protocol):
     def seed(self, seed: int) -> None: ...
 
 
+@runtime_checkable
+class SnapshotEnv(Protocol):
+    """An optional capability: save and restore the whole environment state mid-episode.
+
+    Tree search over actions (DFSDT) and best-of-N from a shared prefix need it.
+    ``snapshot()`` returns an opaque, picklable value that does not alias the live state (later
+    steps must not change it); ``restore(s)`` puts the environment back exactly there, so that
+    the same actions after it give the same observations, rewards and ``info``. A snapshot is
+    only valid for the environment instance (and episode) that made it.
+    """
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, snapshot: Any) -> None: ...
+
+
+def supports_snapshot(env: Any) -> bool:
+    """Whether ``env`` implements ``SnapshotEnv`` (both methods callable)."""
+    return callable(getattr(env, "snapshot", None)) and callable(getattr(env, "restore", None))
+
+
 TRUNCATION_MARKER = "\n[... {omitted} characters truncated ...]\n"
 
 

@@ -118,10 +118,18 @@ def run_tokenizer(
     return tok
 
 
-def make_runner(config: Config) -> EnvRunner:
-    """The env runner the config asks for (inline calls, or the EnvPool with faults)."""
+def make_runner(config: Config, *, render_dir: Optional[str] = None) -> EnvRunner:
+    """The env runner the config asks for (inline calls, or the EnvPool with faults).
+
+    With ``render_dir`` the episodes run inline in this process and every frame is saved
+    there (``envs/render.py``): a picture of each step, for ``jaxagent rollout --render``.
+    """
     env = config.env
     make_env = EnvFactory(env.name, dict(env.options))
+    if render_dir is not None:
+        from jaxagent.envs.render import RenderingEnvFactory
+
+        return InlineRunner(RenderingEnvFactory(make_env, render_dir))
     if env.backend == "inline":
         return InlineRunner(make_env)
     from jaxagent.agents.pool_runner import PoolRunner
@@ -179,7 +187,13 @@ class Run:
         self.runner.close()
 
 
-def build_run(config: Config, *, policy: Any = None, tokenizer_dir: Optional[Path] = None) -> Run:
+def build_run(
+    config: Config,
+    *,
+    policy: Any = None,
+    tokenizer_dir: Optional[Path] = None,
+    render_dir: Optional[str] = None,
+) -> Run:
     """Build a run's pieces from its config.
 
     Args:
@@ -226,7 +240,7 @@ def build_run(config: Config, *, policy: Any = None, tokenizer_dir: Optional[Pat
     same = config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0
     # One sampler for both when the settings agree: its compiled shapes are shared.
     eval_sampler = rl_sampler if same else sampler(config.eval.temperature, 0, 1.0)
-    runner = make_runner(config)
+    runner = make_runner(config, render_dir=render_dir)
     return Run(
         config=config,
         env=env,
