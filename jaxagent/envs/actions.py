@@ -224,13 +224,23 @@ _SYNTAX_HINT = (
 )
 
 
-def parse_action(text: str) -> ParseResult:
+def parse_action(text: str, syntax: str = "auto") -> ParseResult:
     """Parses action text (ReAct, JSON or Python-call syntax) without checking tool names.
+
+    ``syntax``: "auto" also recognises the native chat-model formats by their markers
+    (``jaxagent.envs.tool_calls``: Hermes ``<tool_call>``, Mistral ``[TOOL_CALLS]``, Llama
+    ``<|python_tag|>``); "hermes" / "llama3" / "mistral" parse that format only (plain text is
+    the final answer); "react" only the syntaxes above.
 
     Returns a ``ParsedAction`` or an ``ActionError``; never raises on any input string.
     """
     if not isinstance(text, str) or not text.strip():
         return ActionError(ErrorKind.EMPTY, "error: the action is empty. " + _SYNTAX_HINT)
+    from jaxagent.envs.tool_calls import parse_native  # local: tool_calls imports this module
+
+    native = parse_native(text, syntax)
+    if native is not None:
+        return native
     sections = _react_sections(text)
     if sections is None:  # no ReAct keywords: the whole text is a JSON or Python call
         if not re.search(r"[(\[{]", text):
@@ -503,14 +513,16 @@ def _describe(
     return arg, f"{where} is invalid: {err.message}"
 
 
-def resolve_action(text: str, tools: Mapping[str, ToolSpec] | Sequence[ToolSpec]) -> ParseResult:
-    """Parses ``text`` and validates every call against ``tools``.
+def resolve_action(
+    text: str, tools: Mapping[str, ToolSpec] | Sequence[ToolSpec], syntax: str = "auto"
+) -> ParseResult:
+    """Parses ``text`` (``parse_action``'s ``syntax``) and validates every call against ``tools``.
 
     Returns a ``ParsedAction`` whose calls carry only named, schema-valid arguments, or the
     first ``ActionError`` (unknown tool, bad arguments, or a syntax error).
     """
     table = tool_table(tools)
-    parsed = parse_action(text)
+    parsed = parse_action(text, syntax)
     if isinstance(parsed, ActionError) or parsed.is_final:
         return parsed
     bound = []
