@@ -17,7 +17,7 @@ def check(candidate):
 TASK = Task(
     id="add",
     split="train",
-    prompt='def add(a, b):\n    """Return a + b."""\n',
+    prompt='def add(a, b):\n    """Return a + b.\n\n    >>> add(2, 2)\n    4\n    """\n',
     data={"entry_point": "add", "test": TESTS, "prelude": ""},
 )
 SPEC = TestSpec("add", TESTS)
@@ -130,8 +130,10 @@ def test_multi_turn_feedback_then_fix(sandbox):
     assert "def add(a, b)" in obs
     s1 = env.step("```python\ndef add(a, b):\n    return a - b\n```")
     assert not s1.done and s1.reward == 0.0
-    assert "assert candidate(1, 2) == 3" in s1.observation
-    assert "candidate(1, 2) -> -1" in s1.observation and "0/4 tests passed" in s1.observation
+    # feedback quotes the prompt's own example, never a hidden test or its expected value
+    assert "assert add(2, 2) == 4" in s1.observation and "candidate(2, 2) -> 0" in s1.observation
+    assert "0/1 passed" in s1.observation and "Hidden tests: not all passed" in s1.observation
+    assert "candidate(1, 2)" not in s1.observation and "== 3" not in s1.observation
     s2 = env.step("```python\ndef add(a, b):\n    return a +\n```")
     assert not s2.done and "SyntaxError" in s2.observation
     assert s2.info["failure_mode"] == FailureMode.INVALID_SYNTAX.value

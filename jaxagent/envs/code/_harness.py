@@ -294,10 +294,11 @@ class _Stub:
             )
         ):
             raise CandidateGone("the candidate broke the reply protocol")
-        if reply[0] == "raise":
-            self.memory |= reply[1] == "MemoryError"
-            self.last = f"candidate({call}) raised {reply[1]}: {reply[2]}"
-            raise CandidateError(f"{reply[1]}: {reply[2]}")
+        if reply[0] == "raise":  # texts the candidate chose: shortened before any use
+            name, text = reply[1][:100], reply[2][:500]
+            self.memory |= name == "MemoryError"
+            self.last = f"candidate({call}) raised {name}: {text}"
+            raise CandidateError(f"{name}: {text}")
         self.last = f"candidate({call}) -> {repr(reply[1])[:200]}"
         return reply[1]
 
@@ -354,8 +355,12 @@ def run_units(
         reason = (
             "timeout while loading"
             if report["timed_out"]
+            # the candidate can send any frame here: its texts are capped, so no load
+            # error can overflow the report (which would read as a sandbox error)
             else (
-                f"{ready[1]}: {ready[2]}" if ready else "the candidate process exited while loading"
+                f"{ready[1][:100]}: {ready[2][:2000]}"
+                if ready
+                else "the candidate process exited while loading"
             )
         )
         report["load_error"] = reason

@@ -17,7 +17,7 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
+PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE = 38, 4
 MNT_DETACH = 2
 MEMORY_EXIT = 251  # exit status the candidate runner uses for an uncaught MemoryError
 # Imported once in the worker so that candidates (which may not read the Python install)
@@ -42,6 +42,9 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 harness = None  # the _harness module, set by _worker at start-up (loaded by path)
+landlock = None  # the _landlock module, likewise
+LANDLOCK_READ: list = []  # what a Landlock-confined candidate may read, set by _worker
+LANDLOCK_LIST: list = []  # directories it may list only (the stdlib directory, for imports)
 
 
 def _check(rc: int, what: str) -> None:
@@ -160,6 +163,16 @@ def limit(job: dict, *, candidate: bool) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_NOFILE, (job["nofile"],) * 2)
         resource.setrlimit(resource.RLIMIT_NPROC, (job["nproc"],) * 2)
+
+
+def no_new_privs() -> None:
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def not_dumpable() -> None:
+    """No ptrace-class access (/proc/pid/mem, /proc/pid/fd, process_vm_readv) to this
+    process without CAP_SYS_PTRACE, even from its own uid (the fallback shares one)."""
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
 
 
 def drop_privileges(uid: int) -> None:
@@ -316,6 +329,8 @@ def candidate(job, fds, keep) -> None:
     os.dup2(fds["stdout"], 1)
     os.dup2(fds["stderr"], 2)
     code = os.read(fds["code"], job["code_bytes"] + 1).decode("utf-8", "replace")
+    for fd in job.get("cgroup_procs_fds", ()):  # the whole job in the worker's cgroup
+        os.write(fd, b"0")
     close_all_but(keep)
     if not job["namespaces"]:
         os.chdir(os.path.join(job["jobs_dir"], job["name"], "work"))
@@ -324,6 +339,9 @@ def candidate(job, fds, keep) -> None:
     else:
         os.setpgid(0, 0)  # its own process group, killed as a whole after the job
     limit(job, candidate=True)
+    no_new_privs()
+    if job.get("landlock"):  # still root if we were: every allowed path can be opened
+        landlock.confine(".", LANDLOCK_READ, LANDLOCK_LIST)
     drop_privileges(job["uid"])
     seccomp_filter()
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # output/file over the limit: killed

@@ -53,6 +53,7 @@ def _load(name):
 
 iso = _load("_isolation")
 harness = iso.harness = _load("_harness")
+landlock = iso.landlock = _load("_landlock")
 NS_FLAGS = (
     iso.CLONE_NEWNS | iso.CLONE_NEWPID | iso.CLONE_NEWNET | iso.CLONE_NEWIPC | iso.CLONE_NEWUTS
 )
@@ -80,6 +81,7 @@ def _harness_main(config: dict, sock: socket.socket) -> None:
     iso.close_all_but({sock.fileno()})
     iso.limit(config, candidate=False)
     iso.drop_privileges(config["harness_uid"])
+    iso.not_dumpable()  # after the uid change, which would reset it
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
         if not msg:
@@ -108,16 +110,33 @@ def _harness_main(config: dict, sock: socket.socket) -> None:
                 respawn=respawn,
             )
         except BaseException as e:  # noqa: BLE001
-            report = {"harness_error": f"{type(e).__name__}: {e}", "units": []}
+            # run_units reports broken task data itself; anything escaping it happened
+            # while handling the candidate's replies, so it is the candidate's failure and
+            # never a sandbox error (else a policy could buy itself an env_error)
+            report = {"crashed": True, "units": [], "failure": f"{type(e).__name__}"[:100]}
         for fd in pipes:  # EOF ends the candidate's serve loop
             os.close(fd)
         report["job"] = job["job"]
+        sock.send(fit_report(report))
+
+
+def fit_report(report: dict) -> bytes:
+    """The report as JSON under MAX_REPORT bytes, always parseable: error texts (which quote
+    the candidate) are shortened step by step, and dropped as a last resort."""
+    data = json.dumps(report).encode()
+    for cap in (2000, 200, 0):
+        if len(data) <= MAX_REPORT:
+            return data
+        for key in ("load_error", "harness_error", "failure"):
+            if isinstance(report.get(key), str):
+                report[key] = report[key][:cap]
+        for u in report.get("units", []):
+            u["error"] = u["error"] and u["error"][:cap]
+            u["src"] = u["src"][: max(cap, 200)]
         data = json.dumps(report).encode()
-        if len(data) > MAX_REPORT:
-            for u in report["units"]:
-                u["error"] = u["error"] and u["error"][:200]
-            data = json.dumps(report).encode()[:MAX_REPORT]
-        sock.send(data)
+    if len(data) <= MAX_REPORT:
+        return data
+    return json.dumps({"job": report["job"], "crashed": True, "units": []}).encode()
 
 
 class Server:
@@ -132,6 +151,8 @@ class Server:
             iso.forbid_ipc()
         self.h_pid = None
         self.counter = 0
+        self.events_fd = config.get("cgroup_events_fd")
+        self.list_fd = config.get("cgroup_list_fd")
 
     def start_harness(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -197,6 +218,7 @@ class Server:
             iso.fresh_workdir(job)
         if job["mode"] == "tests" and self.h_pid is None:
             self.start_harness()
+        ooms = self.oom_kills()
         self.pid, theirs = self.spawn(job)
         out = {}
         try:
@@ -217,8 +239,19 @@ class Server:
             out["wait_status"] = status
         finally:
             self.cleanup(self.pid)
+        out["oom_kills"] = self.oom_kills() - ooms
         out["duration_s"] = time.monotonic() - t0
         return out
+
+    def oom_kills(self) -> int:
+        """OOM kills so far in the job cgroup (0 without one)."""
+        if self.events_fd is None:
+            return 0
+        os.lseek(self.events_fd, 0, os.SEEK_SET)
+        for line in os.read(self.events_fd, 4096).decode().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
 
     def wait_harness(self, job: dict) -> dict:
         while (left := job["deadline"] - time.monotonic()) > 0:
@@ -261,7 +294,11 @@ class Server:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
-        while self.ns:  # anything it forked: all in P's pid namespace, all with its uid
+        # anything it forked: with namespaces all in P's pid namespace with its uid; as root
+        # without, the uid is still its own; in any case the job cgroup holds them all
+        for _ in range(100):  # bounded: a zombie someone else must reap may stay listed
+            if not (self.ns or os.geteuid() == 0 or self.list_fd is not None):
+                break
             victims = self._candidate_pids()
             if not victims:
                 break
@@ -284,7 +321,13 @@ class Server:
         self._reap()
 
     def _candidate_pids(self) -> list[int]:
-        uid, found = str(self.config["uid"]).encode(), []
+        pids = set()
+        if self.list_fd is not None and not self.ns:  # the cgroup's members, host pids
+            os.lseek(self.list_fd, 0, os.SEEK_SET)
+            pids = {int(p) for p in os.read(self.list_fd, 1 << 16).split()}
+            if os.geteuid() != 0:
+                return sorted(pids - {os.getpid()})
+        uid, found = str(self.config["uid"]).encode(), sorted(pids)
         for entry in os.listdir("/proc"):
             if entry.isdigit() and int(entry) > 1:
                 try:
@@ -317,10 +360,14 @@ def serve(config: dict) -> None:
     stdin = sys.stdin.buffer
     while line := stdin.readline():
         try:
-            out = server.run(json.loads(line))
+            job = json.loads(line)
+            out = server.run(job)
         except BaseException:  # noqa: BLE001
             out = {"error": traceback.format_exc()[-2000:]}
-        sys.stdout.write(json.dumps(out) + "\n")
+        # the token proves the line is P's (a candidate cannot know it); the leading newline
+        # ends any partial line written into this pipe before it
+        out["token"] = job.get("token") if isinstance(job, dict) else None
+        sys.stdout.write("\n" + json.dumps(out) + "\n")
         sys.stdout.flush()
     server.stop_harness()
 
@@ -334,6 +381,7 @@ def main() -> None:
     hello = {
         "ready": True,
         "namespaces_error": probe_namespaces(),
+        "landlock_error": landlock.unavailable_reason(),
         "ro_binds": iso.ro_bind_roots(),
         "pid": os.getpid(),
     }
@@ -342,6 +390,16 @@ def main() -> None:
     config = json.loads(sys.stdin.buffer.readline() or b"null")
     if config is None:
         return
+    iso.not_dumpable()  # its memory holds the job stream: no same-uid /proc/pid/mem reads
+    if config.get("landlock"):
+        import sysconfig
+
+        iso.LANDLOCK_READ[:] = landlock.read_only_roots()
+        iso.LANDLOCK_LIST[:] = [sysconfig.get_paths()["stdlib"]]
+    if config.get("cgroup"):  # opened before any chroot; the candidate joins through them
+        config["cgroup_procs_fds"] = [os.open(p, os.O_WRONLY) for p in config["cgroup"]["procs"]]
+        config["cgroup_events_fd"] = os.open(config["cgroup"]["events"], os.O_RDONLY)
+        config["cgroup_list_fd"] = os.open(config["cgroup"]["procs"][0], os.O_RDONLY)
     if config["namespaces"]:
         iso._check(iso._libc.unshare(NS_FLAGS), "unshare")
         pid = os.fork()

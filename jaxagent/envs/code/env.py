@@ -7,6 +7,11 @@ all pass. With ``max_turns > 1`` a failed attempt is not the end: the execution 
 failing test, the error, the tail of stdout/stderr) is the next observation and the agent may
 revise (survey §4.2: state = code so far + test results). Only the last attempt is rewarded;
 each attempt's test fraction is reported as the process reward term.
+
+The feedback comes from the *public* tests (the examples in the problem's own prompt) run
+separately, never from the hidden tests that set the reward: quoting a failing hidden test
+with its expected value would let a probe-then-hardcode policy copy the answers. Where a
+prompt has no examples the feedback is the program's own run (load errors, output) only.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import dataclasses
 
 from jaxagent.envs.base import FailureMode, StepResult, Task, env_error_info
 from jaxagent.envs.code.sandbox import Sandbox, SandboxConfig, SandboxResult
-from jaxagent.envs.code.tasks import assemble_program, extract_code, hidden_tests
+from jaxagent.envs.code.tasks import assemble_program, extract_code, hidden_tests, public_tests
 from jaxagent.envs.registry import FLATTEN
 
 REWARDS = ("binary", "shaped")
@@ -61,12 +66,20 @@ def _failure_mode(result: SandboxResult, code: str) -> FailureMode | None:
     return FailureMode.TESTS_FAILED
 
 
-def feedback(result: SandboxResult, limit: int) -> str:
-    """The observation after a failed attempt: status, first failing test, output tails."""
-    parts = [
-        f"Execution result: {result.status} ({result.tests_passed}/{result.tests_total} "
-        "tests passed)."
-    ]
+def feedback(result: SandboxResult | None, limit: int, public: bool = True) -> str:
+    """The observation after a failed attempt: the hidden tests' verdict (no detail), then
+    the public examples' status, first failing example and output tails."""
+    parts = ["Hidden tests: not all passed."]
+    if result is None:
+        parts.append("Fix the function and answer with the full corrected definition.")
+        return "\n".join(parts)
+    if public:
+        parts.append(
+            f"Examples from the problem statement: {result.status} ({result.tests_passed}/"
+            f"{result.tests_total} passed)."
+        )
+    else:
+        parts.append(f"Running your program (no examples given): {result.status}.")
     if result.detail:
         parts.append(result.detail)
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
@@ -132,12 +145,15 @@ class CodeEnv:
         if last:
             self._task = None
             return StepResult(observation="", reward=score, done=True, info=info)
-        return StepResult(
-            observation=feedback(result, self.config.feedback_chars),
-            reward=0.0,
-            done=False,
-            info=info,
-        )
+        return StepResult(observation=self._feedback(code), reward=0.0, done=False, info=info)
+
+    def _feedback(self, code: str) -> str:
+        program = assemble_program(self._task, code)
+        spec = public_tests(self._task)
+        result = self.sandbox.run(program, spec) if spec else self.sandbox.run(program)
+        if result.status == "error":  # no feedback this turn; never an episode error
+            result = None
+        return feedback(result, self.config.feedback_chars, public=spec is not None)
 
     def close(self) -> None:
         if self._owns_sandbox and self._sandbox is not None:

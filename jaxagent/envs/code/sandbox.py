@@ -18,9 +18,15 @@ in new ones each (that set-up cost ~2 ms a job); nothing persists between them: 
 survives, /tmp is emptied or replaced, no IPC object or keyring can exist, and the network
 namespace has no configurable state without capabilities.
 
-Where namespaces are not available (not root, or unshare refused) the fallback is a process
-group with the same rlimits and seccomp filter, an emptied environment, a fresh temporary
-directory and in-process socket blocking; ``Sandbox.isolation`` reports which level is active.
+Where namespaces are not available (not root, or unshare refused) the fallback is Landlock
+(``_landlock.py``: the candidate may read only the standard library and its own fresh working
+directory, and cannot touch /proc, ptrace, signal or talk to any process outside its domain,
+nor make a TCP connection) plus a process group with the same rlimits and seccomp filter, an
+emptied environment and in-process socket blocking. Where neither is available the sandbox
+refuses to run rather than grade hackably, unless the user opts in with ``isolation="unsafe"``
+(rlimits only, warned loudly). Memory and processes of a whole job are bounded by a cgroup
+(v2, else v1) where the machine lets us create one (``_cgroup.py``); ``Sandbox.isolation``
+reports the active level and ``Sandbox.memory_limit`` the mechanism bounding memory.
 
 Command line, for debugging a task file exactly as training runs it::
 
@@ -45,13 +51,16 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from jaxagent.envs.code import _harness
+from jaxagent.envs.code import _cgroup, _harness
 
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
-ISOLATION_CHOICES = ("auto", "namespaces", "rlimits")
+# auto: namespaces, else Landlock, else refuse; "rlimits" is the Landlock fallback forced (the
+# name kept for existing configs); only "unsafe" runs code that could game the grading
+ISOLATION_CHOICES = ("auto", "namespaces", "landlock", "rlimits", "unsafe")
 _MEMORY_EXIT = 251  # must match _worker.MEMORY_EXIT
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 
@@ -68,7 +77,13 @@ class SandboxConfig:
     max_processes: int = 8
     max_output_bytes: int = 8192  # stdout / stderr returned per stream (head and tail kept)
     tmpfs_mb: int = 64  # size of each job's /tmp (the working directory, a tmpfs)
-    isolation: str = "auto"  # "auto" (strongest available), "namespaces" (required), "rlimits"
+    # "auto" (strongest available, refuses if none holds), "namespaces" (required),
+    # "landlock" / "rlimits" (the unprivileged fallback, required), "unsafe" (rlimits only)
+    isolation: str = "auto"
+    # all processes of a job together, through a cgroup where one can be created (None:
+    # memory_mb); without one memory is bounded by memory_mb x max_processes only
+    job_memory_mb: int | None = None
+    cgroup: bool = True  # use a per-worker cgroup where available (False: rlimits only)
     harness_margin_s: float = 0.25  # the harness reports this long before the wall deadline
     # tests mode: limit on one call to the candidate; when exceeded, that test fails as a
     # timeout and a fresh candidate process runs the remaining tests (None: only timeout_s)
@@ -97,6 +112,12 @@ class SandboxConfig:
         need(self.max_processes >= 1, "max_processes", self.max_processes, "use >= 1")
         need(self.max_output_bytes >= 64, "max_output_bytes", self.max_output_bytes, "use >= 64")
         need(self.tmpfs_mb >= 1, "tmpfs_mb", self.tmpfs_mb, "use >= 1")
+        need(
+            self.job_memory_mb is None or self.job_memory_mb >= 64,
+            "job_memory_mb",
+            self.job_memory_mb,
+            "use None (= memory_mb) or >= 64",
+        )
         need(
             self.isolation in ISOLATION_CHOICES,
             "isolation",
@@ -235,28 +256,56 @@ class _Worker:
         self.hello = json.loads(self.proc.stdout.readline() or b"{}")
         if not self.hello.get("ready"):
             raise RuntimeError("sandbox worker failed to start")
-        if isolation == "namespaces" and self.hello["namespaces_error"]:
+        ns_error, ll_error = self.hello["namespaces_error"], self.hello["landlock_error"]
+        if isolation == "namespaces" and ns_error:
+            self.kill()
             raise RuntimeError(
-                f"isolation='namespaces' requested but unavailable: "
-                f"{self.hello['namespaces_error']}; use isolation='auto'"
+                f"isolation='namespaces' requested but unavailable: {ns_error}; use "
+                "isolation='auto' (Landlock where namespaces are unavailable)"
             )
-        self.namespaces = isolation != "rlimits" and not self.hello["namespaces_error"]
+        self.namespaces = isolation in ("auto", "namespaces") and not ns_error
+        self.landlock = not self.namespaces and isolation != "unsafe"
+        if self.landlock and ll_error:
+            self.kill()
+            why = f"{ns_error}; {ll_error}" if isolation == "auto" else ll_error
+            raise RuntimeError(
+                f"isolation={isolation!r}: the sandbox cannot keep the grading out of the "
+                f"candidate's reach on this machine ({why}); run as root (namespaces) or on "
+                "Linux >= 6.12 with Landlock enabled, or opt in by name with "
+                "isolation='unsafe' (hostile code can then read the tests and forge results)"
+            )
         self.config = self.config_fn(self)
         self.proc.stdin.write((json.dumps(self.config) + "\n").encode())
         self.proc.stdin.flush()
 
     def request(self, job: dict, timeout: float) -> dict:
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        """Sends one job; returns the worker's reply, the one line carrying this job's random
+        token. Any other line was written into the pipe by the candidate (possible only with
+        isolation='unsafe'): counted as ``forged_lines`` and charged to this job, so no
+        result is ever attributed to another job."""
+        token = os.urandom(16).hex()
+        self.proc.stdin.write((json.dumps({**job, "token": token}) + "\n").encode())
         self.proc.stdin.flush()
         timer = threading.Timer(timeout, self.kill)  # backstop if the worker itself hangs
         timer.start()
+        forged = 0
         try:
-            line = self.proc.stdout.readline()
+            while True:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise RuntimeError("sandbox worker died")
+                if not line.strip():
+                    continue
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    reply = None
+                if isinstance(reply, dict) and reply.get("token") == token:
+                    reply["forged_lines"] = forged
+                    return reply
+                forged += 1
         finally:
             timer.cancel()
-        if not line:
-            raise RuntimeError("sandbox worker died")
-        return json.loads(line)
 
     def kill(self):
         try:
@@ -289,6 +338,11 @@ class Sandbox:
             prefix="jaxagent-sbx-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         )
         os.mkdir(os.path.join(self._jobs_dir, "mnt"))
+        self._cgroups: dict = {}
+        self.memory_limit = (
+            f"rlimits only: RLIMIT_AS {self.config.memory_mb} MiB per process x RLIMIT_NPROC "
+            f"{self.config.max_processes} (cgroup disabled by SandboxConfig.cgroup=False)"
+        )
         self._workers = []
         for i in range(num_workers):
             self._workers.append(_Worker(self.config.isolation, self._worker_config, i))
@@ -297,18 +351,31 @@ class Sandbox:
         w = self._workers[0]
         self.namespaces = w.namespaces
         seccomp = "+seccomp" if os.uname().machine in ("x86_64", "aarch64") else ""
+        cgroup = f"+cgroup-{self._cgroups[0].kind}" if self._cgroups.get(0) else ""
         if self.namespaces:
-            self.isolation = "namespaces(pid,net,mount,ipc,uts)+ro-root+uid+rlimits" + seccomp
+            self.isolation = (
+                "namespaces(pid,net,mount,ipc,uts)+ro-root+uid+rlimits" + seccomp + cgroup
+            )
         else:
             self.isolation = (
-                "rlimits+pgroup+socket-block"
+                ("rlimits+landlock(fs,proc,ptrace,signal,tcp)" if w.landlock else "UNSAFE:rlimits")
+                + "+pgroup+socket-block"
                 + seccomp
+                + cgroup
                 + (
-                    ""
-                    if self.config.isolation == "rlimits"
-                    else f" ({w.hello['namespaces_error']})"
+                    f" ({w.hello['namespaces_error']})"
+                    if self.config.isolation in ("auto", "unsafe")
+                    else ""
                 )
             )
+        if not w.landlock and not w.namespaces:
+            message = (
+                "jaxagent sandbox: isolation='unsafe': untrusted code runs under rlimits only; "
+                "it can read the hidden tests, other processes of this uid and forge results. "
+                "Never use this for RL on a policy that can learn to exploit it."
+            )
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            print(message, file=sys.stderr, flush=True)
         self._pool = ThreadPoolExecutor(num_workers) if num_workers > 1 else None
 
     # -- public API
@@ -334,6 +401,9 @@ class Sandbox:
             self._pool.shutdown()
         for w in self._workers:
             w.close()
+        for cg in self._cgroups.values():
+            if cg is not None:
+                cg.close()
         shutil.rmtree(self._jobs_dir, ignore_errors=True)
 
     def __enter__(self):
@@ -347,7 +417,23 @@ class Sandbox:
         cfg = self.config
         uid = self._uid_base + 2 * worker.index
         ns = worker.namespaces
+        if cfg.cgroup and worker.index not in self._cgroups:
+            memory = (cfg.job_memory_mb or cfg.memory_mb) << 20
+            cg, described = _cgroup.create(
+                f"jaxagent-sbx-{self._uid_base:x}-w{worker.index}", memory, cfg.max_processes
+            )
+            self._cgroups[worker.index] = cg
+            if worker.index == 0:
+                self.memory_limit = (
+                    described
+                    if cg
+                    else f"rlimits only: RLIMIT_AS {cfg.memory_mb} MiB per process x "
+                    f"RLIMIT_NPROC {cfg.max_processes} (no cgroup: {described})"
+                )
+        cg = self._cgroups.get(worker.index)
         return {
+            "landlock": worker.landlock,
+            "cgroup": cg and {"procs": list(cg.procs), "events": cg.events},
             "jobs_dir": self._jobs_dir,
             "timeout_s": cfg.timeout_s,
             "cpu_s": cfg.cpu_limit_s,
@@ -413,6 +499,27 @@ class Sandbox:
         )
         if "error" in rep:
             return SandboxResult("error", None, None, detail=rep["error"][-1000:], **base)
+        if rep.get("forged_lines"):  # the candidate wrote into the control channel
+            return SandboxResult(
+                "failed",
+                None,
+                None,
+                tests_total=total,
+                detail=f"the candidate wrote {rep['forged_lines']} line(s) into the sandbox's "
+                "control channel: scored as a failure",
+                **base,
+            )
+        if rep.get("oom_kills"):  # the job cgroup's limit: all its processes together
+            limit_mb = self.config.job_memory_mb or self.config.memory_mb
+            code, sig = _decode_wait(rep.get("wait_status"))
+            return SandboxResult(
+                "memory",
+                code,
+                sig,
+                tests_total=total,
+                detail=f"the job's processes together exceeded {limit_mb} MiB ({self.memory_limit})",
+                **base,
+            )
         if rep.get("timed_out"):
             return SandboxResult(
                 "timeout",

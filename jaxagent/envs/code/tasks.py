@@ -9,7 +9,9 @@ validation problem shares an id, an entry-point name, a 13-word span of its prom
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import doctest
 import functools
 import re
 from typing import Iterable, Sequence
@@ -69,6 +71,50 @@ def _humaneval_asserts() -> frozenset:
 def hidden_tests(task: Task) -> TestSpec:
     """The hidden tests of ``task`` as the sandbox's ``TestSpec``."""
     return TestSpec(task.data["entry_point"], task.data["test"], task.data.get("prelude", ""))
+
+
+def _docstring(task: Task) -> str:
+    """The entry point's docstring (doctest would read the closing quotes as output)."""
+    try:
+        tree = ast.parse(task.prompt + "\n    pass\n")
+    except SyntaxError:
+        return ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == task.data["entry_point"]:
+            return ast.get_docstring(node) or ""
+    return ""
+
+
+def public_tests(task: Task) -> TestSpec | None:
+    """The problem's own examples (the doctest lines of its prompt) as a ``TestSpec``.
+
+    These are what multi-turn feedback may show: the agent already sees them in the prompt,
+    so quoting a failing one with its expected value leaks nothing, unlike a hidden test
+    (whose expected value a probe-then-hardcode policy would copy). None when the prompt has
+    no usable example.
+    """
+    lines = []
+    try:
+        examples = doctest.DocTestParser().get_examples(_docstring(task))
+    except ValueError:  # malformed examples (inconsistent indentation): none usable
+        examples = []
+    for ex in examples:
+        src, want = ex.source.strip(), ex.want.strip()
+        if not want or "\n" in src or "\n" in want:
+            continue
+        try:
+            ast.parse(src, mode="eval")
+        except SyntaxError:
+            continue
+        try:
+            ast.literal_eval(want)
+            lines.append(f"    assert {src} == {want}")
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            lines.append(f"    assert repr({src}) == {want!r}")
+    if not lines:
+        return None
+    source = "def check(candidate):\n" + "\n".join(lines) + "\n"
+    return TestSpec(task.data["entry_point"], source, task.data.get("prelude", ""))
 
 
 def assemble_program(task: Task, code: str) -> str:
