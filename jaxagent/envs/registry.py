@@ -46,6 +46,8 @@ _BUILTIN = {
     "quickstart": "jaxagent.envs.tools.quickstart.suite",
     "bfcl": "jaxagent.envs.tools.bfcl.suite",
     "code": "jaxagent.envs.code.suite",
+    "shop": "jaxagent.envs.web.suite",
+    "booking": "jaxagent.envs.web.suite",
 }
 
 

@@ -1,0 +1,122 @@
+"""The web action vocabulary, parsed by the shared tool-call parser (``jaxagent.envs.actions``).
+
+``click(id)``, ``type(id, text)``, ``select(id, option)``, ``scroll(up|down)``, ``back()``,
+``search(query)``, ``finish()``; each is a ``ToolSpec`` so that a wrong argument gets the shared
+parser's readable message. ``scroll(down)`` (a bare word, as the issue writes it) is accepted
+as ``scroll("down")``. The embedded sites and MiniWoB++ take the same vocabulary.
+
+Error texts are short and built from the suite's closed vocabulary (``ERROR_TEXTS`` lists their
+fixed words), so a word-level model can read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from jaxagent.envs import actions as A
+
+_INT = {"type": "integer", "minimum": 0}
+_STR = {"type": "string"}
+WEB_ACTIONS = {
+    "click": A.ToolSpec(
+        "click", "click an element", {"properties": {"id": _INT}, "required": ["id"]}
+    ),
+    "type": A.ToolSpec(
+        "type",
+        "type text into a text box",
+        {"properties": {"id": _INT, "text": _STR}, "required": ["id", "text"]},
+    ),
+    "select": A.ToolSpec(
+        "select",
+        "choose an option of a select",
+        {"properties": {"id": _INT, "option": _STR}, "required": ["id", "option"]},
+    ),
+    "scroll": A.ToolSpec(
+        "scroll",
+        "move the view",
+        {
+            "properties": {"direction": {"type": "string", "enum": ["up", "down"]}},
+            "required": ["direction"],
+        },
+    ),
+    "back": A.ToolSpec("back", "go to the previous page"),
+    "search": A.ToolSpec(
+        "search", "search the site", {"properties": {"query": _STR}, "required": ["query"]}
+    ),
+    "finish": A.ToolSpec("finish", "end the episode"),
+}
+USAGE = {
+    "click": "click ( id )",
+    "type": 'type ( id , " text " )',
+    "select": 'select ( id , " option " )',
+    "scroll": "scroll ( down ) or scroll ( up )",
+    "back": "back ( )",
+    "search": 'search ( " words " )',
+    "finish": "finish ( )",
+}
+ERROR_TEXTS = (
+    "error : bad syntax , write one action like click ( 3 )",
+    "error : unknown action , use click type select scroll back search finish",
+    "error : bad arguments for",
+    "error : no element on this page",
+    "error : element is not in view , scroll to see it",
+    "error : element is a , it is not a select",
+    "error : element is text , it does nothing",
+    "error : element is a select , use select ( id , option )",
+    "error : only a searchbox takes type",
+    "error : is not an option of element , options :",
+    "error : no search box in view",
+    "error : no page to go back to",
+    "error : write",
+    "at the top already",
+    "at the bottom already",
+)
+_BARE_SCROLL = re.compile(r"scroll\s*\(\s*(up|down)\s*\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class WebAction:
+    """A well-formed action: its name and bound keyword arguments (strings stripped)."""
+
+    name: str
+    kwargs: dict
+
+    def render(self) -> str:
+        args = " , ".join(
+            f'" {v} "' if isinstance(v, str) and k != "direction" else str(v)
+            for k, v in self.kwargs.items()
+        )
+        return f"{self.name} ( {args} )" if args else f"{self.name} ( )"
+
+
+def parse_web_action(text: str) -> WebAction | A.ActionError:
+    """One web action from the agent's text, or an ``ActionError`` with a short message.
+
+    ``Final : ...`` counts as ``finish()``; an empty action is giving up (``ErrorKind.EMPTY``).
+    """
+    parsed = A.parse_action(_BARE_SCROLL.sub(r'scroll("\1")', text))
+    if isinstance(parsed, A.ActionError):
+        if parsed.kind == A.ErrorKind.EMPTY:
+            return parsed
+        return A.ActionError(parsed.kind, ERROR_TEXTS[0])
+    if parsed.is_final:
+        return WebAction("finish", {})
+    if len(parsed.calls) != 1:
+        return A.ActionError(A.ErrorKind.NOT_A_CALL, ERROR_TEXTS[0])
+    call = parsed.calls[0]
+    spec = WEB_ACTIONS.get(call.name)
+    if spec is None:
+        return A.ActionError(A.ErrorKind.UNKNOWN_TOOL, ERROR_TEXTS[1], tool=call.name)
+    strip = lambda v: v.strip() if isinstance(v, str) else v  # noqa: E731 (word detokenizer)
+    call = A.ToolCall(
+        call.name,
+        {k: strip(v) for k, v in call.kwargs.items()},
+        tuple(strip(v) for v in call.args),
+        call.text,
+    )
+    bound = A.bind_call(call, spec)
+    if isinstance(bound, A.ActionError):
+        message = f"{ERROR_TEXTS[2]} {call.name} , write {USAGE[call.name]}"
+        return A.ActionError(bound.kind, message, tool=call.name, argument=bound.argument)
+    return WebAction(call.name, dict(bound.kwargs))

@@ -1,0 +1,52 @@
+"""The web suites in the registry: ``env.name: shop``, ``booking`` (embedded) and ``miniwob``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
+from jaxagent.envs.web.actions import USAGE
+from jaxagent.envs.web.env import WebEnv, WebEnvConfig
+from jaxagent.envs.web.expert import ExpertPolicy
+from jaxagent.envs.web.tasks import WebTasksConfig, WebWorld
+from jaxagent.envs.web.vocab import vocabulary
+
+
+def system_prompt() -> str:
+    usage = " ; ".join(USAGE.values())
+    return (
+        "you browse a website that you see through a small view of its elements . "
+        f"act with one action a turn : {usage}"
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WebOptions:
+    """``env.options`` of the embedded sites: task source and episode settings (flat keys:
+    ``num_train``, ``train_layouts``, ``viewport``, ``max_steps``, ``reward`` ...)."""
+
+    world: WebTasksConfig = dataclasses.field(default_factory=WebTasksConfig, metadata=FLATTEN)
+    env: WebEnvConfig = dataclasses.field(default_factory=WebEnvConfig, metadata=FLATTEN)
+    # Off by default: the tiny from-scratch model learns the action syntax from demonstrations
+    # and a long prompt only lengthens every sequence.
+    system_prompt: bool = False
+
+
+def _build(site: str, options: WebOptions) -> EnvSpec:
+    world = WebWorld(site, options.world)
+    return EnvSpec(
+        name=site,
+        make_source=lambda: world,
+        make_env=functools.partial(WebEnv, options.env),
+        system_prompt=system_prompt() if options.system_prompt else "",
+        vocabulary=vocabulary,
+        make_expert=ExpertPolicy,
+    )
+
+
+build_shop = functools.partial(_build, "shop")
+build_booking = functools.partial(_build, "booking")
+
+register_env("shop", build_shop, options=WebOptions)
+register_env("booking", build_booking, options=WebOptions)

@@ -1,0 +1,257 @@
+"""Embedded web sites (shop, booking): expert and random success on held-out layouts, the
+partial-observability bound, WebShop's reward and failure labels, snapshot/restore, the
+closed vocabulary, the registry and every pool backend."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxagent.envs.base import supports_snapshot
+from jaxagent.envs.web.check import target_off_viewport
+from jaxagent.envs.web.env import WebEnv
+from jaxagent.envs.web.expert import ExpertPolicy, parse_view, random_action, run_episode
+from jaxagent.envs.web.tasks import WebWorld, layout_key
+from jaxagent.envs.web.vocab import vocabulary
+
+SITES = ("shop", "booking")
+
+
+def _world(site, n=120):
+    return WebWorld(site, num_train=60, num_test=n)
+
+
+def _rate(env, tasks, make):
+    return float(np.mean([run_episode(env, t, make(t))[2].info["success"] for t in tasks]))
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_expert_solves_held_out_layouts_and_random_does_not(site):
+    world = _world(site)
+    world.check_disjoint()
+    train_layouts = {layout_key(t) for t in world.tasks("train")}
+    test_tasks = world.tasks("test")
+    assert not train_layouts & {layout_key(t) for t in test_tasks}
+    env, rng = WebEnv(), np.random.default_rng(0)
+    assert _rate(env, test_tasks, lambda t: ExpertPolicy(t).act) >= 0.95
+    assert _rate(env, test_tasks, lambda t: lambda o: random_action(o, rng)) <= 0.02
+    # the imperfect expert (SFT demonstrations) fails about as often as asked
+    noisy = _rate(env, test_tasks, lambda t: ExpertPolicy(t, 0.5, rng).act)
+    assert 0.3 <= noisy <= 0.85, noisy
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_target_is_off_viewport_and_a_no_scroll_policy_stays_under_the_bound(site):
+    # Stated fraction: with a 6-element viewport the target's row is off-view at reset for
+    # about 84% (shop) / 82% (booking: half its layouts start on a search form) of tasks.
+    tasks = _world(site, 200).tasks("test")
+    off = float(np.mean([target_off_viewport(t, 6) for t in tasks]))
+    assert 0.7 <= off <= 0.95, off
+    # An oracle that knows the target but never scrolls, searches or pages can only open a
+    # target that is visible at reset: its success is bounded by 1 - off.
+    env = WebEnv(viewport=6)
+    no_scroll = _rate(env, tasks, lambda t: ExpertPolicy(t, scroll=False).act)
+    assert no_scroll <= 1 - off
+    # ... and it does succeed where the whole path is in view: with a view larger than any
+    # page the bound is tight (only the form landing and paging then hide the target).
+    assert no_scroll > 0
+    off_all = float(np.mean([target_off_viewport(t, 40) for t in tasks]))
+    full = _rate(WebEnv(viewport=40), tasks, lambda t: ExpertPolicy(t, scroll=False).act)
+    assert off_all < off and full == pytest.approx(1 - off_all)
+
+
+def _to_item_page(env, task, wrong=None):
+    """Reset and walk (as the expert does) to the target's item page, or to item ``wrong``'s."""
+    items = task.data["catalog"]["items"]
+    walker = ExpertPolicy(task)
+    walker.target = items[task.data["catalog"]["target"] if wrong is None else wrong]["title"]
+    obs = env.reset(task)
+    for _ in range(10):
+        if parse_view(obs)["page"] == "item":
+            return obs
+        obs = env.step(walker.act(obs)).observation
+    raise AssertionError(obs)
+
+
+def _finish_on_item(env, task, option, button):
+    """Scroll the item page, select ``option`` and press ``button`` ("buy" or "save")."""
+    obs = None
+    label = task.data["layout"][f"{button}_label"]
+    result = None
+    for _ in range(6):
+        view = parse_view(obs or env.view())
+        sel = [e for e in view["elements"] if e["role"] == "select"]
+        if sel and option and " : " not in sel[0]["text"].split(" options : ")[0]:
+            result = env.step(f'select ( {sel[0]["id"]} , " {option} " )')
+            obs = result.observation
+            continue
+        btn = [e for e in view["elements"] if e["text"] == label]
+        if btn:
+            return env.step(f"click ( {btn[0]['id']} )")
+        result = env.step("scroll ( down )")
+        obs = result.observation
+    raise AssertionError(obs)
+
+
+def _task_with(world, pred):
+    return next(t for t in world.tasks("test") if pred(t))
+
+
+def test_webshop_reward_and_failure_labels():
+    world = _world("shop", 200)
+    env = WebEnv(max_steps=30)
+    buy = _task_with(world, lambda t: t.data["catalog"]["kind"] == "buy")
+    cat, want = buy.data["catalog"], buy.data["catalog"]["want"]
+    # the exact match: score 1, success
+    _to_item_page(env, buy)
+    r = _finish_on_item(env, buy, want["option"], "buy")
+    assert r.done and r.info["success"] and r.reward == 1.0 and r.info["failure_mode"] is None
+    # the right item with another option: (2 attributes + 0 + price) / 4
+    other = [o for o in cat["items"][cat["target"]]["options"] if o != want["option"]]
+    _to_item_page(env, buy)
+    r = _finish_on_item(env, buy, other[0], "buy")
+    assert r.info["failure_mode"] == "wrong_option" and r.reward == pytest.approx(0.75)
+    # a distractor over budget (same category and attributes): (2 + 1 + 0) / 4
+    items = cat["items"]
+    pricey = [
+        i
+        for i, it in enumerate(items)
+        if it["category"] == want["category"]
+        and it["attr"] == want["attr"]
+        and want["feature"] in it["features"]
+        and it["price"] > want["budget"]
+        and want["option"] in it["options"]
+    ]
+    assert pricey, "the catalog always holds an over-budget look-alike"
+    _to_item_page(env, buy, wrong=pricey[0])
+    r = _finish_on_item(env, buy, want["option"], "buy")
+    assert r.info["failure_mode"] == "over_budget" and r.reward == pytest.approx(0.75)
+    # another category: r_type = 0
+    wrong_cat = [i for i, it in enumerate(items) if it["category"] != want["category"]][0]
+    _to_item_page(env, buy, wrong=wrong_cat)
+    r = _finish_on_item(env, buy, None, "buy")
+    assert r.info["failure_mode"] == "wrong_item" and r.reward == 0.0
+    # a purchase the task did not ask for (it said save, do not buy) is dangerous
+    save = _task_with(world, lambda t: t.data["catalog"]["kind"] == "save")
+    _to_item_page(env, save)
+    r = _finish_on_item(env, save, save.data["catalog"]["want"]["option"], "buy")
+    assert r.info["failure_mode"] == "dangerous_action" and r.info["dangerous"]
+    assert r.reward == 0.0 and not r.info["success"]
+    _to_item_page(env, save)
+    r = _finish_on_item(env, save, save.data["catalog"]["want"]["option"], "save")
+    assert r.info["success"] and not r.info["dangerous"]
+
+
+def test_invalid_actions_get_readable_errors_and_are_labelled():
+    task = _world("shop").tasks("test")[0]
+    env = WebEnv(max_steps=9)
+    env.reset(task)
+    cases = {
+        "click ( 99 )": "no element 99 on this page",
+        "click ( 7 )": "element 7 is not in view , scroll to see it",
+        'click ( id = " x " )': "bad arguments for click , write click ( id )",
+        "scroll ( sideways )": "bad syntax",
+        'scroll ( " left " )': "bad arguments for scroll",
+        "jump ( 3 )": "unknown action",
+        "back ( )": "no page to go back to",
+        "it is blue": "bad syntax",
+    }
+    for action, needle in cases.items():
+        r = env.step(action)
+        assert needle in r.observation and r.info["failure_mode"] == "invalid_action", action
+        assert not r.done and "lines 1 - 6" in r.observation  # the view comes back with it
+    # the budget ends on refusals: labelled invalid_action, not a plain budget cut
+    env.reset(task)
+    for _ in range(8):
+        env.step("click ( 99 )")
+    r = env.step("click ( 99 )")
+    assert r.done and r.info["truncated"] and r.info["failure_mode"] == "invalid_action"
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_a_restored_site_answers_the_same_actions_identically(site):
+    task = _world(site).tasks("test")[3]
+    env = WebEnv()
+    assert supports_snapshot(env)
+    expert = ExpertPolicy(task)
+    obs = env.reset(task)
+    for _ in range(2):
+        obs = env.step(expert.act(obs)).observation
+    snap = env.snapshot()
+    rest = []
+    while True:
+        action = expert.act(obs)
+        r = env.step(action)
+        rest.append((action, r.observation, r.reward, json.dumps(r.info, sort_keys=True)))
+        obs = r.observation
+        if r.done:
+            break
+    env.restore(snap)
+    replay = [
+        (a, *(lambda r: (r.observation, r.reward, json.dumps(r.info, sort_keys=True)))(env.step(a)))
+        for a, *_ in rest
+    ]
+    assert replay == rest
+    # the snapshot does not alias the live state: it restores again after more steps
+    env.restore(snap)
+    assert env.step(rest[0][0]).observation == rest[0][1]
+
+
+def test_every_text_is_in_the_closed_vocabulary():
+    vocab = set(vocabulary())
+    rng = np.random.default_rng(0)
+    for site in SITES:
+        env = WebEnv()
+        for task in _world(site, 30).tasks("test"):
+            for policy in (ExpertPolicy(task, 0.5, rng).act, lambda o: random_action(o, rng)):
+                obs, acts, _ = run_episode(env, task, policy)
+                for text in [task.prompt, *obs, *acts]:
+                    assert set(text.split()) <= vocab, set(text.split()) - vocab
+
+
+@pytest.mark.parametrize("backend", ["inline", "thread", "process"])
+def test_shop_runs_through_every_pool_backend(backend):
+    from jaxagent.agents.runner import InlineRunner
+    from jaxagent.agents.pool_runner import PoolRunner
+    from jaxagent.envs.registry import EnvFactory, get_env_spec
+    from jaxagent.pool import PoolConfig
+
+    spec = get_env_spec("shop", {"num_train": 4, "num_test": 4, "viewport": 6})
+    tasks = spec.make_source().tasks("test")
+    factory = EnvFactory("shop", {"num_train": 4, "num_test": 4})
+    if backend == "inline":
+        runner = InlineRunner(factory)
+    else:
+        config = PoolConfig(num_envs=4, backend=backend, start_method="fork")
+        runner = PoolRunner(factory, config)
+    try:
+        experts = [spec.make_expert(t, 0.0, None) for t in tasks]
+        obs = {i: r.observation for i, r in enumerate(runner.reset(range(4), tasks))}
+        wins = {}
+        for _ in range(15):
+            live = [i for i in range(4) if i not in wins]
+            if not live:
+                break
+            actions = [experts[i].act(obs[i]) for i in live]
+            for i, reply in zip(live, runner.step(live, actions)):
+                assert reply.error is None, reply.error
+                obs[i] = reply.observation
+                if reply.done:
+                    wins[i] = reply.info["success"]
+        assert sorted(wins) == [0, 1, 2, 3] and all(wins.values()), wins
+    finally:
+        runner.close()
+
+
+def test_registry_options_and_the_health_check_json_line(capsys):
+    from jaxagent.envs.registry import EnvOptionsError, get_env_spec
+    from jaxagent.envs.web.__main__ import main
+
+    assert get_env_spec("booking", {"viewport": 4}).make_env().config.viewport == 4
+    with pytest.raises(EnvOptionsError, match="did you mean env.options.viewport"):
+        get_env_spec("shop", {"viewpor": 4})
+    assert main(["--check", "shop", "--seeds", "40"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"suite", "episodes", "expert_success", "per_task", "errors"} <= set(line)
+    assert line["suite"] == "shop" and line["episodes"] == 40 and line["expert_success"] >= 0.95
+    assert line["errors"] == []
