@@ -121,6 +121,23 @@ def _ant_terminated(r):
     return ~_ant_healthy(r)
 
 
+# --- InvertedPendulum-v5: obs = qpos, qvel; reward 1 while |pole angle| <= 0.2 (a cheap
+# task for learning tests: threshold 950 of 1000).
+
+
+def _pendulum_obs(r):
+    return r["qpv"].copy()
+
+
+def _pendulum_terminated(r):
+    obs = r["qpv"]
+    return ~np.isfinite(obs).all(axis=1) | (np.abs(obs[:, 1]) > 0.2)
+
+
+def _pendulum_reward(r):
+    return (~_pendulum_terminated(r)) * 1.0
+
+
 TASKS = {
     "HalfCheetah-v5": TaskSpec(
         "HalfCheetah-v5",
@@ -157,6 +174,18 @@ TASKS = {
         _ant_obs,
         _ant_reward,
         _ant_terminated,
+    ),
+    "InvertedPendulum-v5": TaskSpec(
+        "InvertedPendulum-v5",
+        "inverted_pendulum.xml",
+        2,
+        "uniform",
+        0.01,
+        "x",
+        False,
+        _pendulum_obs,
+        _pendulum_reward,
+        _pendulum_terminated,
     ),
 }
 
