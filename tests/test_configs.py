@@ -97,6 +97,7 @@ ENV_SHRINK = {
     "quickstart": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "bfcl": ["env.options.limit=6"],
     "code": ["env.options.num_train=4"],
+    "math": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
 }
 
 
