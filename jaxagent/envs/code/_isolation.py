@@ -86,6 +86,7 @@ def build_root(job: dict) -> None:
         os.makedirs(dst, exist_ok=True)
         _mount(src, dst, None, MS_BIND | MS_REC)
         _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+    mask_packages(root)
     os.makedirs(root + "/dev")
     for name in ("null", "zero", "random", "urandom"):
         open(f"{root}/dev/{name}", "w").close()
@@ -95,6 +96,26 @@ def build_root(job: dict) -> None:
     os.makedirs(root + "/tmp")
     os.chroot(root)
     os.chdir("/")
+
+
+def mask_packages(root: str) -> None:
+    """Empties every installed-packages directory of the bound Python installs (the
+    interpreter's prefix holds site-packages, hence HumanEval's data with its canonical
+    solutions): a read-only empty tmpfs over each. The candidate needs the stdlib only."""
+    import glob
+
+    prefixes = {"/usr", "/usr/local", sys.base_prefix, sys.prefix}
+    found = set()
+    for prefix in prefixes:
+        for pattern in (
+            "lib/python3*/*-packages",
+            "lib/python3/dist-packages",
+            "lib64/python3*/*-packages",
+        ):
+            found.update(glob.glob(os.path.join(root + prefix, pattern)))
+    for path in sorted(found):
+        if os.path.isdir(path) and not os.path.islink(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=555")
 
 
 def fresh_workdir(job: dict) -> None:
