@@ -23,7 +23,9 @@ turns a list of groups into the record ``jaxagent eval --out`` writes as ``eval.
   (``test``) success when both are evaluated.
 - ``tokens``: ``prompt`` (tokens before the first policy token), ``observation`` (the other
   non-policy tokens), ``generated`` (policy tokens), ``input_stateless`` (the input tokens a
-  stateless API would bill: the whole context re-read at every turn), totals and per task.
+  stateless API would bill: the whole context re-read at every turn), totals and per task;
+  a training-free method's off-trajectory tokens (``info["method_tokens"]``) are in
+  ``observation`` (what it read) and ``generated``.
 - ``cost_usd``: input (prompt + observation) and generated tokens x their prices per million
   tokens (``Prices``), also ``cost_usd_per_task``.
 - ``wall_time``: seconds in all and per task evaluation.
@@ -88,11 +90,14 @@ def episode_tokens(ep) -> dict[str, int]:
     for t in ep.turns:
         stateless += context
         context += t.num_action_tokens + t.num_observation_tokens
+    # Tokens a training-free method spent off this trajectory (other attempts' reflections,
+    # drafts and critiques, unkept candidates, search branches: agents/methods/base.py).
+    extra = (getattr(ep, "info", None) or {}).get("method_tokens") or {}
     return {
         "prompt": prompt,
-        "observation": observation,
-        "generated": generated,
-        "input_stateless": stateless,
+        "observation": observation + int(extra.get("input", 0)),
+        "generated": generated + int(extra.get("generated", 0)),
+        "input_stateless": stateless + int(extra.get("input", 0)),
     }
 
 

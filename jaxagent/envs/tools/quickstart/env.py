@@ -221,6 +221,21 @@ class QuickstartEnv:
         obs = "Observation : step budget over" if truncated else "Observation : done"
         return StepResult(obs, episode_reward(self._terms, self.config.reward_mix), True, info)
 
+    def snapshot(self) -> dict:
+        """The whole episode state (``SnapshotEnv``): a deep copy, so later steps leave it
+        unchanged. For tree search (``jaxagent.agents.methods.dfsdt``)."""
+        if self._task is None:
+            raise RuntimeError("QuickstartEnv.snapshot called before reset(task)")
+        keep = ("_state", "_steps", "_terms", "_done")
+        return {"task": self._task, **copy.deepcopy({k: getattr(self, k) for k in keep})}
+
+    def restore(self, snapshot: dict) -> None:
+        """Put the episode back where ``snapshot()`` was taken (the same task's tools)."""
+        self._task = snapshot["task"]
+        self._tools = {t: W.TOOL_SPECS[t] for t in self._task.data["tools"]}
+        for k in ("_state", "_steps", "_terms", "_done"):
+            setattr(self, k, copy.deepcopy(snapshot[k]))
+
     def close(self) -> None:
         self._task = None
 
