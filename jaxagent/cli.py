@@ -76,13 +76,14 @@ def _cmd_eval(args) -> int:
 
     if args.config is None:
         raise InputError("CONFIG is missing: pass a YAML config, or --compare A.json B.json")
-    if not args.checkpoint and args.policy != "expert":
+    scripted = args.policy != "checkpoint"  # expert, or an imperfect scripted policy
+    if not args.checkpoint and not scripted:
         raise InputError(
             "the following arguments are required: --checkpoint (a run directory written by "
             "train; or --policy expert for the config's scripted expert)"
         )
-    if args.checkpoint and args.policy == "expert":
-        raise InputError("--policy expert and --checkpoint exclude each other; pass one")
+    if args.checkpoint and scripted:
+        raise InputError(f"--policy {args.policy} and --checkpoint exclude each other; pass one")
     if args.seeds < 1:
         raise InputError(f"--seeds {args.seeds} must be >= 1 (the number of evaluation seeds)")
     if not 0.0 <= args.expert_error_rate <= 1.0:
@@ -92,6 +93,7 @@ def _cmd_eval(args) -> int:
     except ValueError as err:
         raise InputError(f"--price-input-per-mtok / --price-output-per-mtok: {err}") from None
     config = load_config(args.config, args.overrides)
+    method_cfg, make_expert = _method_hook(args, config)
     # One (label, loaded policy or None, training seed) per training run.
     if args.checkpoint:
         policies = [load_policy(c) for c in args.checkpoint]
@@ -112,7 +114,7 @@ def _cmd_eval(args) -> int:
             if policy is None:
                 from jaxagent.agents.expert import ExpertTurnPolicy
 
-                if run.env.make_expert is None:
+                if make_expert is None and run.env.make_expert is None:
                     raise InputError(
                         f"--policy expert: env {config.env.name!r} has no scripted expert; "
                         "pass --checkpoint RUN_DIR"
@@ -121,7 +123,7 @@ def _cmd_eval(args) -> int:
                 def sampler_for(s, run=run, seed=seed):
                     # The expert ignores the sampling key: evaluation seed s reseeds it.
                     return ExpertTurnPolicy(
-                        run.env.make_expert,
+                        make_expert or run.env.make_expert,
                         run.chat,
                         error_rate=args.expert_error_rate,
                         seed=seed + 100_003 * s,
@@ -148,7 +150,12 @@ def _cmd_eval(args) -> int:
                     # tasks, same samples; further seeds fold it.
                     key = key_fn(seed, iteration)
                     key = key if s == 0 else jax.random.fold_in(key, s)
-                    result = evaluate(
+                    run_eval = evaluate
+                    if method_cfg is not None:  # a training-free method wraps the policy
+                        from jaxagent.agents.methods.config import method_evaluator
+
+                        run_eval = method_evaluator(method_cfg, run, key, scripted=scripted)
+                    result = run_eval(
                         sampler_for(s),
                         tasks,
                         run.rollout,
@@ -164,7 +171,8 @@ def _cmd_eval(args) -> int:
     report = summarize(test_eps)
     what = args.checkpoint[0] if args.checkpoint and len(args.checkpoint) == 1 else args.checkpoint
     step = steps[0] if len(steps) == 1 else steps
-    name = "expert" if not args.checkpoint else f"checkpoint {what}"
+    name = args.policy if not args.checkpoint else f"checkpoint {what}"
+    name += f" + {method_cfg.method}" if method_cfg is not None else ""
     print(
         f"{name} (step {step}): {report.episodes} episodes on "
         f"{config.env.name}/{config.env.eval_split}"
@@ -184,12 +192,13 @@ def _cmd_eval(args) -> int:
             train_seeds=seeds,
             eval_seeds=list(range(args.seeds)),
             env=f"{config.env.name}/{config.env.eval_split}",
-            policy="expert" if not args.checkpoint else "checkpoint",
+            policy=args.policy if not args.checkpoint else "checkpoint",
             extra={
                 "config_name": config.name,
                 "samples_per_task": config.eval.samples_per_task,
                 "eval_temperature": config.eval.temperature,
                 **({"expert_error_rate": args.expert_error_rate} if not args.checkpoint else {}),
+                **({"method": method_cfg.as_dict()} if method_cfg is not None else {}),
             },
         ),
     )
@@ -212,6 +221,19 @@ def _cmd_eval(args) -> int:
         out["out"] = str(args.out)
     print(json.dumps(out))
     return 0
+
+
+def _method_hook(args, config):
+    """``--method``'s config and ``--policy lookalike|argname``'s expert (agents/methods)."""
+    from jaxagent.agents.methods.config import load_method
+    from jaxagent.agents.methods.scripted import SCRIPTED
+
+    make_expert = SCRIPTED.get(args.policy)
+    if make_expert is not None and config.env.name != "quickstart":
+        raise InputError(
+            f"--policy {args.policy} is a quickstart policy; env is {config.env.name!r}"
+        )
+    return (load_method(args.method) if args.method else None), make_expert
 
 
 def _model_fields(config) -> dict:
@@ -336,9 +358,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--policy",
-        choices=["checkpoint", "expert"],
+        choices=["checkpoint", "expert", "lookalike", "argname"],
         default="checkpoint",
-        help="expert: evaluate the env's scripted expert instead of a checkpoint",
+        help="expert: evaluate the env's scripted expert instead of a checkpoint; lookalike, "
+        "argname: imperfect quickstart policies (jaxagent/agents/methods/scripted.py)",
+    )
+    ev.add_argument(
+        "--method",
+        default=None,
+        help="a training-free method around the policy: configs/methods/*.yaml",
     )
     ev.add_argument("--expert-error-rate", type=float, default=0.0, help="with --policy expert")
     ev.add_argument("--out", default=None, help="write eval.json, eval.md and *.png here")
