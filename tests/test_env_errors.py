@@ -42,7 +42,7 @@ class TextChat:
         self.texts.append(text)
         return [len(self.texts) - 1]
 
-    def prompt(self, system: str, observation: str) -> list[int]:
+    def prompt(self, system: str, observation: str, task=None) -> list[int]:
         return self.encode(observation)
 
     def observation(self, observation: str) -> list[int]:

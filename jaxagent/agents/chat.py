@@ -1,19 +1,55 @@
 """The chat format: how conversation pieces become the token ids of an episode.
 
-``Chat`` is what the rollout driver needs: the first prompt (system + first observation +
-assistant header), each later observation chunk (user turn + assistant header), a
-demonstrator's action with its stop token, and the text of policy tokens for the
-environment. The episode's token stream is the concatenation of these chunks and the policy's
-tokens, so nothing is ever re-tokenised for training.
+``Chat`` is what the rollout driver needs: the first prompt (system + the task's tools +
+first observation + assistant header), each later observation chunk (the observation turn +
+assistant header), a demonstrator's action with its stop token, and the text of policy tokens
+for the environment. The episode's token stream is the concatenation of these chunks and the
+policy's tokens, so nothing is ever re-tokenised for training: the learner sees exactly the
+ids the sampler was fed and produced (``tests/test_chat_stream.py``).
 
-``ChatFormat`` implements it over any Hugging Face tokenizer with a chat template; the
-special tokens and ``CHAT_TEMPLATE`` below are those of the tokenizers
-``jaxagent.train.tokenizer`` builds from scratch.
+Two implementations:
+
+* ``ChatFormat``: the project's from-scratch template (``CHAT_TEMPLATE`` and the special
+  tokens below; tools are plain text in the observation, observations are user turns).
+* ``TemplateChat``: a real model's Hugging Face chat template (``model.init_from``; or the
+  project's ChatML one, ``jaxagent.train.tokenizer.CHATML_TEMPLATE``). The task's tool
+  schemas go through the template's own ``tools=`` argument (``tools_of(task)``), tool
+  results go back in the template's tool role (user role where the template has none), and
+  demonstrations are written in the template's native tool-call syntax
+  (``jaxagent.envs.tool_calls``; detected from the template).
+
+The token stream per template family (``|`` separates what the driver appends; ``<eot>`` is
+the token that ends a policy turn, which the sampler stops on and keeps):
+
+* project (``<|bos|>``): ``<|bos|>[<|system|>S<|end|>]<|user|>O<|end|><|assistant|>`` | policy
+  ``...<|end|>`` | ``<|user|>O<|end|><|assistant|>`` | ...
+* ChatML (Qwen2.5, Hermes, the project's ChatML): ``<|im_start|>system\nS+tools<|im_end|>\n
+  <|im_start|>user\nO<|im_end|>\n<|im_start|>assistant\n`` | policy ``...<|im_end|>`` |
+  ``\n<|im_start|>user\n<tool_response>\nO\n</tool_response><|im_end|>\n<|im_start|>
+  assistant\n`` | ... The template's newline after ``<|im_end|>`` opens the next chunk (the
+  sampler stops at ``<|im_end|>``), so the decoded stream equals the template's rendering of
+  the whole conversation.
+* Llama 3.x: ``<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS...<|eot_id|>
+  ...assistant<|end_header_id|>\n\n`` | policy ``...<|eot_id|>`` | ``<|start_header_id|>
+  ipython<|end_header_id|>\n\nO<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n``.
+* Mistral: ``<s>[INST] ... [/INST]`` | policy ``...</s>`` | ``[INST] O [/INST]`` (its
+  templates reject a tool message without a preceding structured call: observations go back
+  as user turns).
+
+An observation chunk is what the template renders after ``<eot>`` of a stand-in assistant
+turn in ``[user, assistant, observation]`` + generation prompt: it is computed from the
+latest turn alone, so templates that are not prefix-stable (that rewrite earlier turns, e.g.
+drop old reasoning) still give a consistent stream; for those the stream is the conversation
+as the model saw it turn by turn, not the template's re-rendering of the whole of it. A turn
+cut by ``max_new_tokens`` has no ``<eot>``; the next chunk follows it directly.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+
+from jaxagent.envs.base import Task
+from jaxagent.envs.tool_calls import syntax_of_template, to_native
 
 PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
@@ -36,8 +72,9 @@ class Chat(Protocol):
     stop_ids: tuple[int, ...]  # a policy turn ends after one of these
     pad_id: int  # padding in batches
 
-    def prompt(self, system: str, observation: str) -> list[int]:
-        """Token ids of the first prompt: system + first observation + assistant header."""
+    def prompt(self, system: str, observation: str, task: Optional[Task] = None) -> list[int]:
+        """Token ids of the first prompt: system (+ the task's tools, for chats that render
+        them) + first observation + assistant header."""
 
     def observation(self, observation: str) -> list[int]:
         """Token ids appended after a policy turn: the user turn and the assistant header."""
@@ -81,7 +118,8 @@ class ChatFormat:
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt(self, system: str, observation: str) -> list[int]:
+    def prompt(self, system: str, observation: str, task: Optional[Task] = None) -> list[int]:
+        del task  # this format shows tools as observation text
         msgs = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": observation}
         ]
@@ -104,3 +142,135 @@ class ChatFormat:
     def decode(self, ids: Sequence[int]) -> str:
         keep = [int(t) for t in ids if int(t) not in self.stop_ids and int(t) != self.pad_id]
         return self.tokenizer.decode(keep, skip_special_tokens=False)
+
+
+ToolsOf = Callable[[Task], Optional[list[dict]]]
+_SENTINEL = "ZqxAssistantTurnZqx"  # a stand-in assistant turn, found again in the rendering
+
+
+class TemplateChat:
+    """``Chat`` over a real model's chat template, with tools and a tool role.
+
+    Args:
+      tokenizer: a ``transformers`` tokenizer with a ``chat_template``.
+      tools_of: ``tools_of(task)`` -> the task's tool schemas (OpenAI-style function dicts)
+        for the template's ``tools=`` argument, or None (no tools block).
+      tool_call_syntax: how demonstrations write calls ("hermes", "llama3", "mistral",
+        "react"); None detects it from the template.
+      observation_role: "tool" (the template's tool role; "user" where it fails to render
+        one) or "user".
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        tools_of: Optional[ToolsOf] = None,
+        tool_call_syntax: Optional[str] = None,
+        observation_role: str = "tool",
+    ):
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise ValueError(
+                "the tokenizer has no chat_template; save the model's template with its "
+                "tokenizer (tokenizer_config.json or chat_template.jinja)"
+            )
+        if observation_role not in ("tool", "user"):
+            raise ValueError(f"observation_role={observation_role!r}; choose 'tool' or 'user'")
+        self.tokenizer, self.tools_of = tokenizer, tools_of
+        self.syntax = tool_call_syntax or syntax_of_template(template)
+        self.observation_role = observation_role
+        if observation_role == "tool" and not self._renders_tool_role():
+            self.observation_role = "user"
+        self.eot_text, self.eot_id = self._end_of_turn()
+        stop = {self.eot_id}
+        if tokenizer.eos_token_id is not None:
+            stop.add(tokenizer.eos_token_id)
+        self.stop_ids: tuple[int, ...] = tuple(sorted(stop))
+        pad = tokenizer.pad_token_id
+        self.pad_id: int = pad if pad is not None else self.eot_id
+
+    def _render(self, messages: Sequence[dict], **kwargs) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, **kwargs)
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _stand_in(self, role: str) -> list[dict]:
+        return [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": _SENTINEL},
+            {"role": role, "content": "ZqxObservationZqx"},
+        ]
+
+    def _renders_tool_role(self) -> bool:
+        try:  # Mistral-style templates raise on a tool message without a structured call
+            text = self._render(self._stand_in("tool"), add_generation_prompt=True)
+        except Exception:  # jinja2 TemplateError or the template's raise_exception
+            return False
+        return "ZqxObservationZqx" in text
+
+    def _end_of_turn(self) -> tuple[str, int]:
+        """The special token the template closes an assistant turn with (the sampler's stop)."""
+        text = self._render(self._stand_in("user")[:2], add_generation_prompt=False)
+        after = text[text.index(_SENTINEL) + len(_SENTINEL) :]
+        candidates = [t for t in self.tokenizer.all_special_tokens if t and after.startswith(t)]
+        if not candidates:
+            eos = self.tokenizer.eos_token
+            if eos is None:
+                raise ValueError(
+                    f"the chat template ends an assistant turn with {after[:20]!r}, not a "
+                    "special token, and the tokenizer has no eos_token: cannot stop turns"
+                )
+            return "", self.tokenizer.convert_tokens_to_ids(eos)
+        eot = max(candidates, key=len)
+        return eot, self.tokenizer.convert_tokens_to_ids(eot)
+
+    def tools(self, task: Optional[Task]) -> Optional[list[dict]]:
+        """The task's tool schemas as passed to the template (None: no tools block)."""
+        return None if task is None or self.tools_of is None else self.tools_of(task)
+
+    def render_prompt(self, system: str, observation: str, task: Optional[Task] = None) -> str:
+        """The first prompt as text (what ``jaxagent rollout`` prints)."""
+        msgs = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": observation}
+        ]
+        tools = self.tools(task)
+        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+        return self._render(msgs, add_generation_prompt=True, **kwargs)
+
+    def prompt(self, system: str, observation: str, task: Optional[Task] = None) -> list[int]:
+        return self._ids(self.render_prompt(system, observation, task))
+
+    def observation_text(self, observation: str) -> str:
+        """The chunk after a policy turn's ``<eot>``: the template's text between turns, the
+        observation turn in ``observation_role`` and the assistant header."""
+        full = self._render(
+            self._stand_in(self.observation_role)[:2]
+            + [{"role": self.observation_role, "content": observation}],
+            add_generation_prompt=True,
+        )
+        start = full.index(_SENTINEL) + len(_SENTINEL)
+        if self.eot_text and full.startswith(self.eot_text, start):
+            start += len(self.eot_text)
+        return full[start:]
+
+    def observation(self, observation: str) -> list[int]:
+        return self._ids(self.observation_text(observation))
+
+    def action(self, text: str) -> list[int]:
+        return self._ids(to_native(text, self.syntax)) + [self.eot_id]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        keep = [int(t) for t in ids if int(t) not in self.stop_ids and int(t) != self.pad_id]
+        return self.tokenizer.decode(
+            keep, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+
+def make_chat(tokenizer, *, tools_of: Optional[ToolsOf] = None) -> Chat:
+    """The chat for a tokenizer: ``ChatFormat`` for the project's from-scratch template,
+    ``TemplateChat`` (tools, tool role, native calls) for any other template."""
+    if getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE:
+        return ChatFormat(tokenizer)
+    return TemplateChat(tokenizer, tools_of=tools_of)

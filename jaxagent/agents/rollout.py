@@ -141,7 +141,7 @@ def collect_episodes(
             ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
         else:
             ep.first_observation = cut(reply.observation)
-            ids = chat.prompt(spec.system_prompt, ep.first_observation)
+            ids = chat.prompt(spec.system_prompt, ep.first_observation, task=ep.task)
             if len(ids) + budget.max_new_tokens > budget.max_total_tokens:
                 ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
             ep.append(ids, sampled=False)

@@ -85,11 +85,12 @@ class TokenizerSection:
     """The tokenizer: loaded with the model (``model.init_from``) or trained from scratch."""
 
     kind: str = "word"  # "word": the env's closed vocabulary; "bpe": byte-level BPE on a corpus
+    # ("chatml": the BPE with ChatML's template, tools and <tool_call> calls, train/tokenizer.py)
     vocab_size: int = 512  # byte-level BPE vocabulary size when trained from scratch
     num_corpus_demos: int = 400  # expert demonstrations added to the BPE corpus
 
     def __post_init__(self):
-        _choice("tokenizer.kind", self.kind, ("word", "bpe"))
+        _choice("tokenizer.kind", self.kind, ("word", "bpe", "chatml"))
         if self.vocab_size < 300:
             raise ConfigError(
                 f"tokenizer.vocab_size={self.vocab_size} must be >= 300 "

@@ -19,8 +19,9 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from jaxagent.agents.chat import Chat, ChatFormat
+from jaxagent.agents.chat import Chat, make_chat
 from jaxagent.agents.rollout import Budget, RolloutSpec
+from jaxagent.agents.task_tools import tools_of_env
 from jaxagent.agents.runner import EnvRunner, InlineRunner
 from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import Task
@@ -29,7 +30,7 @@ from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, load_tokenizer
 from jaxagent.train.config import Config, ConfigError
 from jaxagent.train.policy import build_model, make_turn_sampler
-from jaxagent.train.tokenizer import build_tokenizer, build_word_tokenizer
+from jaxagent.train.tokenizer import build_chatml_tokenizer, build_tokenizer, build_word_tokenizer
 
 
 def sample_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -110,6 +111,10 @@ def run_tokenizer(
                 f"env {env.name!r} has none: use tokenizer.kind='bpe'"
             )
         tok = build_word_tokenizer(env.vocabulary())
+    elif section.kind == "chatml":  # a real model's layout: ChatML, tools, <tool_call>
+        from jaxagent.train.chatml_corpus import chatml_corpus
+
+        tok = build_chatml_tokenizer(chatml_corpus(config, env, train_tasks), section.vocab_size)
     else:
         corpus = [env.system_prompt] + [t.prompt for t in train_tasks]
         tok = build_tokenizer(corpus, section.vocab_size)
@@ -219,7 +224,7 @@ def build_run(
             policy.params,
             policy.model_config,
         )
-    chat = ChatFormat(tokenizer)
+    chat = make_chat(tokenizer, tools_of=tools_of_env(env.name))
     r = config.rollout
     # jaxagent.generate.Sampler checks every row's cached length + max_new_tokens against
     # the model's max_seq_len (finished rows included), so episodes stop that much earlier.
