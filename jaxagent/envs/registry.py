@@ -49,6 +49,7 @@ _BUILTIN = {
     "shop": "jaxagent.envs.web.suite",
     "booking": "jaxagent.envs.web.suite",
     "math": "jaxagent.envs.math.suite",
+    "dialogue": "jaxagent.envs.dialogue.suite",
 }
 
 
