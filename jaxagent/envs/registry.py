@@ -48,6 +48,7 @@ _BUILTIN = {
     "code": "jaxagent.envs.code.suite",
     "shop": "jaxagent.envs.web.suite",
     "booking": "jaxagent.envs.web.suite",
+    "miniwob": "jaxagent.envs.web.suite",
     "math": "jaxagent.envs.math.suite",
     "dialogue": "jaxagent.envs.dialogue.suite",
 }

@@ -9,6 +9,7 @@ from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 from jaxagent.envs.web.actions import USAGE
 from jaxagent.envs.web.env import WebEnv, WebEnvConfig
 from jaxagent.envs.web.expert import ExpertPolicy
+from jaxagent.envs.web.miniwob import MiniWoBEnvConfig, MiniWoBTasksConfig
 from jaxagent.envs.web.tasks import WebTasksConfig, WebWorld
 from jaxagent.envs.web.vocab import vocabulary
 
@@ -50,3 +51,31 @@ build_booking = functools.partial(_build, "booking")
 
 register_env("shop", build_shop, options=WebOptions)
 register_env("booking", build_booking, options=WebOptions)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MiniWoBOptions:
+    """``env.options`` of MiniWoB++ (flat keys: ``tasks``, ``num_train``, ``max_ms`` ...)."""
+
+    world: MiniWoBTasksConfig = dataclasses.field(
+        default_factory=MiniWoBTasksConfig, metadata=FLATTEN
+    )
+    env: MiniWoBEnvConfig = dataclasses.field(default_factory=MiniWoBEnvConfig, metadata=FLATTEN)
+    system_prompt: bool = True  # open vocabulary (BPE): the action syntax helps a real LM
+
+
+def build_miniwob(options: MiniWoBOptions) -> EnvSpec:
+    from jaxagent.envs.web.miniwob import MiniWoBEnv, MiniWoBTasks
+    from jaxagent.envs.web.miniwob_solvers import MiniWoBSolver
+
+    source = MiniWoBTasks(options.world)
+    return EnvSpec(
+        name="miniwob",
+        make_source=lambda: source,
+        make_env=functools.partial(MiniWoBEnv, options.env),
+        system_prompt=system_prompt() if options.system_prompt else "",
+        make_expert=MiniWoBSolver,
+    )
+
+
+register_env("miniwob", build_miniwob, options=MiniWoBOptions)
