@@ -182,6 +182,9 @@ class SFTSection:
     batch_size: int = 32  # sequences per step
     learning_rate: float = 3e-3  # AdamW peak learning rate (cosine decay)
     only_successful: bool = False  # keep only demonstrations that succeed (RFT-style filter)
+    # Write the SFT model as a Hugging Face directory and start RL from it via model.init_from
+    # (two stages of one `jaxagent train`: jaxagent/train/staged.py)
+    to_hf: bool = False
 
     def __post_init__(self):
         _positive("sft.num_demos", self.num_demos)
