@@ -305,9 +305,17 @@ class UpdateConfig:
     minibatch_size: int = 32  # trajectories per optimiser step
     microbatch_size: int = 0  # trajectories per gradient-accumulation step (0: = minibatch)
     shuffle: bool = True  # reshuffle trajectories before each epoch
+    # skip the rest of an iteration's optimiser steps once a minibatch's approximate
+    # KL(old || new) exceeds this (LOOP / PPO target_kl; jaxagent.rl.guards); 0 = off
+    kl_stop: float = 0.0
 
     def __post_init__(self):
         _at_least("update.num_epochs", self.num_epochs, 1)
+        if not self.kl_stop >= 0:
+            raise RLConfigError(
+                f"update.kl_stop={self.kl_stop!r} must be >= 0 (0 turns the KL stop off; "
+                "LOOP uses about 0.01-0.05)"
+            )
         _at_least("update.minibatch_size", self.minibatch_size, 1)
         if self.microbatch_size < 0 or (
             self.microbatch_size and self.minibatch_size % self.microbatch_size

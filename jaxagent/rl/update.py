@@ -35,6 +35,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxagent.rl import losses as L
+from jaxagent.rl.guards import guarded_step
 from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.models import token_values
@@ -271,7 +272,7 @@ def make_update_step(
         adv_metrics = _advantage_metrics(batch)
 
         def minibatch_step(carry, mb: TokenBatch):
-            params, opt_state = carry
+            params, opt_state, stopped = carry
             num_tokens, num_seqs = L.aggregation_denominators(mb.loss_mask)
             micro = constrain(_split(mb, n_micro))
 
@@ -300,9 +301,18 @@ def make_update_step(
                 # copy); the others are added into it as the backward pass produces them.
                 grads, sums = accumulate(micro_grad(first), jax.tree.map(lambda x: x[1:], micro))
             sums = dict(sums, **{"optim/grad_norm": optax.global_norm(grads)})
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-            return (params, opt_state), sums
+            # a non-finite gradient (or a KL stop) skips the step, counted in guard/*
+            params, opt_state, stopped, guard = guarded_step(
+                tx,
+                grads,
+                opt_state,
+                params,
+                sums["optim/grad_norm"],
+                sums["kl/approx_old_new"],
+                u.kl_stop,
+                stopped,
+            )
+            return (params, opt_state, stopped), dict(sums, **guard)
 
         def epoch_step(carry, key):
             perm = jax.random.permutation(key, b) if u.shuffle else jnp.arange(b)
@@ -311,8 +321,8 @@ def make_update_step(
 
         rng, ep_key = jax.random.split(state.rng)
         keys = jax.random.split(ep_key, u.num_epochs)
-        (params, opt_state), per_step = jax.lax.scan(
-            epoch_step, (state.params, state.opt_state), keys
+        (params, opt_state, _), per_step = jax.lax.scan(
+            epoch_step, (state.params, state.opt_state, jnp.zeros((), bool)), keys
         )
         metrics = {k: jnp.mean(v) for k, v in per_step.items()}
         metrics.update(adv_metrics)

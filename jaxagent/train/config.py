@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from jaxagent.train.validate import _DC, ConfigError, _choice, _positive, _prob  # noqa: F401
+from jaxagent.train.guards import GuardSection  # noqa: F401  (resolved by name, like the rest)
 from jaxagent.train.rl_section import (  # noqa: F401  (names _section_type resolves)
     AdvantageFields,
     CriticFields,
@@ -251,6 +252,7 @@ class Config:
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    guards: GuardSection = dataclasses.field(default_factory=GuardSection)
 
     @property
     def run_dir(self) -> Path:

@@ -32,6 +32,7 @@ from jaxagent.rl.train_state import TrainState
 from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
+from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
 from jaxagent.train.metrics_log import MetricsLogger
 from jaxagent.train.policy import make_logprob_fn, run_optimizer
@@ -75,6 +76,7 @@ class Trainer:
             logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True),
         )
         self.logprob_fn = make_logprob_fn(self.graphdef)
+        self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", echo)
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
         )
@@ -273,6 +275,7 @@ class Trainer:
             for it in range(start, cfg.train.iterations):
                 state, m = self.iteration(state, it)
                 done = it + 1
+                self.guard.check(done, m)  # skipped-update count, grad-norm / KL spikes
                 last, periodic = done == cfg.train.iterations, every and done % every == 0
                 val_m = eval_m = None
                 if self.val_tasks and (last or periodic):
@@ -285,6 +288,7 @@ class Trainer:
                     m.update(eval_m)
                     history.append({"iteration": done, **_hist(eval_m)})
                 self.logger.log(done, m)
+                self.guard.stop_if_needed()  # past guards.max_skipped_updates: stop, clearly
                 bar.update(
                     1, success=f"{m['train/success']:.2f}", reward=f"{m['train/avg_reward']:.2f}"
                 )

@@ -1,0 +1,49 @@
+"""Update guards inside the jitted step: skip a non-finite optimiser step, stop on runaway KL.
+
+optax's ``apply_if_finite`` convention (a step whose gradient is not finite leaves params and
+optimiser state untouched and is counted), written as a ``lax.cond`` over one minibatch step so
+that the optimiser state keeps its layout (checkpoints stay compatible) and the taken branch
+updates in place. The KL stop follows LOOP / PPO's ``target_kl``: once a minibatch's approximate
+KL(old || new) exceeds ``kl_stop``, that step and every later one of the iteration is skipped.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def guarded_step(tx, grads, opt_state, params, grad_norm, kl, kl_stop: float, stopped):
+    """One optimiser step unless the gradient is non-finite or the iteration was KL-stopped.
+
+    Args:
+      tx: the optimiser; grads, opt_state, params: its pytrees.
+      grad_norm: [] global norm of ``grads`` (non-finite iff some gradient entry is, or the
+        norm overflowed).
+      kl: [] the minibatch's approximate KL(old || new) before this step.
+      kl_stop: static threshold (0 = off).
+      stopped: [] bool, the iteration's KL stop so far.
+
+    Returns:
+      (params, opt_state, stopped, metrics) with ``guard/nonfinite`` (1.0 when this step was
+      skipped for a non-finite gradient) and ``guard/kl_stopped`` (1.0 when skipped by the stop).
+    """
+    finite = jnp.isfinite(grad_norm)
+    if kl_stop > 0:
+        stopped = stopped | (kl > kl_stop)
+    apply = finite & ~stopped
+
+    def step(operands):
+        p, s, g = operands
+        updates, s = tx.update(g, s, p)
+        return optax.apply_updates(p, updates), s
+
+    params, opt_state = jax.lax.cond(
+        apply, step, lambda operands: operands[:2], (params, opt_state, grads)
+    )
+    metrics = {
+        "guard/nonfinite": (~finite & ~stopped).astype(jnp.float32),
+        "guard/kl_stopped": stopped.astype(jnp.float32),
+    }
+    return params, opt_state, stopped, metrics

@@ -1,0 +1,114 @@
+"""Guards: a non-finite step is skipped and counted, the run stops past a limit, spikes and
+runaway KL are reported (jaxagent.rl.guards inside the jitted step, jaxagent.train.guards in
+the trainer)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxagent.rl.prepare import compute_advantages
+from jaxagent.rl.recipes import get_recipe
+from jaxagent.rl.train_state import TrainState
+from jaxagent.rl.update import make_update_step
+from jaxagent.train.config import ConfigError, load_config
+from jaxagent.train.guards import GuardSection, TrainingStopped, UpdateGuard
+
+from test_rl_common import copy_tree, max_abs_diff, on_policy_batch, tiny_model
+
+
+def _leaves_equal(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_injected_nan_skips_exactly_that_step_and_training_continues():
+    apply_fn, params = tiny_model(num_layers=1)
+    batch = on_policy_batch(apply_fn, params, batch_size=8, group=4)
+    cfg = get_recipe("rloo", update={"minibatch_size": 4, "num_epochs": 1, "shuffle": False})
+    step = make_update_step(cfg, apply_fn, compute_advantages=False)
+    batch = compute_advantages(cfg, batch)
+    # NaN in one advantage of row 0: minibatch 0's (rows 0-3) gradient is NaN, minibatch 1
+    # (rows 4-7) is clean.
+    poisoned = batch.replace(advantages=batch.advantages.at[0].set(jnp.nan))
+    state0 = TrainState.create(copy_tree(params), cfg, jax.random.key(0))
+    opt0 = jax.tree.map(np.asarray, state0.opt_state)
+    state1, m = step(state0, poisoned)
+    assert float(m["guard/nonfinite"]) == 0.5  # one of two optimiser steps skipped
+    assert not np.isfinite(float(m["optim/grad_norm"]))  # reported, not hidden
+    leaves = jax.tree.leaves(state1.params) + jax.tree.leaves(state1.opt_state)
+    assert all(
+        bool(jnp.all(jnp.isfinite(x))) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)
+    )
+    assert max_abs_diff(state1.params, params) > 5e-7  # the clean minibatch still trained
+    # every step poisoned: params and optimiser state are exactly what they were
+    all_bad = batch.replace(advantages=batch.advantages.at[0].set(jnp.nan).at[4].set(jnp.inf))
+    state_b = TrainState.create(copy_tree(params), cfg, jax.random.key(0))
+    state_b2, mb = step(state_b, all_bad)
+    assert float(mb["guard/nonfinite"]) == 1.0
+    assert _leaves_equal(state_b2.params, params)
+    assert _leaves_equal(jax.tree.map(np.asarray, state_b2.opt_state), opt0)
+    # and the next clean batch trains normally from there
+    state_b3, mc = step(state_b2, batch)
+    assert float(mc["guard/nonfinite"]) == 0.0 and max_abs_diff(state_b3.params, params) > 5e-7
+
+
+def test_kl_stop_skips_the_rest_of_the_iteration():
+    apply_fn, params = tiny_model(num_layers=1)
+    batch = on_policy_batch(apply_fn, params, batch_size=8, group=4)
+    upd = {"minibatch_size": 8, "shuffle": False}
+    one = get_recipe("rloo", update={**upd, "num_epochs": 1})
+    three = get_recipe("rloo", update={**upd, "num_epochs": 3, "kl_stop": 1e-12})
+    s1, _ = make_update_step(one, apply_fn)(
+        TrainState.create(copy_tree(params), one, jax.random.key(0)), batch
+    )
+    s3, m3 = make_update_step(three, apply_fn)(
+        TrainState.create(copy_tree(params), three, jax.random.key(0)), batch
+    )
+    # epoch 1 is on-policy (KL 0) and applied; epoch 2 sees KL > 1e-12: it and epoch 3 skip
+    np.testing.assert_allclose(float(m3["guard/kl_stopped"]), 2 / 3, rtol=1e-6)
+    assert float(m3["guard/nonfinite"]) == 0.0
+    assert _leaves_equal(s1.params, s3.params)
+    with pytest.raises(ValueError, match="update.kl_stop=-1.0"):
+        get_recipe("rloo", update={"kl_stop": -1.0})
+
+
+def test_trainer_guard_counts_continues_then_stops_with_a_clear_message(tmp_path):
+    lines = []
+    guard = UpdateGuard(GuardSection(max_skipped_updates=3), tmp_path / "m.jsonl", lines.append)
+    m = guard.check(1, {"optim/steps": 4.0, "guard/nonfinite": 0.25, "optim/grad_norm": 1.0})
+    assert m["guard/skipped_updates"] == 1 and m["guard/skipped_total"] == 1
+    guard.stop_if_needed()  # under the limit: training continues
+    guard.check(2, {"optim/steps": 4.0, "guard/nonfinite": 0.5, "optim/grad_norm": 1.0})
+    guard.stop_if_needed()  # 3 == limit: still allowed
+    guard.check(3, {"optim/steps": 4.0, "guard/nonfinite": 0.25, "optim/grad_norm": 1.0})
+    with pytest.raises(TrainingStopped, match=r"4 optimiser steps .*max_skipped_updates=3"):
+        guard.stop_if_needed()
+    assert any("iteration 3: 1 of 4 optimiser steps skipped" in x for x in lines)
+
+
+def test_trainer_guard_total_survives_a_resume_and_spikes_are_reported(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with path.open("w") as f:
+        for step, skipped in ((1, 2), (2, 0), (3, 1), (4, 5)):  # step 4 was undone by resume
+            f.write(json.dumps({"step": step, "guard/skipped_updates": skipped,
+                                "optim/grad_norm": 1.0 + step / 10, "kl/approx_old_new": 0.01})
+                    + "\n")  # fmt: skip
+    lines = []
+    guard = UpdateGuard(
+        GuardSection(max_skipped_updates=5, grad_norm_spike=5.0), path, lines.append
+    )
+    m = guard.check(4, {"optim/steps": 2.0, "guard/nonfinite": 0.0, "optim/grad_norm": 60.0,
+                        "kl/approx_old_new": 0.011})  # fmt: skip
+    assert m["guard/skipped_total"] == 3  # 2 + 0 + 1 from records before iteration 4
+    assert m["guard/grad_norm_spike"] > 5 and m["guard/kl_spike"] == 0.0
+    assert any("optim/grad_norm=60 is" in x for x in lines)
+
+
+def test_guard_config_section_is_validated():
+    assert load_config(None, ["guards.max_skipped_updates=0"]).guards.max_skipped_updates == 0
+    with pytest.raises(ConfigError, match="guards.max_skipped_updates=-1"):
+        load_config(None, ["guards.max_skipped_updates=-1"])
+    with pytest.raises(ConfigError, match="guards.grad_norm_spikes"):
+        load_config(None, ["guards.grad_norm_spikes=3"])
