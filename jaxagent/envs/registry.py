@@ -51,6 +51,7 @@ _BUILTIN = {
     "miniwob": "jaxagent.envs.web.suite",
     "math": "jaxagent.envs.math.suite",
     "dialogue": "jaxagent.envs.dialogue.suite",
+    "manipulation": "jaxagent.envs.robot.manipulation.suite",
 }
 
 

@@ -129,8 +129,9 @@ class Site:
         for i in shown:
             item = self.items[i]
             price = f"{item['price']} {self.domain.unit}"
-            text = f"{price} {item['title']}" if self.layout.row_price_first else None
-            parts.append(("link", text or f"{item['title']} {price}", ("item", i)))
+            first_price = self.layout.row_price_first
+            text = f"{price} {item['title']}" if first_price else f"{item['title']} {price}"
+            parts.append(("link", text, ("item", i)))
         if pages > 1:
             parts.append(("text", f"page {page_no + 1} of {pages}"))
             if page_no > 0:
