@@ -1,0 +1,226 @@
+"""Instructions with multi-step plans, random layouts, sub-goals checked on the simulator state.
+
+A task is an instruction ("put the red block in the blue cup , then move the blue cup to the
+tray"), a layout (where every object starts), the plan a scripted planner follows (skill
+calls) and the sub-goals, each a conjunction of predicates on the final simulated state:
+
+  ``["in", block, cup]``: the block rests inside the (upright) cup;
+  ``["on_tray", obj]``: the object rests on the tray pad;
+  ``["pushed", obj, direction, x0, y0]``: moved >= 5 cm that way from (x0, y0), still on
+  the table.
+
+Splits hold out whole instructions: a test instruction never appears in train (the layouts
+differ per task as well), so held-out success measures generalisation to new object
+combinations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+
+import numpy as np
+
+from jaxagent.envs.base import Task
+from jaxagent.envs.robot.manipulation import scene as S
+from jaxagent.envs.robot.manipulation.skills import DIRECTIONS
+
+
+def _templates():
+    """(kind, instruction, plan, subgoals, needs) for every instruction of the world."""
+    out = []
+    blocks = [f"{c} block" for c in S.BLOCKS]
+    cups = [f"{c} cup" for c in S.CUPS]
+    for b, c in itertools.product(blocks, cups):
+        pick_place = [("move_to", b), ("grasp", b), ("place", b, c)]
+        out.append(("put", f"put the {b} in the {c}", pick_place, [[["in", b, c]]], {}))
+        then_tray = [("move_to", c), ("grasp", c), ("place", c, "tray")]
+        out.append(
+            (
+                "put_then_tray",
+                f"put the {b} in the {c} , then move the {c} to the tray",
+                pick_place + then_tray,
+                [[["in", b, c]], [["in", b, c], ["on_tray", c]]],
+                {},
+            )
+        )
+    for b in blocks:
+        out.append(
+            (
+                "tray",
+                f"put the {b} on the tray",
+                [("move_to", b), ("grasp", b), ("place", b, "tray")],
+                [[["on_tray", b]]],
+                {},
+            )
+        )
+        for d in DIRECTIONS:
+            out.append(("push", f"push the {b} {d}", [("push", b, d)], [[["pushed", b, d]]], {}))
+    for c1, c2 in itertools.permutations(cups, 2):
+        for b in blocks:  # the block that starts in c1 (not named by the instruction)
+            out.append(
+                (
+                    "pour",
+                    f"pour the {c1} into the {c2}",
+                    [("move_to", c1), ("grasp", c1), ("pour", c1, c2)],
+                    [[["in", b, c2]]],
+                    {"inside": (b, c1)},
+                )
+            )
+    for b1, b2 in itertools.permutations(blocks, 2):
+        for c in cups:
+            out.append(
+                (
+                    "tray_then_put",
+                    f"put the {b1} on the tray , then put the {b2} in the {c}",
+                    [("move_to", b1), ("grasp", b1), ("place", b1, "tray")]
+                    + [("move_to", b2), ("grasp", b2), ("place", b2, c)],
+                    [[["on_tray", b1]], [["in", b2, c]]],
+                    {},
+                )
+            )
+    return out
+
+
+TEMPLATES = _templates()
+
+
+def template_words() -> list[str]:
+    return sorted({w for t in TEMPLATES for w in t[1].split()})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ManipulationConfig:
+    """The task source."""
+
+    num_train: int = 400  # train tasks (layouts drawn per task)
+    num_test: int = 100  # test tasks, over the held-out instructions
+    test_fraction: float = 0.25  # share of instructions held out for test
+    unreachable_prob: float = 0.3  # chance that an object the plan does not use is out of reach
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.num_train < 1 or self.num_test < 1:
+            raise ValueError(
+                f"num_train={self.num_train} and num_test={self.num_test} must be >= 1"
+            )
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction={self.test_fraction} must lie in (0, 1)")
+
+
+def _split_of(instruction: str, test_fraction: float) -> str:
+    h = int(hashlib.sha256(instruction.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "test" if h < test_fraction else "train"
+
+
+USED_RANGE = 0.22  # |x|, |y| of the objects a plan uses
+
+
+def sample_layout(rng: np.random.Generator, used: set[str], inside: tuple | None, far_prob: float):
+    """Positions ``{obj: (x, y, z)}``: used objects within reach, >= 12 cm apart, off the tray;
+    an unused one out of reach with probability ``far_prob``; ``inside = (block, cup)`` starts
+    the block in the cup."""
+    layout: dict[str, tuple[float, float, float]] = {}
+    taken: list[np.ndarray] = [np.array(S.TRAY_XY)]
+    unused = [o for o in S.OBJECTS if o not in used and not (inside and o == inside[0])]
+    far = rng.choice(unused) if unused and rng.random() < far_prob else None
+    for obj in S.OBJECTS:
+        if inside and obj == inside[0]:
+            continue
+        for _ in range(1000):
+            if obj == far:
+                x = rng.choice([-1, 1]) * rng.uniform(S.REACH + 0.02, S.TABLE_HALF - 0.025)
+                xy = np.array([x, rng.uniform(-0.3, 0.1)])
+            else:
+                # what the plan uses stays 10 cm + a margin from the edges (a push keeps it on
+                # the table), out of the tray's row; the others anywhere within reach
+                lim = USED_RANGE if obj in used or (inside and obj == inside[1]) else 0.3
+                xy = rng.uniform(-lim, lim, size=2)
+                xy[1] = min(xy[1], 0.12)
+            if all(np.linalg.norm(xy - t) > 0.13 for t in taken):
+                break
+        else:
+            raise RuntimeError(f"no free place for {obj} after 1000 draws (layout {layout})")
+        taken.append(xy)
+        z = S.BLOCK_HALF if obj.endswith("block") else 0.0
+        layout[obj] = (float(xy[0]), float(xy[1]), z)
+    if inside:
+        b, c = inside
+        cx, cy, _ = layout[c]
+        layout[b] = (cx, cy, S.CUP_WALL * 2 + S.BLOCK_HALF + 0.002)
+    return layout
+
+
+class ManipulationWorld:
+    """Task source (``splits()``, ``tasks(split)``) with instruction-level held-out test."""
+
+    def __init__(self, config: ManipulationConfig | None = None):
+        self.config = c = config or ManipulationConfig()
+        by_split: dict[str, list] = {"train": [], "test": []}
+        for t in TEMPLATES:
+            by_split[_split_of(t[1], c.test_fraction)].append(t)
+        self._tasks = {
+            split: self._make(split, by_split[split], n, c.seed + k)
+            for k, (split, n) in enumerate((("train", c.num_train), ("test", c.num_test)))
+        }
+
+    def _make(self, split: str, templates, n: int, seed: int) -> list[Task]:
+        rng = np.random.default_rng(seed)
+        tasks = []
+        for i in range(n):
+            kind, text, plan, subgoals, extra = templates[int(rng.integers(len(templates)))]
+            used = {a for step in plan for a in step[1:] if a in S.OBJECTS}
+            inside = extra.get("inside")
+            layout = sample_layout(rng, used, inside, self.config.unreachable_prob)
+            goals = [
+                [g + list(layout[g[1]][:2]) if g[0] == "pushed" else list(g) for g in goal]
+                for goal in subgoals
+            ]
+            data = {
+                "kind": kind,
+                "layout": {k: list(v) for k, v in layout.items()},
+                "plan": [list(s) for s in plan],
+                "subgoals": goals,
+            }
+            tasks.append(Task(id=f"{split}-{i}", split=split, prompt=text, data=data))
+        return tasks
+
+    def splits(self):
+        return ("train", "test")
+
+    def tasks(self, split: str):
+        if split not in self._tasks:
+            raise KeyError(f"split {split!r}; available: {list(self._tasks)}")
+        return self._tasks[split]
+
+
+def check_subgoal(scene: S.Scene, goal) -> bool:
+    """Whether every predicate of one sub-goal holds in the scene now."""
+    return all(_holds(scene, p) for p in goal)
+
+
+def _holds(scene: S.Scene, pred) -> bool:
+    kind, obj = pred[0], pred[1]
+    p = scene.pos(obj)
+    if kind == "in":
+        c = scene.pos(pred[2])
+        inner = S.CUP_HALF - S.CUP_WALL
+        return bool(
+            scene.upright(pred[2])
+            and np.all(np.abs(p[:2] - c[:2]) < inner)
+            and c[2] - 0.005 < p[2] < c[2] + S.CUP_HEIGHT
+        )
+    if kind == "on_tray":
+        off = np.abs(p[:2] - np.array(S.TRAY_XY))
+        return bool(
+            np.all(off < np.array(S.TRAY_HALF) + 0.02)
+            and -0.01 < p[2] < 0.05
+            and scene.upright(obj)
+        )
+    if kind == "pushed":
+        u = np.array(DIRECTIONS[pred[2]])
+        moved = float(np.dot(p[:2] - np.array(pred[3:5]), u))
+        on_table = bool(np.all(np.abs(p[:2]) < S.TABLE_HALF) and p[2] > -0.01)
+        return moved >= 0.05 and on_table
+    raise ValueError(f"unknown predicate {kind!r}")
