@@ -3,7 +3,7 @@
 The policies (``jaxagent/agents/methods/scripted.py``) make one systematic, stateable
 mistake each: ``LookalikeExpert`` calls ``quote`` where the plan says ``price`` (and back)
 whenever both are listed, and heeds a lesson naming the failed call; ``ArgNameExpert`` names
-every string argument ``name`` and repeats the call on the error. Reflexion's lesson is
+every string argument ``arg`` and repeats the call on the error. Reflexion's lesson is
 written from the failed transcript (``TranscriptReflector``), Self-Refine's critique from the
 draft and the task's tool listing (``SignatureCritic``): each must lift success to 1 on the
 tasks its policy fails, within its cap, at a measured token cost.
@@ -124,7 +124,7 @@ def test_self_refine_fixes_argument_names_within_its_cap(setup):
         _policy(chat, ArgNameExpert), None, tasks, samples_per_task=1, spec=spec, key=key
     )
     assert all(ep.success for ep in eps)
-    assert all('name = "' not in t.action for ep in eps for t in ep.turns)
+    assert all('arg = "' not in t.action for ep in eps for t in ep.turns)
     b, r = _record(base), _record(eps)
     assert r["success"]["mean"] == 1.0 and b["success"]["mean"] == 0.0
     assert all(ep.info["method"]["revisions"] >= 1 for ep in eps)

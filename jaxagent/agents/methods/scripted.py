@@ -8,9 +8,10 @@ that a method's gain can be checked against a known cause:
   its first observation and, when a memory lesson names a failed call of the tool it was about
   to use, it takes the other one: the lesson Reflexion writes from the failed transcript
   ("... failed ( wrong_answer ) after quote ( item = ... )") is enough to fix it.
-- ``ArgNameExpert`` names every string argument ``name`` (``price ( name = " acme " )``). The
-  world answers ``error : bad argument name for price`` and it repeats the call until the step
-  budget: a critique of the draft against the listed signature (Self-Refine's) fixes it.
+- ``ArgNameExpert`` takes the format example ``tool ( arg = value )`` literally and names
+  every string argument ``arg`` (``price ( arg = " acme " )``). The world answers
+  ``error : bad argument arg for price`` and it repeats the call until the step budget: a
+  critique of the draft against the listed signature (Self-Refine's) fixes it.
 
 Both follow the expert's plan otherwise (error rate 0), closed-loop on observations.
 ``lookalike_candidates`` offers a tree search the policy's pick first and the look-alike
@@ -77,7 +78,7 @@ class LookalikeExpert:
 
 
 class ArgNameExpert:
-    """The error-free expert that calls every string argument ``name`` (``make_expert``
+    """The error-free expert that calls every string argument ``arg`` (``make_expert``
     signature). It never reads error observations, so it repeats the mistake."""
 
     def __init__(self, task: Task, error_rate: float = 0.0, rng: Any = None):
@@ -88,7 +89,7 @@ class ArgNameExpert:
     def act(self, observation: str) -> str:
         if self._last is not None and "error :" in observation:
             return self._last  # the same call again: it does not read the error
-        action = re.sub(r'\b(\w+) = "', 'name = "', self.inner.act(observation))
+        action = re.sub(r'\b(\w+) = "', 'arg = "', self.inner.act(observation))
         self._last = action if action.startswith("Action") else None
         return action
 
