@@ -64,6 +64,14 @@ def _run_for(args, render_dir=None):
 def _cmd_eval(args) -> int:
     if args.compare:
         return _cmd_compare(args)
+    from jaxagent.train.classic import learner_of, run_evaluator
+
+    if args.config is not None and (learner := learner_of(args.config)) is not None:
+        if not args.checkpoint or len(args.checkpoint) != 1:
+            raise InputError(f"a learner: {learner} config takes one --checkpoint RUN_DIR")
+        summary = run_evaluator(learner, args.config, args.checkpoint[0], args.overrides)
+        print(json.dumps(summary), flush=True)
+        return 0
     import jax
 
     from jaxagent.agents.evaluate import evaluate

@@ -3,11 +3,16 @@
 A checkpoint holds the whole train state pytree (params, optimizer state, step, RNG) and a
 JSON "meta" record with everything else a run needs to continue exactly: the iteration, the
 data position, the sampling key, the evaluation history. Orbax writes to a temporary directory
-and renames it when complete, so a run killed mid-save resumes from the previous checkpoint.
+and renames it when complete, so a run killed mid-save resumes from the previous checkpoint;
+leftover temporary directories are removed when the next run opens the directory, and
+``latest_step`` names the newest checkpoint that is *complete* (every item's metadata on disk
+and its meta readable), so a kill while an old checkpoint was being deleted cannot leave a
+half-removed one to resume from (``tests/test_checkpoint_crash.py`` kills a save at 20+ points).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +22,8 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 BEST_METRIC = "eval_success"
+# files every finished checkpoint has (orbax writes them last, before the final rename)
+_REQUIRED = ("_CHECKPOINT_METADATA", "state/_METADATA", "state/manifest.ocdbt", "meta/metadata")
 
 
 def _to_savable(tree: Any) -> Any:
@@ -62,7 +69,10 @@ class Checkpointer:
             ]
         )
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=policy, enable_async_checkpointing=async_save, create=True
+            preservation_policy=policy,
+            enable_async_checkpointing=async_save,
+            create=True,
+            cleanup_tmp_directories=True,  # what a kill mid-save left behind
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -79,10 +89,23 @@ class Checkpointer:
         )
 
     def latest_step(self) -> Optional[int]:
-        return self._manager.latest_step()
+        """The newest complete checkpoint (None when there is none)."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def all_steps(self) -> list[int]:
-        return list(self._manager.all_steps())
+        """Complete checkpoints, oldest first (a half-deleted or half-written one is skipped)."""
+        return [s for s in sorted(self._manager.all_steps()) if self.is_complete(s)]
+
+    def is_complete(self, step: int) -> bool:
+        d = self.directory / str(step)
+        if not all((d / f).exists() for f in _REQUIRED):
+            return False
+        try:
+            json.loads((d / "meta" / "metadata").read_text())
+        except (OSError, ValueError):
+            return False
+        return True
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict]:
         """Restore checkpoint ``step`` into the structure (and shardings) of ``like``."""

@@ -3,12 +3,18 @@
 ``MetricsLogger.log(step, metrics)`` appends ``{"step": step, **metrics}`` to
 ``<run_dir>/metrics.jsonl`` and writes every numeric value as a TensorBoard scalar (via
 tensorboardX, no TensorFlow needed). ``read_jsonl`` reads a run's records back.
+
+Crash safety: a record is appended with one ``write`` of a whole line, flushed at once, so a
+crash can only leave a partial *last* line, which ``read_jsonl`` skips (everything before it
+is read); the one rewrite, ``truncate_after`` on resume, writes a temporary file and renames
+it over the old one (``os.replace``), so a kill there leaves the old file whole.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -62,14 +68,17 @@ class MetricsLogger:
         if not self.path.exists():
             return
         keep = [r for r in read_jsonl(self.path) if int(r.get("step", -1)) <= step]
-        with self.path.open("w") as f:
-            for r in keep:
-                f.write(json.dumps(r) + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in keep))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record) + "\n")  # one write: a crash cuts only this line
         for k, v in record.items():
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 if self._tb is not None:
@@ -85,5 +94,21 @@ class MetricsLogger:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    """Every complete record; a final line cut short by a crash is skipped (a corrupt line
+    anywhere else is an error, naming the file and line)."""
     with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [line for line in f.read().split("\n")]
+    records, last = [], max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as err:
+            if i == last:  # the record being written when the process died
+                break
+            raise ValueError(
+                f"{path}: line {i + 1} is not a JSON record ({err}); the file was edited or "
+                "corrupted: fix or remove that line"
+            ) from None
+    return records
