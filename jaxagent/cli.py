@@ -45,6 +45,11 @@ def _cmd_train(args) -> int:
         print(json.dumps(summary), flush=True)
         return 0
     config = load_config(args.config, args.overrides)
+    if config.sft.to_hf:  # SFT writes an HF directory, RL loads it (train/staged.py)
+        from jaxagent.train.staged import run_sft_then_rl
+
+        run_sft_then_rl(config)
+        return 0
     Trainer(config).run()
     return 0
 
@@ -324,6 +329,10 @@ def _cmd_rollout(args) -> int:
     finally:
         run.close()
     for ep in result.episodes:
+        if ep.first_observation:  # what the model was shown, tools included
+            ids = run.chat.prompt(run.env.system_prompt, ep.first_observation, task=ep.task)
+            text = run.tokenizer.decode(ids, skip_special_tokens=False)
+            print(f"prompt ({len(ids)} tokens, as the chat template rendered it):\n{text}")
         print(ep.render())
         print()
     return 0

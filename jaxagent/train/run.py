@@ -103,6 +103,11 @@ def run_tokenizer(
         return load_tokenizer(str(directory))
     section = config.tokenizer
     if config.model.init_from:
+        if not Path(config.model.init_from).is_dir():
+            raise ConfigError(
+                f"model.init_from={config.model.init_from!r} is not a directory; pass a local "
+                "Hugging Face model directory (config.json, safetensors, tokenizer files)"
+            )
         tok = load_tokenizer(config.model.init_from)
     elif section.kind == "word":
         if env.vocabulary is None:
