@@ -107,6 +107,7 @@ ENV_SHRINK = {
     "bfcl": ["env.options.limit=6"],
     "code": ["env.options.num_train=4"],
     "math": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
+    "dialogue": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "shop": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
 }
 
