@@ -26,6 +26,7 @@ from jaxagent.models import (
 )
 from jaxagent.rl.config import RLConfig
 from jaxagent.rl.train_state import make_optimizer
+from jaxagent.train.validate import hf_input
 from jaxagent.train.config import Config, ModelSection
 
 
@@ -54,7 +55,7 @@ def model_config(section: ModelSection, tokenizer) -> ModelConfig:
 def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, Any, ModelConfig]:
     """(graphdef, params, model config): loaded from ``section.init_from`` or built anew."""
     if section.init_from:
-        config, graphdef, params = load_hf(section.init_from)
+        config, graphdef, params = hf_input(load_hf)(section.init_from)  # bad dir: ConfigError
         if config.vocab_size < len(tokenizer):
             raise ValueError(
                 f"model.init_from={section.init_from!r} has vocab_size "

@@ -28,6 +28,7 @@ from jaxagent.envs.base import Task
 from jaxagent.envs.registry import EnvFactory, EnvSpec, get_env_spec
 from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, load_tokenizer
+from jaxagent.train.validate import hf_input
 from jaxagent.train.config import Config, ConfigError
 from jaxagent.train.policy import build_model, make_turn_sampler
 from jaxagent.train.tokenizer import build_chatml_tokenizer, build_tokenizer, build_word_tokenizer
@@ -108,7 +109,7 @@ def run_tokenizer(
                 f"model.init_from={config.model.init_from!r} is not a directory; pass a local "
                 "Hugging Face model directory (config.json, safetensors, tokenizer files)"
             )
-        tok = load_tokenizer(config.model.init_from)
+        tok = hf_input(load_tokenizer)(config.model.init_from)  # bad directory: ConfigError
     elif section.kind == "word":
         if env.vocabulary is None:
             raise ConfigError(

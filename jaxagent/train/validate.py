@@ -30,3 +30,23 @@ def _prob(field: str, value: float) -> None:
 
 
 _DC = dict(frozen=True, kw_only=True, slots=True)
+
+
+def hf_input(fn):
+    """``fn`` (a Hugging Face directory loader: ``fn(path, ...)``) with its input errors as
+    ``ConfigError`` naming ``model.init_from``, the path and what a valid directory holds (the
+    CLI then exits 2 with one line instead of a traceback)."""
+
+    def call(path, *args, **kwargs):
+        try:
+            return fn(path, *args, **kwargs)
+        except ConfigError:
+            raise
+        except (OSError, ValueError, KeyError) as err:
+            text = str(err.args[0]) if err.args else type(err).__name__
+            raise ConfigError(
+                f"model.init_from={str(path)!r}: {text}; pass a local Hugging Face directory "
+                "of a Llama or Qwen2 model (config.json, model*.safetensors, tokenizer files)"
+            ) from None
+
+    return call
