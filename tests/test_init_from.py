@@ -140,3 +140,38 @@ def test_ppo_on_a_loaded_model_gets_a_fresh_value_head(hf_dir):
         assert out.values is not None and np.all(np.isfinite(np.asarray(out.values)))
     finally:
         run.close()
+
+
+@pytest.mark.slow  # two stages end to end; run by scripts/nightly.sh
+def test_sft_to_hf_then_rl_loads_the_sft_directory(tmp_path, capsys):
+    from jaxagent.train.config import load_config as load
+    from jaxagent.train.session import load_policy
+
+    over = (
+        SHRINK
+        + QUICK
+        + [
+            "env.options.num_train=40",
+            "eval.val_tasks=4",
+            "sft.num_demos=8",
+            "sft.steps=3",
+            "sft.batch_size=2",
+            "tokenizer.num_corpus_demos=20",
+            "tokenizer.vocab_size=1024",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.intermediate_size=64",
+            "model.max_seq_len=512",
+        ]
+    )
+    rec = _train("configs/quickstart_chatml.yaml", over, tmp_path, capsys)
+    assert rec["train/episodes"] == 4
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["wall_s"] == pytest.approx(summary["sft_wall_s"] + summary["rl_wall_s"], abs=0.2)
+    rl = load(run / "config.yaml")
+    assert rl.model.init_from == str(run / "sft_hf") and not rl.sft.enabled
+    # RL started from the SFT stage's HF directory, bit for bit, with its tokenizer.
+    start = load_policy(run, step=0)
+    assert _leaves_equal(start.params, load_hf(str(run / "sft_hf"))[2])
+    assert start.tokenizer.chat_template == CHATML_TEMPLATE

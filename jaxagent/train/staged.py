@@ -61,5 +61,6 @@ def run_sft_then_rl(config: Config, echo: Callable[[str], None] = print) -> dict
     last = json.loads(lines[-1]) if lines else {}
     last.update(wall_s=round(sft_s + rl_s, 1), sft_wall_s=round(sft_s, 1), rl_wall_s=rl_s)
     summary.update(wall_s=last["wall_s"], sft_wall_s=last["sft_wall_s"], rl_wall_s=rl_s)
+    (rl_config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     echo(json.dumps(last))
     return summary
