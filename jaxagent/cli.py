@@ -427,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxagent {command}: {err}".replace("  ", " "), file=sys.stderr)
         return 2
     from jaxagent.train.config import ConfigError
+    from jaxagent.train.guards import TrainingStopped
     from jaxagent.train.session import CheckpointError
 
     handlers = {
@@ -443,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, InputError) as err:
         print(f"jaxagent {args.command}: {err}", file=sys.stderr)
         return 2
+    except TrainingStopped as err:  # a guard stopped the run: one line, not a traceback
+        print(f"jaxagent {args.command}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
