@@ -51,7 +51,7 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) 
     """An empty cache for ``batch_size`` rows of up to ``capacity`` tokens each."""
     if batch_size <= 0 or capacity <= 0:
         raise ValueError(f"init_cache: batch_size={batch_size} and capacity={capacity} must be > 0")
-    dtype = dtype or config.jnp_dtype
+    dtype = dtype or config.jnp_kv_cache_dtype
     k_shape = (batch_size, config.num_kv_heads, config.head_dim, capacity)
     v_shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
     layers = range(config.num_layers)

@@ -44,6 +44,7 @@ class ModelConfig:
     tie_embeddings: bool = False  # lm head reuses the embedding matrix
     param_dtype: str = "float32"  # storage dtype of parameters
     dtype: str = "float32"  # activation / matmul dtype (logits are always float32)
+    kv_cache_dtype: str = ""  # the sampler's KV cache; "" = ``dtype``
     value_head: bool = False  # add a scalar value head on the final hidden state (PPO critic)
     max_seq_len: int = 2048  # longest position the model is meant for (HF max_position_embeddings)
     model_type: str = "llama"  # HF family used when exporting: "llama" or "qwen2"
@@ -74,6 +75,9 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.model_type={self.model_type!r}; use 'llama' or 'qwen2'")
         object.__setattr__(self, "param_dtype", _dtype_name(self.param_dtype, "param_dtype"))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype, "dtype"))
+        if self.kv_cache_dtype:
+            name = _dtype_name(self.kv_cache_dtype, "kv_cache_dtype")
+            object.__setattr__(self, "kv_cache_dtype", name)
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", tuple(sorted(self.rope_scaling.items())))
         if self.rope_scaling is not None:
@@ -103,6 +107,10 @@ class ModelConfig:
     @property
     def jnp_param_dtype(self):
         return _DTYPES[self.param_dtype]
+
+    @property
+    def jnp_kv_cache_dtype(self):
+        return _DTYPES[self.kv_cache_dtype or self.dtype]
 
     @property
     def num_groups(self) -> int:

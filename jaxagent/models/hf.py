@@ -243,13 +243,16 @@ def load_hf(
     dtype: Optional[str] = None,
     value_head: Optional[bool] = None,
     key: Optional[jax.Array] = None,
+    kv_cache_dtype: str = "",
 ):
     """Load a local HF Llama / Qwen2 checkpoint.
 
     Args:
       path: directory with config.json and safetensors weights.
       param_dtype / dtype: storage and compute dtypes (default float32; dtype defaults to
-        param_dtype).
+        param_dtype). Weights are cast to ``param_dtype`` as they are read, whatever the
+        checkpoint stores (bf16 on disk still trains with fp32 master weights).
+      kv_cache_dtype: the sampler's KV-cache dtype ("" = dtype).
       value_head: add a value head. None: only if ``value_head.safetensors`` exists. A head
         requested but absent is initialised (zero bias, small random kernel from ``key``).
 
@@ -268,6 +271,7 @@ def load_hf(
         param_dtype=param_dtype,
         dtype=dtype or param_dtype,
         value_head=has_vh if value_head is None else value_head,
+        kv_cache_dtype=kv_cache_dtype,
     )
     files = _weight_files(path)
     layout = _hf_layout(config)

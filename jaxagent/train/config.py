@@ -27,6 +27,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from jaxagent.train.validate import _DC, ConfigError, _choice, _positive, _prob  # noqa: F401
 from jaxagent.train.guards import GuardSection  # noqa: F401  (resolved by name, like the rest)
+from jaxagent.train.mesh_section import DistributedSection, MeshSection  # noqa: F401
 from jaxagent.train.rl_section import (  # noqa: F401  (names _section_type resolves)
     AdvantageFields,
     CriticFields,
@@ -54,8 +55,11 @@ class ModelSection:
     rope_theta: float = 10000.0  # rotary base
     tie_embeddings: bool = True  # share input embedding and output projection
     value_head: bool = False  # scalar critic head (PPO)
-    param_dtype: str = "float32"  # parameter storage dtype
-    dtype: str = "float32"  # activation dtype
+    # Dtypes apply to fresh and loaded (init_from) models alike. bf16 compute with fp32
+    # master weights and fp32 Adam state: param_dtype float32, dtype bfloat16.
+    param_dtype: str = "float32"  # parameter storage dtype (the optimiser state follows it)
+    dtype: str = "float32"  # activation / matmul dtype (logits, log-probs stay float32)
+    kv_cache_dtype: str = ""  # the sampler's KV cache; "" = dtype
 
     def __post_init__(self):
         for name in (
@@ -79,6 +83,7 @@ class ModelSection:
             )
         _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
         _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
+        _choice("model.kv_cache_dtype", self.kv_cache_dtype, ("", "float32", "bfloat16"))
 
 
 @dataclasses.dataclass(**_DC)
@@ -253,6 +258,8 @@ class Config:
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     guards: GuardSection = dataclasses.field(default_factory=GuardSection)
+    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
+    distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)
 
     @property
     def run_dir(self) -> Path:

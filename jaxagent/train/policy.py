@@ -45,6 +45,7 @@ def model_config(section: ModelSection, tokenizer) -> ModelConfig:
         value_head=section.value_head,
         param_dtype=section.param_dtype,
         dtype=section.dtype,
+        kv_cache_dtype=section.kv_cache_dtype,
         max_seq_len=section.max_seq_len,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -55,7 +56,16 @@ def model_config(section: ModelSection, tokenizer) -> ModelConfig:
 def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, Any, ModelConfig]:
     """(graphdef, params, model config): loaded from ``section.init_from`` or built anew."""
     if section.init_from:
-        config, graphdef, params = hf_input(load_hf)(section.init_from)  # bad dir: ConfigError
+        # The run's dtypes apply to a loaded model too; a critic asked for but absent from the
+        # checkpoint gets a fresh value head.
+        config, graphdef, params = hf_input(load_hf)(  # bad directory: ConfigError
+            section.init_from,
+            param_dtype=section.param_dtype,
+            dtype=section.dtype,
+            kv_cache_dtype=section.kv_cache_dtype,
+            value_head=True if section.value_head else None,
+            key=key,
+        )
         if config.vocab_size < len(tokenizer):
             raise ValueError(
                 f"model.init_from={section.init_from!r} has vocab_size "
