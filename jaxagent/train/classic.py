@@ -25,6 +25,25 @@ LEARNERS: dict[str, str] = {
 }
 
 
+# name -> "module:function" with (config_path, checkpoint, overrides) -> summary dict, for
+# `jaxagent eval CONFIG --checkpoint DIR` on a `learner:` config.
+EVALUATORS: dict[str, str] = {
+    "ppo_continuous": "jaxagent.train.ppo_continuous:evaluate",
+}
+
+
+def run_evaluator(
+    name: str, config_path: str, checkpoint: str, overrides: list[str]
+) -> dict[str, Any]:
+    """Evaluate a checkpoint of learner ``name``; raises ConfigError if it has no evaluator."""
+    if name not in EVALUATORS:
+        raise ConfigError(
+            f"learner={name!r} has no evaluator for `jaxagent eval`; learners with one: "
+            f"{sorted(EVALUATORS)}"
+        )
+    return _resolve(EVALUATORS[name])(config_path, checkpoint, list(overrides))
+
+
 def register_learner(name: str, target: str) -> None:
     """Add a learner (``target`` = ``"module:function"``) under ``name``."""
     if ":" not in target:

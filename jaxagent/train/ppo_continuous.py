@@ -241,14 +241,14 @@ def load_checkpoint(path: Path):
     return blob["params"], ObsStats(np.asarray(blob["obs_mean"]), np.asarray(blob["obs_inv_std"]))
 
 
-def evaluate(
-    config_path: str, checkpoint: str, episodes: int = 10, overrides: Sequence[str] = ()
-) -> dict[str, Any]:
-    """Mean return of the checkpoint's mean policy over ``episodes`` episodes."""
+def evaluate(config_path: str, checkpoint: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Mean return of the checkpoint's mean policy over ``train.eval_episodes`` episodes (an
+    override: ``train.eval_episodes=N``), on env seeds the training run never used."""
     from jaxagent.rl.classic.ppo_continuous import PPOLearner
     from jaxagent.train.ppo_rollout import evaluate_policy
 
     config = load_ppo_config(config_path, overrides)
+    episodes = config.train.eval_episodes
     path = Path(checkpoint)
     path = path / "checkpoint.msgpack" if path.is_dir() else path
     if not path.is_file():
