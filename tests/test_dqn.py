@@ -41,43 +41,47 @@ def test_epsilon_schedule_is_linear_then_flat():
                                [1.0, 0.55, 0.1, 0.1], rtol=1e-6)  # fmt: skip
 
 
-def _chain_return(select, params, length=6, max_steps=12):
-    """Greedy return on a chain: action 1 moves right, 0 left; +1 at the end, -0.05 a step."""
-    pos, total = 0, 0.0
-    for _ in range(max_steps):
-        a = int(np.asarray(select(params, np.eye(length, dtype=np.float32)[[pos]],
-                                  jax.random.PRNGKey(0), 0.0))[0])  # fmt: skip
-        pos = max(0, pos + (1 if a == 1 else -1))
-        total -= 0.05
-        if pos == length - 1:
-            return total + 1.0
-    return total
-
-
 def test_dqn_learns_a_chain_curve_rises():
-    length, n = 6, 8
+    # A 6-state chain, all of it in one jitted scan (the DQN pieces are pure): action 1 moves
+    # right, 0 left; +1 on reaching the end (terminal), -0.05 a step, 12 steps at most.
+    length, n, iters = 6, 8, 200
     cfg = dqn.DQNConfig(hidden=(32,), learning_rate=3e-3, gamma=0.9, batch_size=32,
-                        buffer_size=4000, target_every=50, eps_decay_steps=1500)  # fmt: skip
-    state = dqn.init_dqn(cfg, length, 2, jax.random.PRNGKey(0))
-    buf = dqn.buffer_init(cfg.buffer_size, length)
-    select, step = dqn.make_select_fn(cfg, 2), dqn.make_train_step(cfg, 2)
-    key = jax.random.PRNGKey(1)
-    pos, t = np.zeros(n, int), np.zeros(n, int)
-    eye = np.eye(length, dtype=np.float32)
-    curve = [_chain_return(select, state.params)]
-    for it in range(200):
+                        buffer_size=4000, target_every=50, eps_decay_steps=1200)  # fmt: skip
+    select, update = dqn.make_select_fn(cfg, 2), dqn.make_update_fn(cfg, 2)
+    eye = jnp.eye(length)
+
+    def greedy_return(params):
+        def body(carry, _):
+            pos, total, done = carry
+            a = select(params, eye[pos][None], jax.random.PRNGKey(0), 0.0)[0]
+            new = jnp.maximum(0, pos + jnp.where(a == 1, 1, -1))
+            total = total + jnp.where(done, 0.0, -0.05 + jnp.where(new == length - 1, 1.0, 0.0))
+            return (jnp.where(done, pos, new), total, done | (new == length - 1)), None
+
+        return jax.lax.scan(body, (0, 0.0, False), None, length=12)[0][1]
+
+    def body(carry, it):
+        state, buf, pos, t, key = carry
         key, k1, k2 = jax.random.split(key, 3)
-        acts = np.asarray(select(state.params, eye[pos], k1, float(dqn.epsilon(it * n, cfg))))
-        new = np.maximum(0, pos + np.where(acts == 1, 1, -1))
-        t += 1
+        eps = jnp.clip(1.0 - it * n / cfg.eps_decay_steps, cfg.eps_end, 1.0)
+        acts = select(state.params, eye[pos], k1, eps)
+        new = jnp.maximum(0, pos + jnp.where(acts == 1, 1, -1))
         done = new == length - 1
-        buf = dqn.buffer_add(buf, eye[pos], acts, np.where(done, 0.95, -0.05), eye[new], done)
-        pos = np.where(done | (t >= 12), 0, new)
-        t = np.where(done | (t >= 12), 0, t)
-        if it >= 10:
-            state, _ = step(state, buf, k2)
-        if it % 100 == 99:
-            curve.append(_chain_return(select, state.params))
+        buf = dqn.buffer_add(buf, eye[pos], acts, jnp.where(done, 0.95, -0.05), eye[new], done)
+        t = t + 1
+        reset = done | (t >= 12)
+        state = jax.lax.cond(
+            it >= 10, lambda s: update(s, dqn.buffer_sample(buf, k2, cfg.batch_size))[0],
+            lambda s: s, state,
+        )  # fmt: skip
+        ret = jax.lax.cond(it % 50 == 49, greedy_return, lambda p: jnp.nan, state.params)
+        return (state, buf, jnp.where(reset, 0, new), jnp.where(reset, 0, t), key), ret
+
+    state = dqn.init_dqn(cfg, length, 2, jax.random.PRNGKey(0))
+    carry = (state, dqn.buffer_init(cfg.buffer_size, length), jnp.zeros(n, jnp.int32),
+             jnp.zeros(n, jnp.int32), jax.random.PRNGKey(1))  # fmt: skip
+    _, rets = jax.jit(lambda c: jax.lax.scan(body, c, jnp.arange(iters)))(carry)
+    curve = [float(greedy_return(state.params))] + [float(r) for r in rets if not np.isnan(r)]
     # Before training the greedy policy never reaches the end (-0.6); after, it walks straight
     # there: 5 steps, 1 - 5 * 0.05 = 0.75.
     assert curve[0] < 0 and curve[-1] == pytest.approx(0.75), curve
