@@ -49,6 +49,7 @@ def test_equivalent_pairs(pred, gold):
         ("seven", "7"),
         ("1/0", "0"),
         ("Final : 5 / 6 7", "5 / 6"),
+        ("1 2", "12"),  # two numbers, not twelve
         ("__import__('os')", "0"),
     ],
 )

@@ -63,6 +63,8 @@ def normalize(text: str) -> str:
     if mixed:
         sign, whole, num, den = mixed.groups()
         s = f"{sign}({whole}+{num}/{den})"
+    if re.search(r"[\d.]\s+[\d.]", s):
+        return "?"  # "1 2" is two numbers, not 12: never a value
     s = re.sub(r"\s+", "", s)
     if _THOUSANDS.match(s):
         s = s.replace(",", "")
