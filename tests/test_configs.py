@@ -109,6 +109,7 @@ ENV_SHRINK = {
     "math": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "dialogue": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "shop": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
+    "manipulation": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
 }
 
 
