@@ -320,5 +320,5 @@ def test_cli_prints_one_json_line(tmp_path):
     assert len(lines) == 1
     rec = json.loads(lines[0])
     assert rec["status"] == "timeout" and rec["stdout"] == "from the cli\n"
-    assert {"exit_code", "duration_s", "isolation", "stderr"} <= rec.keys()
+    assert {"exit_code", "duration_s", "isolation", "stderr", "memory_limit"} <= rec.keys()
     assert "RuntimeWarning" not in out.stderr  # the module is not imported twice

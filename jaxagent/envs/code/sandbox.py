@@ -32,7 +32,8 @@ Command line, for debugging a task file exactly as training runs it::
 
     python -m jaxagent.envs.code.sandbox PATH [--timeout S] [--memory-mb M]
 
-prints one JSON line: status, exit code, duration, isolation level, truncated output.
+prints one JSON line: status, exit code, duration, isolation level, what bounds memory
+(``memory_limit``), truncated output.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from jaxagent.envs.code import _cgroup, _harness
+from jaxagent.envs.code._results import SandboxResult, classify, read_capped
 
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
 # auto: namespaces, else Landlock, else refuse; "rlimits" is the Landlock fallback forced (the
 # name kept for existing configs); only "unsafe" runs code that could game the grading
 ISOLATION_CHOICES = ("auto", "namespaces", "landlock", "rlimits", "unsafe")
-_MEMORY_EXIT = 251  # must match _worker.MEMORY_EXIT
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 
 
@@ -143,42 +144,6 @@ class SandboxConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class SandboxResult:
-    """Outcome of one sandboxed job.
-
-    ``status``: "passed" (exit 0 / all tests passed), "failed" (non-zero exit / a test failed),
-    "timeout" (wall clock or CPU time), "memory" (address-space limit), "crashed" (killed by a
-    signal, e.g. output over ``max_file_mb``, or the candidate process died mid-test), or
-    "error" (the sandbox itself failed: not the candidate's fault).
-    """
-
-    status: str
-    exit_code: int | None
-    signal: int | None
-    duration_s: float
-    isolation: str
-    stdout: str
-    stderr: str
-    tests_passed: int = 0
-    tests_total: int = 0
-    test_results: tuple = ()  # one dict per unit: {"src", "ok", "error"}
-    detail: str = ""  # human-readable reason (first failing test, limit hit, ...)
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-    @property
-    def fraction_passed(self) -> float:
-        return self.tests_passed / self.tests_total if self.tests_total else float(self.passed)
-
-    def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("test_results")
-        return d
-
-
-@dataclasses.dataclass(frozen=True)
 class TestSpec:
     """Hidden tests in HumanEval's format: ``def check(candidate): assert ...``.
 
@@ -209,30 +174,6 @@ def _compile_spec(tests: TestSpec) -> tuple[bytes, int]:
     spec = _harness.compile_spec(spec, tests.prelude)
     spec["entry_point"] = tests.entry_point
     return pickle.dumps(spec, 5), sum(is_test for is_test, _ in spec["units"])
-
-
-def _truncate(data: bytes, limit: int) -> str:
-    if len(data) <= limit:
-        return data.decode("utf-8", "replace")
-    half = limit // 2
-    return (
-        data[:half].decode("utf-8", "replace")
-        + f"\n...[{len(data) - 2 * half} bytes cut]...\n"
-        + data[-half:].decode("utf-8", "replace")
-    )
-
-
-def _read_capped(path: str, limit: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size <= limit:
-                return f.read().decode("utf-8", "replace")
-            head = f.read(limit // 2)
-            f.seek(size - limit // 2)
-            return _truncate(head + b"\0" * (size - limit) + f.read(), limit)
-    except FileNotFoundError:
-        return ""
 
 
 class _Worker:
@@ -482,8 +423,8 @@ class Sandbox:
             worker.proc.wait()
             worker.start()
             return self._error(f"sandbox worker failed: {e}")
-        stdout = _read_capped(os.path.join(workroot, "stdout"), self.config.max_output_bytes)
-        stderr = _read_capped(os.path.join(workroot, "stderr"), self.config.max_output_bytes)
+        stdout = read_capped(os.path.join(workroot, "stdout"), self.config.max_output_bytes)
+        stderr = read_capped(os.path.join(workroot, "stderr"), self.config.max_output_bytes)
         total = tests.num_tests if tests is not None else 0
         return self._classify(rep, total, stdout, stderr)
 
@@ -491,98 +432,7 @@ class Sandbox:
         return SandboxResult("error", None, None, 0.0, self.isolation, "", "", detail=detail)
 
     def _classify(self, rep: dict, total: int, stdout: str, stderr: str) -> SandboxResult:
-        base = dict(
-            duration_s=float(rep.get("duration_s", 0.0)),
-            isolation=self.isolation,
-            stdout=stdout,
-            stderr=stderr,
-        )
-        if "error" in rep:
-            return SandboxResult("error", None, None, detail=rep["error"][-1000:], **base)
-        if rep.get("forged_lines"):  # the candidate wrote into the control channel
-            return SandboxResult(
-                "failed",
-                None,
-                None,
-                tests_total=total,
-                detail=f"the candidate wrote {rep['forged_lines']} line(s) into the sandbox's "
-                "control channel: scored as a failure",
-                **base,
-            )
-        if rep.get("oom_kills"):  # the job cgroup's limit: all its processes together
-            limit_mb = self.config.job_memory_mb or self.config.memory_mb
-            code, sig = _decode_wait(rep.get("wait_status"))
-            return SandboxResult(
-                "memory",
-                code,
-                sig,
-                tests_total=total,
-                detail=f"the job's processes together exceeded {limit_mb} MiB ({self.memory_limit})",
-                **base,
-            )
-        if rep.get("timed_out"):
-            return SandboxResult(
-                "timeout",
-                None,
-                signal.SIGKILL,
-                detail=(f"wall-clock limit of {self.config.timeout_s}s exceeded"),
-                **base,
-            )
-        code, sig = _decode_wait(rep.get("wait_status"))
-        if rep.get("report") is None and not total:
-            status, detail = _run_status(code, sig, self.config)
-            return SandboxResult(status, code, sig, detail=detail, **base)
-        report = rep.get("report") or {}
-        units = tuple(report.get("units", ()))
-        passed = sum(bool(u["ok"]) for u in units)
-        first = next((u for u in units if not u["ok"]), None)
-        detail = ""
-        if report.get("harness_error"):
-            status, detail = "error", report["harness_error"]
-        elif report.get("timed_out") or sig == signal.SIGXCPU:
-            status = "timeout"
-        elif report.get("memory") or code == _MEMORY_EXIT:
-            status = "memory"
-        elif report.get("crashed"):
-            status = "crashed"
-        elif passed == total and len(units) == total:
-            status = "passed"
-        else:
-            status = "failed"
-        if first is not None and not detail:
-            detail = f"failed test: {first['src']}\n{first['error']}"
-        return SandboxResult(
-            status,
-            code,
-            sig,
-            tests_passed=passed,
-            tests_total=total,
-            test_results=units,
-            detail=detail[:4000],
-            **base,
-        )
-
-
-def _decode_wait(status: int | None) -> tuple[int | None, int | None]:
-    if status is None:
-        return None, None
-    if os.WIFSIGNALED(status):
-        return None, os.WTERMSIG(status)
-    return os.WEXITSTATUS(status), None
-
-
-def _run_status(code: int | None, sig: int | None, cfg: SandboxConfig) -> tuple[str, str]:
-    if sig == signal.SIGXCPU:
-        return "timeout", f"CPU-time limit of {cfg.cpu_limit_s}s exceeded"
-    if sig == signal.SIGXFSZ:
-        return "crashed", f"output or file size over the {cfg.max_file_mb} MiB limit"
-    if sig is not None:
-        return "crashed", f"killed by signal {signal.Signals(sig).name}"
-    if code == _MEMORY_EXIT:
-        return "memory", f"MemoryError under the {cfg.memory_mb} MiB address-space limit"
-    if code == 0:
-        return "passed", ""
-    return "failed", f"exit status {code}"
+        return classify(rep, total, stdout, stderr, self.config, self.isolation, self.memory_limit)
 
 
 _DEFAULTS = SandboxConfig()
@@ -609,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     with Sandbox(config) as sandbox:
         result = sandbox.run_file(args.path)
-    print(json.dumps(result.to_json()))
+        memory_limit = sandbox.memory_limit
+    print(json.dumps({**result.to_json(), "memory_limit": memory_limit}))
     return 0
 
 
