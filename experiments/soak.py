@@ -5,8 +5,8 @@
 The quickstart config (SFT off, a small batch, the process pool backend, no periodic
 evaluation) trains with ``FaultyEnv`` on every environment call: hangs (the pool's timeout
 fires and the worker is restarted), crashes (real worker-process deaths), corrupt replies
-(protocol violations) and slow calls, plus one NaN injected into one iteration's rewards,
-which poisons that group's advantages and so the gradient of every minibatch holding its rows
+(protocol violations) and slow calls, plus one NaN injected into one behaviour log-prob of one
+iteration, which makes the loss and gradient of every minibatch step holding that row NaN
 (the update guard must skip exactly those steps and training must carry on). Checkpoints are
 written every 5 iterations, as in a real run.
 
@@ -194,9 +194,12 @@ def main() -> int:
 
     def poisoned_update(state, batch, _it=[0]):  # noqa: B006 - the iteration counter
         if _it[0] == args.nan_iteration and not nan_state["done"]:
-            rewards = np.array(batch.rewards, copy=True)
-            rewards[0] = np.nan
-            batch = batch.replace(rewards=rewards)
+            # one NaN behaviour log-prob on a sampled token: the importance ratio, the loss and
+            # the gradient of every minibatch step that holds this row are NaN
+            old = np.array(batch.old_logprobs, copy=True)
+            row, col = np.argwhere(np.asarray(batch.loss_mask) > 0)[0]
+            old[row, col] = np.nan
+            batch = batch.replace(old_logprobs=old)
             nan_state["done"] = True
         _it[0] += 1
         return update(state, batch)

@@ -112,3 +112,24 @@ def test_guard_config_section_is_validated():
         load_config(None, ["guards.max_skipped_updates=-1"])
     with pytest.raises(ConfigError, match="guards.grad_norm_spikes"):
         load_config(None, ["guards.grad_norm_spikes=3"])
+
+
+def test_a_nan_loss_with_a_finite_gradient_is_skipped_too():
+    """A NaN can reach the loss but not the gradient (masked terms: NaN * 0 in the forward
+    pass, zero in the backward pass): the step is skipped all the same."""
+    import optax
+
+    from jaxagent.rl.guards import guarded_step
+
+    tx = optax.adam(0.1)
+    params = {"w": jnp.ones(3)}
+    opt = tx.init(params)
+    grads = {"w": jnp.full(3, 0.5)}
+    sums = {"optim/grad_norm": jnp.float32(0.87), "loss/total": jnp.float32(jnp.nan),
+            "kl/approx_old_new": jnp.float32(0.0)}  # fmt: skip
+    p1, o1, stopped, m = guarded_step(tx, grads, opt, params, sums, 0.0, jnp.zeros((), bool))
+    assert float(m["guard/nonfinite"]) == 1.0 and not bool(stopped)
+    assert _leaves_equal(p1, params) and _leaves_equal(o1, opt)
+    sums["loss/total"] = jnp.float32(1.0)
+    p2, _, _, m = guarded_step(tx, grads, opt, params, sums, 0.0, jnp.zeros((), bool))
+    assert float(m["guard/nonfinite"]) == 0.0 and not _leaves_equal(p2, params)

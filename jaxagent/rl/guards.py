@@ -14,14 +14,16 @@ import jax.numpy as jnp
 import optax
 
 
-def guarded_step(tx, grads, opt_state, params, grad_norm, kl, kl_stop: float, stopped):
-    """One optimiser step unless the gradient is non-finite or the iteration was KL-stopped.
+def guarded_step(tx, grads, opt_state, params, sums: dict, kl_stop: float, stopped):
+    """One optimiser step unless the loss or the gradient is non-finite, or the iteration
+    was KL-stopped.
 
     Args:
       tx: the optimiser; grads, opt_state, params: its pytrees.
-      grad_norm: [] global norm of ``grads`` (non-finite iff some gradient entry is, or the
-        norm overflowed).
-      kl: [] the minibatch's approximate KL(old || new) before this step.
+      sums: the minibatch's metrics: ``optim/grad_norm`` [] (non-finite iff some gradient
+        entry is, or the norm overflowed), ``loss/total`` [] (a NaN loss can come with a
+        finite, e.g. zero, gradient: the step is skipped all the same) and
+        ``kl/approx_old_new`` [] (KL(old || new) before this step).
       kl_stop: static threshold (0 = off).
       stopped: [] bool, the iteration's KL stop so far.
 
@@ -29,9 +31,9 @@ def guarded_step(tx, grads, opt_state, params, grad_norm, kl, kl_stop: float, st
       (params, opt_state, stopped, metrics) with ``guard/nonfinite`` (1.0 when this step was
       skipped for a non-finite gradient) and ``guard/kl_stopped`` (1.0 when skipped by the stop).
     """
-    finite = jnp.isfinite(grad_norm)
+    finite = jnp.isfinite(sums["optim/grad_norm"]) & jnp.isfinite(sums["loss/total"])
     if kl_stop > 0:
-        stopped = stopped | (kl > kl_stop)
+        stopped = stopped | (sums["kl/approx_old_new"] > kl_stop)
     apply = finite & ~stopped
 
     def step(operands):

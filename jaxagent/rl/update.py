@@ -301,16 +301,9 @@ def make_update_step(
                 # copy); the others are added into it as the backward pass produces them.
                 grads, sums = accumulate(micro_grad(first), jax.tree.map(lambda x: x[1:], micro))
             sums = dict(sums, **{"optim/grad_norm": optax.global_norm(grads)})
-            # a non-finite gradient (or a KL stop) skips the step, counted in guard/*
+            # a non-finite loss or gradient (or a KL stop) skips the step, counted in guard/*
             params, opt_state, stopped, guard = guarded_step(
-                tx,
-                grads,
-                opt_state,
-                params,
-                sums["optim/grad_norm"],
-                sums["kl/approx_old_new"],
-                u.kl_stop,
-                stopped,
+                tx, grads, opt_state, params, sums, u.kl_stop, stopped
             )
             return (params, opt_state, stopped), dict(sums, **guard)
 
