@@ -36,11 +36,18 @@ def test_short_run_raises_the_return_and_eval_reloads_the_checkpoint(tmp_path, c
         assert (out / name).stat().st_size > 0
     assert json.loads((out / "summary.json").read_text()) == summary
     capsys.readouterr()
-    args = ["eval", CONFIG, *overrides, "--checkpoint", str(out)]
+    frames = tmp_path / "frames"
+    args = ["eval", CONFIG, *overrides, f"train.render_dir={frames}", "--checkpoint", str(out)]
     assert cli_main(args) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["env"] == "InvertedPendulum-v5" and line["episodes"] == 4
     assert line["return_mean"] > 0
+    from PIL import Image
+
+    pngs = sorted(frames.glob("step_*.png"))
+    assert len(pngs) >= 2 and (frames / "episode_000.gif").is_file()
+    first, last = (np.asarray(Image.open(p)).astype(int) for p in (pngs[0], pngs[-1]))
+    assert first.std() > 5 and np.abs(first - last).sum(-1).astype(bool).sum() > 50
 
 
 def test_eval_without_a_checkpoint_file_names_the_fix(tmp_path, capsys):

@@ -59,6 +59,7 @@ class PPOTrainSection:
     eval_every: int = 0  # env steps between evaluations during training; 0 = only at the end
     out_dir: str = "runs/ppo_continuous"  # outputs (curve, summary, checkpoint)
     log_every: int = 10  # print a progress line every this many iterations; 0 = never
+    render_dir: str = ""  # jaxagent eval: also write PNG frames + a GIF of episode 0 here
 
     def __post_init__(self):
         if self.total_steps <= 0 or self.eval_episodes <= 0:
@@ -270,6 +271,7 @@ def evaluate(config_path: str, checkpoint: str, overrides: Sequence[str] = ()) -
         episodes,
         seed=config.train.seed + 20_000,
         max_episode_steps=config.env.max_episode_steps or None,
+        render_dir=config.train.render_dir,
     )
     return {
         "env": config.env.name,

@@ -11,6 +11,7 @@ deterministic (mean) policy for whole episodes on a separate vector env.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -105,8 +106,10 @@ def evaluate_policy(
     seed: int,
     max_episode_steps: int | None = None,
     num_threads: int = 1,
+    render_dir: str = "",
 ) -> list[float]:
-    """Returns of ``episodes`` episodes of the mean policy (one env per episode, run together)."""
+    """Returns of ``episodes`` episodes of the mean policy (one env per episode, run together).
+    ``render_dir``: also write every 4th frame of episode 0 as PNG, and a GIF."""
     env = MujocoVectorEnv(
         task, episodes, num_threads=num_threads, max_episode_steps=max_episode_steps
     )
@@ -115,11 +118,57 @@ def evaluate_policy(
         obs, _ = env.reset(seed=seed)
         policy = NumpyPolicy(jax.device_get(params))
         total, running = np.zeros(episodes), np.ones(episodes, bool)
+        frames = _Frames(env, render_dir) if render_dir else None
+        t = 0
         while running.any():
+            if frames is not None and running[0] and t % 4 == 0:
+                frames.add()
+            t += 1
             action = policy.mean(normalize_obs(obs, stats, learner.config.obs_clip))
             obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
             total += np.where(running, reward, 0.0)
             running &= ~(terminated | truncated)
+        if frames is not None:
+            frames.close()
         return total.tolist()
     finally:
         env.close()
+
+
+class _Frames:
+    """Frames of env 0 of a ``MujocoVectorEnv`` (its state copied into one ``MjData``)."""
+
+    def __init__(self, env: MujocoVectorEnv, out_dir: str):
+        import mujoco
+
+        from jaxagent.envs.robot.manipulation.frames import OffscreenRenderer
+
+        self.env, self.out = env, Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        m = env.model
+        m.vis.global_.offwidth, m.vis.global_.offheight = 320, 240
+        self.data = mujoco.MjData(m)
+        self.renderer = OffscreenRenderer(m, 320, 240)
+        self.images = []
+
+    def add(self) -> None:
+        import mujoco
+        from PIL import Image
+
+        m, d = self.env.model, self.data
+        d.qpos[:], d.qvel[:] = self.env.engine.qpv[0, : m.nq], self.env.engine.qpv[0, m.nq :]
+        mujoco.mj_forward(m, d)
+        image = Image.fromarray(self.renderer.render(d, track=d.xpos[1].copy()))
+        image.save(self.out / f"step_{len(self.images):04d}.png")
+        self.images.append(image)
+
+    def close(self) -> None:
+        if self.images:
+            self.images[0].save(
+                self.out / "episode_000.gif",
+                save_all=True,
+                append_images=self.images[1:],
+                duration=80,
+                loop=0,
+            )
+        self.renderer.close()

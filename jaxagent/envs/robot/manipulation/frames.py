@@ -53,10 +53,16 @@ class OffscreenRenderer:
         self.rect = mujoco.MjrRect(0, 0, width, height)
         self.pixels = np.zeros((height, width, 3), np.uint8)
 
-    def render(self, data: mujoco.MjData, camera: str) -> np.ndarray:
+    def render(self, data: mujoco.MjData, camera: str | None = None, track=None) -> np.ndarray:
+        """From the model's camera ``camera``, or a free camera 3 m from ``track`` (xyz)."""
         self.ctx.make_current()
-        self.camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
-        self.camera.fixedcamid = self.model.camera(camera).id
+        if camera is not None:
+            self.camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
+            self.camera.fixedcamid = self.model.camera(camera).id
+        else:
+            self.camera.type = mujoco.mjtCamera.mjCAMERA_FREE
+            self.camera.lookat[:] = track
+            self.camera.distance, self.camera.elevation, self.camera.azimuth = 3.0, -15.0, 90.0
         mujoco.mjv_updateScene(
             self.model, data, self.option, None, self.camera, mujoco.mjtCatBit.mjCAT_ALL, self.scene
         )
