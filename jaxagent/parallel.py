@@ -192,9 +192,14 @@ def state_shardings(
     )
 
 
+def batch_mesh_axes(mesh: Mesh, rules=DEFAULT_RULES) -> tuple[str, ...]:
+    """The mesh axes of size > 1 that the logical 'batch' axis maps to under ``rules``."""
+    return tuple(a for a in _rules_dict(rules)["batch"] if mesh.shape[a] > 1)
+
+
 def batch_shardings(mesh: Mesh, batch: Any, rules=DEFAULT_RULES) -> Any:
     """Split every batch leaf's leading (batch) dimension over the 'batch' mesh axes."""
-    axes = tuple(a for a in _rules_dict(rules)["batch"] if mesh.shape[a] > 1)
+    axes = batch_mesh_axes(mesh, rules)
 
     def one(x):
         n = math.prod(mesh.shape[a] for a in axes)

@@ -1,6 +1,8 @@
 """Batched generation under one jit: a prefill chunk, then a ``lax.while_loop`` decode.
 
-The KV cache is preallocated and donated, so the decode loop updates it in place. Rows keep
+The KV cache is preallocated and donated, so the decode loop updates it in place. Under a
+mesh (parameters carrying NamedShardings) the cache is split over batch rows, each device
+holding its own rows' keys and values. Rows keep
 their own lengths: a call may append a ragged chunk of new tokens per row (a prompt, or an
 environment observation on top of an earlier turn) and continue decoding from there, so a
 multi-turn episode never re-encodes its history. After a call the cache holds every token
@@ -13,17 +15,20 @@ see ``bucket_capacity``) so that recompiles are rare; ``Sampler.num_compiles`` c
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent.buckets import bucket
 from jaxagent.generate.sampling import SamplingConfig, sample_tokens_from_uniform, uniforms
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
 from jaxagent.models.api import model_config
+from jaxagent.parallel import batch_mesh_axes
 
 
 @struct.dataclass
@@ -63,6 +68,21 @@ _DECODE_ROWS = 64  # chunks of at most this many tokens (B x T) use the decode k
 _OUTPUT_MAJOR_MIN_BYTES = 64 * 2**20
 _OUTPUT_MAJOR_MAX_ROWS = 32
 DECODE_LAYOUTS = ("auto", "row_major", "output_major")
+
+
+_LIVE: "weakref.WeakSet[Sampler]" = weakref.WeakSet()
+
+
+def release_decode_kernels() -> int:
+    """Free the output-major decode kernels every live ``Sampler`` keeps (one transposed copy
+    of the weights each); returns how many were freed. A trainer calls it when a rollout is
+    over and the parameters are about to change, so the copy never coexists with the
+    update's gradients and optimiser state."""
+    freed = 0
+    for sampler in list(_LIVE):
+        freed += sampler._prepared is not None
+        sampler.release()
+    return freed
 
 
 def bucket_capacity(needed: int, block: int) -> int:
@@ -111,14 +131,17 @@ class Sampler:
         self.graphdef = graphdef
         self.config = model_config(graphdef)
         self.pad_id, self.min_chunk, self.capacity_block = pad_id, min_chunk, capacity_block
-        self.cache_dtype = cache_dtype or self.config.jnp_dtype
+        self.cache_dtype = cache_dtype or self.config.jnp_kv_cache_dtype
         self.fuse_weights, self.decode_layout = fuse_weights, decode_layout
         self.num_compiles = 0  # incremented each time the jitted function is traced
         self._jit = jax.jit(
-            self._generate, static_argnames=("sampling", "capacity"), donate_argnames=("cache",)
+            self._generate,
+            static_argnames=("sampling", "capacity", "rows_sharding"),
+            donate_argnames=("cache",),
         )
         self._prepare = jax.jit(self._fused_weights, static_argnames=("output_major",))
         self._prepared = None  # (params leaves, decode kernels): see _decode_weights
+        _LIVE.add(self)
 
     def output_major(self, params, batch_size: int) -> bool:
         """Whether decode steps use output-major kernels (``decode_layout``, see ``dense_t``)."""
@@ -214,25 +237,32 @@ class Sampler:
         capacity = bucket_capacity(needed, self.capacity_block)
         if cache is not None and cache.capacity < needed:
             cache = grow_cache(cache, capacity)
+        rows_sh = _row_sharding(params, b)
+        put = jnp.asarray if rows_sh is None else lambda x: jax.device_put(x, rows_sh)
         return self._jit(
             params,
             self._decode_weights(params, b),
             cache,
-            jnp.asarray(tokens),
-            jnp.asarray(segs),
+            put(tokens),
+            put(segs),
             key,
             sampling=sampling,
             capacity=None if cache is not None else capacity,
+            rows_sharding=rows_sh,
         )
 
     # ---- device side -------------------------------------------------------------------
-    def _generate(self, params, fused, cache, tokens, segment_ids, key, *, sampling, capacity):
+    def _generate(
+        self, params, fused, cache, tokens, segment_ids, key, *, sampling, capacity, rows_sharding
+    ):
         self.num_compiles += 1
         cfg, n = self.config, sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
         b, t = tokens.shape
         if cache is None:
             cache = init_cache(cfg, b, capacity, self.cache_dtype)
+        if rows_sharding is not None:
+            cache = _shard_cache_rows(cache, rows_sharding)
         valid = segment_ids != 0
         positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
         if fused is None and self.fuse_weights:
@@ -302,3 +332,35 @@ class Sampler:
             lengths=state.num_generated,
             cache=state.cache,
         )
+
+
+def _row_sharding(params, batch_size: int) -> Optional[NamedSharding]:
+    """How the rows of a call are split: over the batch axes of the mesh the parameters live
+    on (``jaxagent.parallel``'s default rules), or None for unsharded parameters. Each device
+    then holds the KV cache of its own rows only; rows that do not divide evenly are
+    replicated instead."""
+    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
+        return None
+    mesh = sharding.mesh
+    axes = batch_mesh_axes(mesh)
+    n = int(np.prod([mesh.shape[a] for a in axes]))
+    if not axes or batch_size % n:
+        return NamedSharding(mesh, P())
+    return NamedSharding(mesh, P(axes if len(axes) > 1 else axes[0]))
+
+
+def _shard_cache_rows(cache: KVCache, rows: NamedSharding) -> KVCache:
+    """Constrain every cache buffer's leading (row) dimension to the rows' sharding."""
+    spec = rows.spec
+
+    def one(x):
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(rows.mesh, P(*spec, *([None] * (x.ndim - len(spec)))))
+        )
+
+    return KVCache(
+        keys=tuple(one(k) for k in cache.keys),
+        values=tuple(one(v) for v in cache.values),
+        lengths=one(cache.lengths),
+    )

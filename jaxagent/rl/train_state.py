@@ -160,3 +160,41 @@ def clip_by_global_norm_scaled(max_norm: float) -> optax.GradientTransformation:
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+# In-place LoRA merge for sampling: the base's buffers are donated, so base + adapters is
+# written over the base instead of into a second full copy (LOOP's "one model copy"), and
+# subtracted again after the rollout. The round trip rounds each weight at most twice
+# (|W' - W| <= 2 eps (|W| + |delta|)); tests/test_trainer_memory_lora.py measures the drift.
+def _merge(base, adapters, alpha_rank):
+    return merge_lora(base, adapters, *alpha_rank)
+
+
+def _unmerge(merged, adapters, alpha_rank):
+    neg = {k: {"a": -v["a"], "b": v["b"]} for k, v in adapters.items()}
+    return merge_lora(merged, neg, *alpha_rank)
+
+
+_merge_donated = jax.jit(_merge, donate_argnums=0, static_argnums=2)
+_unmerge_donated = jax.jit(_unmerge, donate_argnums=0, static_argnums=2)
+
+
+def begin_sampling(state: TrainState) -> tuple[Any, TrainState]:
+    """(parameters to sample with, state to hand back to ``end_sampling``).
+
+    Full fine-tuning: the state's own parameters, no copy. LoRA: the base merged with the
+    adapters in place (the base buffers are donated; the returned state has no base until
+    ``end_sampling`` restores it)."""
+    if not state.uses_lora:
+        return state.params, state
+    lr = (state.lora_alpha, state.lora_rank)
+    merged = _merge_donated(state.frozen_params, state.params, lr)
+    return merged, state.replace(frozen_params=None)
+
+
+def end_sampling(state: TrainState, merged: Any) -> TrainState:
+    """The state with its LoRA base back (``merged`` minus the adapters, in place)."""
+    if not state.uses_lora:
+        return state
+    lr = (state.lora_alpha, state.lora_rank)
+    return state.replace(frozen_params=_unmerge_donated(merged, state.params, lr))

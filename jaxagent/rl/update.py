@@ -26,6 +26,7 @@ is the convention ``TokenBatch.values`` must follow too.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import chex
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxagent.parallel import DEFAULT_RULES, batch_mesh_axes
 from jaxagent.rl import losses as L
 from jaxagent.rl.guards import guarded_step
 from jaxagent.rl.kl import kl_estimate
@@ -191,6 +193,7 @@ def make_update_step(
     mesh: Optional[Mesh] = None,
     state_sharding: Any = None,
     batch_sharding: Any = None,
+    rules=DEFAULT_RULES,
     jit: bool = True,
 ) -> Callable[[TrainState, TokenBatch], tuple[TrainState, dict]]:
     """Build ``update_step(state, batch) -> (state, metrics)``.
@@ -202,7 +205,8 @@ def make_update_step(
       optimizer: defaults to ``make_optimizer(config)``; must match the state's.
       compute_advantages: run ``jaxagent.rl.prepare.compute_advantages`` first; False to use
         ``batch.advantages`` (and ``returns``) as given.
-      mesh: device mesh; with it, microbatches are constrained to be split over the batch axes.
+      mesh: device mesh; with it, microbatches are constrained to be split over the mesh axes
+        that ``rules`` maps the logical 'batch' axis to.
       state_sharding, batch_sharding: NamedSharding pytrees (see ``jaxagent.parallel``) for
         the state and the batch; metrics come back replicated.
       jit: False returns the raw function (for tests and ``jax.jit(...).lower`` elsewhere).
@@ -235,13 +239,12 @@ def make_update_step(
     )
     batch_axes = None
     if mesh is not None:
-        batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
-        batch_size_dev = 1
-        for a in batch_axes:
-            batch_size_dev *= mesh.shape[a]
+        # The mesh axes the logical 'batch' axis maps to (``rules``, jaxagent.parallel).
+        batch_axes = batch_mesh_axes(mesh, rules)
+        batch_size_dev = math.prod(mesh.shape[a] for a in batch_axes)
 
     def constrain(micro):
-        if mesh is None or config.update.microbatch % batch_size_dev:
+        if mesh is None or not batch_axes or config.update.microbatch % batch_size_dev:
             return micro
         sh = lambda x: NamedSharding(mesh, P(None, batch_axes, *([None] * (x.ndim - 2))))
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sh(x)), micro)

@@ -15,6 +15,8 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import time
 from typing import Callable
 
@@ -28,12 +30,16 @@ from jaxagent.agents.rollout import collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.eval.report import summarize
 from jaxagent.rl.prepare import split_bootstrap_values
-from jaxagent.rl.train_state import TrainState
+from jaxagent.generate.sampler import release_decode_kernels
+from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling
 from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
+from jaxagent.train.distributed import start_distributed
+from jaxagent.train.mesh import DeviceLayout, ShardedUpdate
+from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger
 from jaxagent.train.policy import make_logprob_fn, run_optimizer
 from jaxagent.train.run import build_run, eval_key, make_runner, sample_keys, val_key
@@ -53,6 +59,7 @@ class Trainer:
     def __init__(self, config: Config, echo: Callable[[str], None] = print):
         self.config, self.echo = config, echo
         self._t_init = time.perf_counter()  # wall_s counts set-up (world, tokenizer, model) too
+        start_distributed(config.distributed)  # before anything touches a device
         self.run_dir = config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
@@ -64,16 +71,28 @@ class Trainer:
         self.tokenizer, self.model_config = run.tokenizer, run.model_config
         self.max_len, self.budget, self.runner = run.max_len, run.budget, run.runner
         self.sampler, self.eval_sampler, self.rollout = run.sampler, run.eval_sampler, run.rollout
-        self._init_params = run.params
+        self._init_params = run.params  # handed to the first TrainState, then dropped
+        self._params_like = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.params
+        )
         self._state_key, self._sample_key = run.state_key, run.sample_key
         self.rl = config.rl_config()
         self.optimizer = run_optimizer(config)
+        # The mesh (config.mesh), built once: train state, packed batches, update, rollout.
+        self.layout = DeviceLayout.build(config, self.graphdef, run.params)
+        if self.layout.mesh is not None:
+            self.echo(f"[mesh] {self.layout.describe()}")
+        self.roofline = Roofline.create(run.model_config, run.params, self.layout.devices())
         # The memory-lean learner pass (block remat; the vocabulary head only over positions
         # that carry loss): the function benchmarks/update_memory.py measures.
-        self.update_step = make_update_step(
-            self.rl,
-            optimizer=self.optimizer,
-            logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True),
+        self.update_step = ShardedUpdate(
+            self.layout,
+            functools.partial(
+                make_update_step,
+                self.rl,
+                optimizer=self.optimizer,
+                logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True),
+            ),
         )
         self.logprob_fn = make_logprob_fn(self.graphdef)
         self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", echo)
@@ -169,7 +188,9 @@ class Trainer:
         t0 = time.perf_counter()
         tasks = self._tasks_for(it)
         key = jax.random.fold_in(self._sample_key, it)
-        params = state.model_params()
+        # One model copy: LoRA merges into the base's own buffers for the rollout.
+        merged, state = begin_sampling(state)
+        params = self.layout.rollout_params(merged)
         per_task, data, r = self.config.group_size, self.config.rl.data, self.config.rollout
 
         def collect(round_):  # round 0: the iteration's tasks; later: dynamic-sampling refills
@@ -206,10 +227,10 @@ class Trainer:
             max_len=self.max_len,
             length_multiple=32,
             rows=len(tasks) * per_task,
-            rows_multiple=self.rl.update.minibatch_size,
+            rows_multiple=math.lcm(self.rl.update.minibatch_size, self.layout.batch_devices),
         )
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
-        batch = jax.tree.map(jnp.asarray, batch)
+        batch = jax.tree.map(np.asarray, batch)  # placed on the mesh by update_step
         if self.rl.critic.enabled:
             # One extra column: the value after each row's last token bootstraps a truncation.
             pad = lambda x: jnp.pad(x, ((0, 0), (0, 1)))
@@ -217,7 +238,11 @@ class Trainer:
                 params, pad(batch.tokens), pad(batch.positions), pad(batch.segment_ids)
             )
             values, boot = split_bootstrap_values(values, batch.segment_ids)
-            batch = batch.replace(values=values, bootstrap_value=boot)
+            batch = batch.replace(values=np.asarray(values), bootstrap_value=np.asarray(boot))
+        # The rollout's extra buffers go before the update allocates gradients and moments.
+        release_decode_kernels()
+        params = None
+        state, merged = end_sampling(state, merged), None
         state, m = self.update_step(state, batch)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
         m.update(data_m)
@@ -248,6 +273,16 @@ class Trainer:
         )
         for k, v in self.runner.health().items():
             m[f"env_health/{k}"] = v
+        m.update(
+            iteration_metrics(
+                self.roofline,
+                batch,
+                stats,
+                m,
+                max_new_tokens=r.max_new_tokens,
+                epochs=self.rl.update.num_epochs,
+            )
+        )
         return state, m
 
     # ------------------------------------------------------------------ the loop
@@ -290,7 +325,10 @@ class Trainer:
                 self.logger.log(done, m)
                 self.guard.stop_if_needed()  # past guards.max_skipped_updates: stop, clearly
                 bar.update(
-                    1, success=f"{m['train/success']:.2f}", reward=f"{m['train/avg_reward']:.2f}"
+                    1,
+                    success=f"{m['train/success']:.2f}",
+                    reward=f"{m['train/avg_reward']:.2f}",
+                    **progress_fields(m),
                 )
                 if last or val_m or (ck_every and done % ck_every == 0):
                     best = val_m["val/success"] if val_m else eval_m and eval_m["eval/success"]
@@ -324,7 +362,7 @@ class Trainer:
         if done:
             test = done[0]
         else:
-            state, _ = self.checkpointer.restore(it, self._new_state(self._init_params))
+            state, _ = self.checkpointer.restore(it, self._state_like())
             m = self.evaluate(
                 state.model_params(), f"best val iter {it}", eval_key(self.config.train.seed, it)
             )
@@ -339,7 +377,7 @@ class Trainer:
         cfg = self.config
         latest = self.checkpointer.latest_step() if cfg.train.resume else None
         if latest is not None:
-            like = self._new_state(self._init_params)
+            like = self._state_like()
             state, meta = self.checkpointer.restore(latest, like)
             self.echo(f"[resume] from checkpoint {latest} in {self.checkpointer.directory}")
             extra = {
@@ -349,7 +387,8 @@ class Trainer:
             }
             self._wall_offset = float(meta.get("wall_s", 0.0))
             return state, int(meta["iteration"]), list(meta["history"]), extra
-        params, extra = jax.tree.map(jnp.copy, self._init_params), {}
+        # The loaded / initial parameters become the state's own (no second copy).
+        params, extra, self._init_params = self._init_params, {}, None
         if cfg.sft.enabled:
             if self.env.make_expert is None:
                 raise ValueError(
@@ -371,12 +410,21 @@ class Trainer:
         self.checkpointer.save(0, state, self._meta(0, history, extra), best)
         return state, 0, history, extra
 
-    def _new_state(self, params) -> TrainState:
-        """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference."""
-        ref = jax.tree.map(jnp.copy, params) if self.rl.needs_reference else None
+    def _state_like(self) -> TrainState:
+        """An abstract TrainState (shapes, dtypes, shardings) to restore a checkpoint into."""
+        return self.layout.abstract_state(
+            jax.eval_shape(self._new_state_unplaced, self._params_like), self.optimizer
+        ).replace(rng=self._state_key)
+
+    def _new_state_unplaced(self, params) -> TrainState:
+        ref = params if self.rl.needs_reference else None  # create() copies it
         return TrainState.create(
             params, self.rl, self._state_key, optimizer=self.optimizer, ref_params=ref
         )
+
+    def _new_state(self, params) -> TrainState:
+        """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference."""
+        return self.layout.state(self._new_state_unplaced(params), self.optimizer)[0]
 
     def close(self) -> None:
         self.checkpointer.close()

@@ -1,0 +1,138 @@
+"""Peak memory of the real trainer over (params + grads + Adam): LOOP's "one model copy".
+
+Two LOOP iterations of a 768-hidden x 12-layer model (the quickstart world's word vocabulary;
+full fine-tuning and LoRA rank 16) run inside ``jaxagent.train.trainer.Trainer`` (sampling,
+packing, update, evaluation, checkpoints), each in its own process so that the peak RSS
+(``ru_maxrss``) is that configuration's. The runtime's own memory (Python, JAX, XLA client,
+the environment) is measured in the same process before the trainer builds the model and is
+reported apart; the ratio is (peak - runtime) / (params + grads + Adam moments), where the
+trained part is the whole model (full) or the adapters (LoRA, plus the frozen base).
+
+    flock /tmp/jaxagent_heavy.lock nice -n 5 python benchmarks/trainer_memory.py
+
+Last line: ``{"full": {"ratio": ...}, "lora": {"ratio": ...}}``. Target: full <= 1.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+SHAPE = [
+    "model.hidden_size=768",
+    "model.num_layers=12",
+    "model.num_heads=12",
+    "model.num_kv_heads=12",
+    "model.intermediate_size=2048",
+    "model.max_seq_len=160",
+    "env.options.num_train=40",
+    "env.options.num_test=4",
+    "rollout.tasks_per_iteration=4",
+    "rollout.samples_per_task=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=8",
+    "rl.update.minibatch_size=8",
+    "rl.update.num_epochs=1",
+    "sft.enabled=false",
+    "eval.num_tasks=4",
+    "eval.every=0",
+    "eval.val_tasks=0",
+    "train.iterations=2",
+    "train.checkpoint_every=0",
+    "train.progress=none",
+    "train.tensorboard=false",
+    "train.plot=false",
+]
+MODES = {"full": ["rl.lora.rank=0"], "lora": ["rl.lora.rank=16"]}
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def one(mode: str, out_dir: str) -> dict:
+    import jax
+
+    from jaxagent.envs.registry import get_env_spec  # noqa: F401  (import cost in runtime)
+    from jaxagent.train.config import load_config
+    from jaxagent.train.trainer import Trainer
+
+    jax.numpy.zeros(1).block_until_ready()  # the backend is up before the baseline
+    cfg = load_config("configs/quickstart.yaml", SHAPE + MODES[mode] + [f"train.out_dir={out_dir}"])
+    runtime = _rss_mib()
+    trainer = Trainer(cfg, echo=lambda s: None)
+    mib = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)) / 2**20
+    params = mib(trainer._init_params)
+    rl = cfg.rl_config()
+    if rl.lora.rank:
+        from jaxagent.rl.lora import init_lora
+
+        shapes = jax.eval_shape(
+            lambda p: init_lora(p, rl.lora.rank, rl.lora.targets, jax.random.key(0)),
+            trainer._init_params,
+        )
+        trained = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)) / 2**20
+    else:
+        trained = params
+    after_build = _rss_mib()
+    trainer.run()
+    peak = _peak_mib()
+    # full: params + grads + 2 Adam moments; LoRA: the frozen base + 4 x the adapters
+    denom = params + 4 * trained if rl.lora.rank else 4 * params
+    return {
+        "ratio": round((peak - runtime) / denom, 3),
+        "peak_mib": round(peak, 1),
+        "runtime_mib": round(runtime, 1),
+        "params_mib": round(params, 1),
+        "trained_mib": round(trained, 2),
+        "params_grads_adam_mib": round(denom, 1),
+        "after_model_build_mib": round(after_build, 1),
+        "ratio_incl_runtime": round(peak / denom, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--one", choices=sorted(MODES), help="(internal) measure one mode")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.out)))
+        return
+    results = {}
+    for mode in MODES:
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = subprocess.run(
+                [sys.executable, __file__, "--one", mode, "--out", tmp],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu")),
+            )
+        if proc.returncode:
+            raise SystemExit(f"{mode} failed:\n{proc.stderr[-3000:]}")
+        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = results[mode]
+        print(
+            f"{mode}: peak {r['peak_mib']:.0f} MiB = runtime {r['runtime_mib']:.0f} + "
+            f"{r['peak_mib'] - r['runtime_mib']:.0f} MiB for the run; params "
+            f"{r['params_mib']:.0f} MiB, trained {r['trained_mib']:.1f} MiB; params+grads+Adam "
+            f"{r['params_grads_adam_mib']:.0f} MiB -> ratio {r['ratio']:.2f} "
+            f"(incl. runtime {r['ratio_incl_runtime']:.2f})"
+        )
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f}")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

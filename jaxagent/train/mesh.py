@@ -1,0 +1,207 @@
+"""The trainer's device layout: one mesh from ``config.mesh``, built once, used everywhere.
+
+``DeviceLayout.build(config, graphdef, params)`` makes the ('data', 'fsdp', 'tensor') mesh
+(``jaxagent.parallel``) and keeps the logical axes of the model's parameters. It then places
+
+- the train state: parameters and Adam moments by the logical-axis rules (``state``);
+- each packed batch: rows split over the mesh axes of the logical 'batch' axis, assembled
+  from every process's local rows into one global array (``put_batch``);
+- the rollout's weights: the training shardings, or with ``mesh.rollout_layout=no_fsdp``
+  resharded once per iteration to a layout without FSDP all-gathers in every decode step
+  (``rollout_params``). The sampler shards its KV cache over batch rows by itself (it reads
+  the mesh off the parameters, see ``jaxagent.generate.sampler``).
+
+With the default mesh (1 x 1 x 1) there is no mesh at all: every method is the identity
+and the program is the single-device one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxagent.models import param_logical_axes
+from jaxagent.parallel import (
+    DEFAULT_RULES,
+    MeshConfig,
+    batch_mesh_axes,
+    batch_shardings,
+    make_mesh,
+    param_shardings,
+    state_shardings,
+)
+from jaxagent.train.config import Config, ConfigError
+
+# Sampling layout "no_fsdp": the rules with 'embed' (the FSDP-sharded dimension) unsharded.
+NO_FSDP_RULES = tuple(
+    (name, ()) if name == "embed" else (name, axes) for name, axes in DEFAULT_RULES
+)
+
+
+@dataclasses.dataclass
+class DeviceLayout:
+    """The mesh of a run and the shardings derived from it (``mesh`` None: one device)."""
+
+    mesh: Optional[Mesh]
+    logical_axes: Any  # tree of logical-axis tuples like the params (None without a mesh)
+    rollout_layout: str = "train"
+    rules: tuple = DEFAULT_RULES
+
+    @classmethod
+    def build(cls, config: Config, graphdef, params) -> "DeviceLayout":
+        m = config.mesh
+        if m.single_device and jax.process_count() == 1:
+            return cls(mesh=None, logical_axes=None)
+        devices = jax.devices()
+        size = m.data * m.fsdp * m.tensor
+        if m.data != -1 and size < len(devices):
+            if jax.process_count() > 1:
+                raise ConfigError(
+                    f"mesh {m.data}x{m.fsdp}x{m.tensor} covers {size} of the "
+                    f"{len(devices)} devices of a multi-host run; use mesh.data=-1"
+                )
+            devices = devices[:size]  # a smaller mesh on one host: the first devices
+        try:
+            mesh = make_mesh(MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor), devices=devices)
+        except ValueError as exc:
+            raise ConfigError(f"mesh: {exc}") from None
+        layout = cls(mesh, param_logical_axes(graphdef, params), m.rollout_layout)
+        n, mb = layout.batch_devices, config.rl_config().update
+        if mb.minibatch_size % n or mb.microbatch % n:
+            raise ConfigError(
+                f"rl.update.minibatch_size={mb.minibatch_size} and its microbatch "
+                f"({mb.microbatch}) must be multiples of the {n} devices the batch is split "
+                f"over (mesh data x fsdp); change them or the mesh"
+            )
+        return layout
+
+    @property
+    def batch_devices(self) -> int:
+        """Devices the batch rows are split over (1 without a mesh)."""
+        if self.mesh is None:
+            return 1
+        return math.prod(self.mesh.shape[a] for a in batch_mesh_axes(self.mesh, self.rules))
+
+    def devices(self) -> list:
+        """The devices the run computes on (one without a mesh)."""
+        return [jax.devices()[0]] if self.mesh is None else list(self.mesh.devices.flat)
+
+    def describe(self) -> str:
+        if self.mesh is None:
+            return "1 device (no mesh)"
+        shape = " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
+        return f"{self.mesh.size} devices over {jax.process_count()} process(es), {shape}"
+
+    # ---- placement ---------------------------------------------------------------------
+    def params(self, params) -> Any:
+        """Parameters placed by their logical axes (the identity without a mesh)."""
+        if self.mesh is None:
+            return params
+        return place(params, self.param_shardings(params))
+
+    def param_shardings(self, params, rules=None) -> Any:
+        return param_shardings(params, self.logical_axes, self.mesh, rules or self.rules)
+
+    def state(self, state, optimizer) -> tuple[Any, Any]:
+        """(state placed on the mesh, its sharding tree); (state, None) without a mesh."""
+        if self.mesh is None:
+            return state, None
+        shardings = state_shardings(state, self.mesh, self.logical_axes, optimizer, self.rules)
+        # donate: the single-device buffers are freed as the sharded ones are made
+        return place(state, shardings, donate=True), shardings
+
+    def abstract_state(self, abstract, optimizer) -> Any:
+        """``abstract`` (ShapeDtypeStructs, e.g. from ``jax.eval_shape``) with the shardings
+        the state has on this layout: the template a checkpoint is restored into."""
+        if self.mesh is None:
+            one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            shardings = jax.tree.map(lambda _: one, abstract)
+        else:
+            shardings = state_shardings(
+                abstract, self.mesh, self.logical_axes, optimizer, self.rules
+            )
+        return jax.tree.map(
+            lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract, shardings
+        )
+
+    def batch_sharding(self, batch) -> Any:
+        return None if self.mesh is None else batch_shardings(self.mesh, batch, self.rules)
+
+    def put_batch(self, batch, sharding) -> Any:
+        """A host batch as (global) device arrays split over the batch axes.
+
+        Every process passes its own rows (its shard of the episodes); with one process this
+        is a ``device_put``."""
+        if self.mesh is None:
+            return jax.tree.map(jax.numpy.asarray, batch)
+        if jax.process_count() == 1:
+            return jax.device_put(batch, sharding)
+        return jax.tree.map(
+            lambda sh, x: jax.make_array_from_process_local_data(sh, np.asarray(x)),
+            sharding,
+            batch,
+        )
+
+    def rollout_params(self, params) -> Any:
+        """The weights the sampler reads: the training layout, or (``no_fsdp``) a copy
+        resharded once without FSDP so decode steps run without all-gathers."""
+        if self.mesh is None or self.rollout_layout == "train" or self.mesh.shape["fsdp"] == 1:
+            return params
+        return place(params, self.param_shardings(params, NO_FSDP_RULES))
+
+    def replicated(self) -> Optional[NamedSharding]:
+        return None if self.mesh is None else NamedSharding(self.mesh, P())
+
+
+def place(tree, shardings, donate: bool = False):
+    """``jax.device_put(tree, shardings)``; with several processes, every process holds the
+    same full values (same seed, same checkpoint) and each builds its own shards of the
+    global arrays (``make_array_from_callback``: device_put cannot target other hosts)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings, donate=donate)
+
+    def one(x, sh):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = one(jax.random.key_data(x), sh)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        host = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(host.shape, sh, lambda index: host[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+class ShardedUpdate:
+    """``update(state, batch)`` under the layout: the host batch is placed on the mesh and one
+    jitted step per batch structure (optional fields present or not) takes the state's own
+    shardings in and out, so the donated state keeps its layout from step to step.
+
+    Args:
+      layout: the run's ``DeviceLayout``.
+      make: ``make(mesh=, state_sharding=, batch_sharding=)`` -> jitted update
+        (``jaxagent.rl.update.make_update_step`` with the recipe bound).
+    """
+
+    def __init__(self, layout: DeviceLayout, make):
+        self.layout, self._make = layout, make
+        self._plain = make() if layout.mesh is None else None
+        self._steps: dict = {}
+
+    def __call__(self, state, batch):
+        if self.layout.mesh is None:
+            return self._plain(state, self.layout.put_batch(batch, None))
+        b_sh = self.layout.batch_sharding(batch)
+        key = jax.tree.structure(batch)
+        if key not in self._steps:
+            st_sh = jax.tree.map(lambda x: x.sharding, state)
+            self._steps[key] = self._make(
+                mesh=self.layout.mesh,
+                state_sharding=st_sh,
+                batch_sharding=b_sh,
+                rules=self.layout.rules,
+            )
+        return self._steps[key](state, self.layout.put_batch(batch, b_sh))

@@ -1,0 +1,105 @@
+"""One model copy: LoRA merged in place for sampling; the roofline's arithmetic.
+
+The trainer's peak memory over (params + grads + Adam) is measured by
+``benchmarks/trainer_memory.py`` (the 768 x 12 model, minutes); these tests check the
+mechanisms it relies on.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxagent.models import ModelConfig, init_model
+from jaxagent.rl.lora import merge_lora
+from jaxagent.rl.recipes import get_recipe
+from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling
+from jaxagent.train.roofline import Roofline
+
+
+def _lora_state():
+    _, params = init_model(ModelConfig.test(num_layers=1), jax.random.key(0))
+    config = get_recipe("loop", lora={"rank": 4, "alpha": 8.0})
+    state = TrainState.create(params, config, jax.random.key(1))
+    # adapters with a nonzero product (b starts at zero)
+    adapters = jax.tree.map(lambda x: x + 0.05, state.params)
+    return state.replace(params=adapters)
+
+
+def test_lora_merges_in_place_for_sampling_and_unmerges():
+    state = _lora_state()
+    # numpy copies of copies: a numpy view of a CPU buffer pins it and blocks its donation
+    host = lambda t: jax.tree.map(lambda x: np.asarray(jnp.copy(x)), t)
+    base = host(state.frozen_params)
+    expected = host(merge_lora(state.frozen_params, state.params, state.lora_alpha, 4))
+    leaf = state.frozen_params["layer_0"]["mlp"]["up_proj"]
+    merged, state = begin_sampling(state)
+    # In place: the base's buffer was donated to the merged weights (no second full copy).
+    assert leaf.is_deleted() and state.frozen_params is None
+    for a, b in zip(jax.tree.leaves(merged), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    eps = float(np.finfo(np.float32).eps)
+    worst = 0.0
+    for _ in range(20):  # 20 rollouts' worth of merge / unmerge round trips
+        state = end_sampling(state, merged)
+        merged, state = begin_sampling(state)
+    state = end_sampling(state, merged)
+    for w0, w1, m in zip(
+        jax.tree.leaves(base), jax.tree.leaves(state.frozen_params), jax.tree.leaves(expected)
+    ):
+        # each round trip rounds W + d and (W + d) - d once each: <= eps (|W| + |d|) per trip,
+        # accumulating at most linearly over 21 trips
+        bound = 21 * eps * (np.abs(w0).max() + np.abs(m - w0).max())
+        drift = float(np.abs(np.asarray(w1) - w0).max())
+        assert drift <= bound, (drift, bound)
+        worst = max(worst, drift / max(np.abs(w0).max(), 1e-30))
+    print(f"relative base drift after 21 merge/unmerge round trips: {worst:.2e}")
+
+
+def test_full_finetuning_samples_from_the_state_itself():
+    _, params = init_model(ModelConfig.test(num_layers=1), jax.random.key(0))
+    state = TrainState.create(params, get_recipe("loop", lora={"rank": 0}), jax.random.key(1))
+    sample_params, same = begin_sampling(state)
+    assert sample_params is state.params and same is state
+    assert end_sampling(same, sample_params) is state
+
+
+def test_roofline_arithmetic():
+    cfg = ModelConfig.test(num_layers=2)  # vocab 128, D 64, tied=False
+    _, params = init_model(cfg, jax.random.key(0))
+    roof = Roofline(
+        peak_flop_s=1e9,
+        peak_bytes_s=1e9,
+        source="test",
+        matmul_params=1000,
+        head_params=100,
+        param_bytes=4000,
+        layers=2,
+        attn_width=8,
+    )
+    m = roof.iteration(
+        context_tokens=10,
+        sampled_tokens=4,
+        decode_steps=5,
+        generate_s=1.0,
+        batch_tokens=20,
+        loss_tokens=4,
+        epochs=1,
+        optimizer_steps=2,
+        update_s=2.0,
+        env_s=0.5,
+        iteration_s=4.0,
+        rows=1,
+    )
+    # sampler: 2*1000*10 + 4*2*8*(10/2)*10 + 2*100*4 = 20000 + 3200 + 800 = 24000 FLOPs in 1 s
+    np.testing.assert_allclose(m["time/sample_mfu"], 24000 / 1e9)
+    # 5 decode steps x 4000 bytes of weights
+    np.testing.assert_allclose(m["time/sample_mbu"], 20000 / 1e9)
+    # update: 4 passes x (2*1000*20 + 4*2*8*10*20 + 2*100*4) = 4 * 53600 FLOPs in 2 s
+    np.testing.assert_allclose(m["time/update_flop_s"], 4 * 53600 / 2)
+    np.testing.assert_allclose(m["time/update_mbu"], 2 * 8 * 4000 / 2 / 1e9)
+    assert m["time/env_wait_frac"] == 0.125
+    # from a real model: the embedding is excluded from the matmul weights
+    real = Roofline.create(cfg, params)
+    total = sum(x.size for x in jax.tree.leaves(params))
+    assert real.matmul_params == total - 2 * cfg.vocab_size * cfg.hidden_size
+    assert real.peak_flop_s > 0 and jnp.isfinite(real.peak_bytes_s)
