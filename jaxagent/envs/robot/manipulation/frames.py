@@ -10,6 +10,7 @@ fixed on its first import too, so ``PYOPENGL_PLATFORM`` is set to match before i
 
 from __future__ import annotations
 
+import ctypes.util
 import importlib
 import os
 
@@ -18,8 +19,15 @@ import numpy as np
 
 
 def _contexts() -> list[str]:
+    """The platforms to try, in order. PyOpenGL binds one platform on first import, so a
+    platform whose library is missing is not tried at all (CI installs only libosmesa6)."""
     user = os.environ.get("MUJOCO_GL", "").lower()
-    return [user] if user in ("egl", "osmesa") else ["egl", "osmesa"]
+    if user in ("egl", "osmesa"):
+        return [user]
+    found = [
+        n for n, lib in (("egl", "EGL"), ("osmesa", "OSMesa")) if ctypes.util.find_library(lib)
+    ]
+    return found or ["egl", "osmesa"]
 
 
 def make_gl_context(width: int, height: int):
