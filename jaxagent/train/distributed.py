@@ -7,9 +7,10 @@ JAX detect Cloud TPU pods, SLURM and Open MPI itself. On CPU the collectives go 
 (the only CPU implementation that crosses processes), so a run of N processes on localhost
 is a real multi-host run; that is how the CI test exercises it.
 
-After start-up every process runs the same program on the same global arrays; host-side work
-is split (``task_shard``: each process's environment pool runs its own slice of the
-iteration's episodes) and output is written once (``is_writer``: process 0).
+After start-up every process runs the same program on the same global arrays; host-side data
+is split (``task_shard``: a process's contiguous slice, its host-local rows) and output is
+written once (``is_writer``: process 0). The learner side is multi-host today
+(tests/test_multihost.py); the trainer's rollout is not yet (``refuse_multihost_rollout``).
 """
 
 from __future__ import annotations
@@ -64,3 +65,19 @@ def task_shard(items: Sequence[T]) -> list[T]:
         )
     per = len(items) // n
     return list(items[i * per : (i + 1) * per])
+
+
+def refuse_multihost_rollout() -> None:
+    """The trainer's rollout does not split episodes over hosts yet (each process would need
+    its own environment pool over ``task_shard`` and a process-local copy of the weights to
+    sample from); say so instead of failing inside the sampler. The learner side works
+    across processes (``jaxagent.train.mesh``: global batches, the sharded update,
+    collective checkpoints; tests/test_multihost.py)."""
+    if jax.process_count() > 1:
+        from jaxagent.train.config import ConfigError
+
+        raise ConfigError(
+            f"distributed: {jax.process_count()} processes started, but jaxagent train's "
+            "rollout is single-process for now; run one process (distributed.mode=off) with "
+            "mesh.data=-1 over this host's devices"
+        )

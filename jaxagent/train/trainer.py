@@ -37,7 +37,7 @@ from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
-from jaxagent.train.distributed import start_distributed
+from jaxagent.train.distributed import refuse_multihost_rollout, start_distributed
 from jaxagent.train.mesh import DeviceLayout, ShardedUpdate
 from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger
@@ -59,7 +59,8 @@ class Trainer:
     def __init__(self, config: Config, echo: Callable[[str], None] = print):
         self.config, self.echo = config, echo
         self._t_init = time.perf_counter()  # wall_s counts set-up (world, tokenizer, model) too
-        start_distributed(config.distributed)  # before anything touches a device
+        if start_distributed(config.distributed):  # before anything touches a device
+            refuse_multihost_rollout()
         self.run_dir = config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
