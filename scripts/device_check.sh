@@ -5,9 +5,12 @@
 #
 # 1. CUDA JAX is installed (the README's install line) and sees a GPU;
 # 2. the `gpu`-marked tests run, then the 8-simulated-device mesh tests stay CPU-only;
-# 3. benchmarks/generate.py (jaxagent's KV-cache sampler vs transformers.generate on the same
-#    GPU: tok/s and the ratio) and benchmarks/rl_step.py (one GRPO step vs TRL's GRPOTrainer
-#    on the same GPU when trl is installed), each ending with one JSON line;
+# 3. benchmarks/generate.py (jaxagent's KV-cache sampler vs transformers.generate: tok/s and
+#    the ratio) and benchmarks/rl_step.py (one GRPO step vs TRL's GRPOTrainer when trl is
+#    installed), each ending with one JSON line. Caveat: both benchmarks build their torch
+#    models on the default torch device (CPU) as they stand; for a same-GPU comparison their
+#    torch side needs a .to("cuda") (benchmarks/ owners), so the ratios printed here are
+#    jaxagent-on-GPU vs torch-on-CPU until then (say so when reporting them);
 # 4. the roofline: MFU of a bf16 matmul against the chip's peak from
 #    jaxagent.train.roofline.CHIP_PEAKS, and compile times of the 24-layer 0.5B-shaped model.
 set -uo pipefail
