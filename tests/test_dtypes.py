@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from jaxagent.generate import Sampler, SamplingConfig
-from jaxagent.models import ModelConfig, apply_model, init_cache, init_model, save_hf
+from jaxagent.models import (
+    ModelConfig,
+    abstract_graphdef,
+    apply_model,
+    init_cache,
+    init_model,
+    save_hf,
+)
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
 from jaxagent.rl.update import make_update_step, model_apply_fn
@@ -19,10 +26,18 @@ from jaxagent.types import TokenBatch
 EPS_BF16 = float(jnp.finfo(jnp.bfloat16).eps)  # 2^-7 (8 significant bits with the hidden one)
 
 
-def test_bf16_logits_within_bf16_tolerance_of_fp32():
-    cfg32 = ModelConfig.test()
-    graphdef32, params = init_model(cfg32, jax.random.key(0))
-    graphdef16, _ = init_model(cfg32.replace(dtype="bfloat16"), jax.random.key(0))
+@pytest.fixture(scope="module")
+def fp32_model():
+    """One fp32 model for every test: dtypes only change the graphdef (abstract_graphdef of
+    a config with other dtypes runs the same parameters), so no test builds a second one."""
+    cfg = ModelConfig.test()
+    graphdef, params = init_model(cfg, jax.random.key(0))
+    return cfg, graphdef, params
+
+
+def test_bf16_logits_within_bf16_tolerance_of_fp32(fp32_model):
+    cfg32, graphdef32, params = fp32_model
+    graphdef16 = abstract_graphdef(cfg32.replace(dtype="bfloat16"))
     tokens = jax.random.randint(jax.random.key(1), (4, 24), 0, cfg32.vocab_size)
     pos = jnp.broadcast_to(jnp.arange(24), (4, 24))
     seg = jnp.ones((4, 24), jnp.int32)
@@ -39,28 +54,27 @@ def test_bf16_logits_within_bf16_tolerance_of_fp32():
     assert err > 1e-4 * scale
 
 
-def test_kv_cache_dtype_halves_cache_memory():
-    cfg = ModelConfig.test()
+def test_kv_cache_dtype_halves_cache_memory(fp32_model):
+    cfg, _, params = fp32_model
     full = init_cache(cfg, 8, 128)
     half = init_cache(cfg.replace(kv_cache_dtype="bfloat16"), 8, 128)
     nbytes = lambda c: sum(x.nbytes for x in (*c.keys, *c.values))
     assert nbytes(half) * 2 == nbytes(full)
     # The sampler follows the model's kv_cache_dtype (fp32 weights, bf16 cache).
-    graphdef, params = init_model(cfg.replace(kv_cache_dtype="bfloat16"), jax.random.key(0))
+    graphdef = abstract_graphdef(cfg.replace(kv_cache_dtype="bfloat16"))
     sampling = SamplingConfig.create(max_new_tokens=4, temperature=1.0)
     out = Sampler(graphdef)(params, [[1, 2, 3]] * 2, sampling, jax.random.key(0))
     assert out.cache.keys[0].dtype == jnp.bfloat16
     assert jax.tree.leaves(params)[0].dtype == jnp.float32
 
 
-def test_loaded_model_honours_dtypes_and_value_head(tmp_path):
+def test_loaded_model_honours_dtypes_and_value_head(tmp_path, fp32_model):
     from jaxagent.train.config import ModelSection
     from jaxagent.train.policy import build_model
 
-    cfg = ModelConfig.test(vocab_size=64)
-    graphdef, params = init_model(cfg, jax.random.key(0))
+    cfg, graphdef, params = fp32_model
     save_hf(str(tmp_path), cfg, graphdef, params)
-    tok = type("Tok", (), {"__len__": lambda self: 64})()
+    tok = type("Tok", (), {"__len__": lambda self: cfg.vocab_size})()
     section = ModelSection(
         init_from=str(tmp_path),
         param_dtype="bfloat16",
