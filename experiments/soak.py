@@ -284,6 +284,11 @@ def main() -> int:
     (out / "soak.json").write_text(json.dumps(detail, indent=1))
     print(f"injected {injected} recovered {recovered}")
     print(f"memory fit (trainer RSS after the warm-up, least squares): {fit}")
+    # an allocator settling looks like a leak early on: the second half tells them apart
+    late = slope_fit(sampler.samples, skip_frac=0.5)
+    detail["memory_fit_second_half"] = late
+    (out / "soak.json").write_text(json.dumps(detail, indent=1))
+    print(f"memory fit over the second half only: {late}")
     print(json.dumps(summary))
     return 0
 
