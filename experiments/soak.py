@@ -10,8 +10,9 @@ iteration, which makes the loss and gradient of every minibatch step holding tha
 (the update guard must skip exactly those steps and training must carry on). Checkpoints are
 written every 5 iterations, as in a real run.
 
-Every 5 s a thread samples the resident memory of the trainer process and of its pool
-workers. At the end: ``soak.png`` (memory and throughput over time), ``soak.json``, and one
+Every 5 s a thread samples the resident memory of the trainer process and the proportional
+set size of its pool workers (forked workers share the trainer's pages: their RSS would count
+them once per worker). At the end: ``soak.png`` (memory and throughput over time), ``soak.json``, and one
 JSON line with minutes, iterations, episodes in (asked for) and out (returned, whatever their
 termination), faults injected vs recovered (a hang recovered = a pool timeout, a crash = a
 worker death detected and replaced, a corrupt reply = a protocol violation caught; a slow call
@@ -57,7 +58,7 @@ OVERRIDES = [
 
 
 class MemorySampler(threading.Thread):
-    """(t, trainer RSS MB, trainer + children RSS MB) every ``every`` seconds."""
+    """(t, trainer RSS MB, trainer RSS + children's PSS MB) every ``every`` seconds."""
 
     def __init__(self, every: float = 5.0):
         super().__init__(daemon=True)
@@ -71,8 +72,8 @@ class MemorySampler(threading.Thread):
         own = self.proc.memory_info().rss
         kids = 0
         for child in self.proc.children(recursive=True):
-            try:
-                kids += child.memory_info().rss
+            try:  # PSS: forked workers share the trainer's pages; RSS would count them again
+                kids += child.memory_full_info().pss
             except Exception:  # noqa: BLE001 - a worker that just died (injected crash)
                 pass
         self.samples.append((time.monotonic() - self.t0, own / 2**20, (own + kids) / 2**20))
@@ -118,7 +119,7 @@ def plot(path: Path, samples: list, iters: list) -> None:
     fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     if len(arr):
         a.plot(arr[:, 0] / 60, arr[:, 1], label="trainer RSS")
-        a.plot(arr[:, 0] / 60, arr[:, 2], label="trainer + pool workers RSS")
+        a.plot(arr[:, 0] / 60, arr[:, 2], label="trainer RSS + pool workers PSS")
     a.set_ylabel("MiB")
     a.legend()
     a.set_title("soak: memory and throughput under injected faults")
