@@ -6,6 +6,7 @@ then a ``jaxagent train`` subprocess killed right after its iteration-2 checkpoi
 iteration 3 collects its episodes, and restarted. The interrupted iteration's episodes were
 never stored, so the restarted run re-collects them with the same keys: every deterministic
 metric of iterations 3 and 4 (and the best-validation selection) must equal the reference.
+Measured here (load average ~2 on 2 CPUs): lora 125 s, thread 153 s, process 116 s.
 """
 
 import os
