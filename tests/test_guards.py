@@ -54,6 +54,7 @@ def test_injected_nan_skips_exactly_that_step_and_training_continues():
     assert float(mc["guard/nonfinite"]) == 0.0 and max_abs_diff(state_b3.params, params) > 5e-7
 
 
+@pytest.mark.slow  # 14 s of compilation; the default suite keeps the NaN-skip test
 def test_kl_stop_skips_the_rest_of_the_iteration():
     apply_fn, params = tiny_model(num_layers=1)
     batch = on_policy_batch(apply_fn, params, batch_size=8, group=4)
