@@ -18,6 +18,7 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.kind == "rich":
             from rich.console import Console
+            from rich.table import Column
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -29,11 +30,13 @@ class Progress:
 
             self._bar = RichProgress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=20),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"),
+                # The metrics fold onto further lines on a narrow (or non-tty, 80-column)
+                # console instead of squeezing the step count and times out of the line.
+                TextColumn("{task.fields[info]}", table_column=Column(overflow="fold", ratio=1)),
                 console=Console(file=sys.stderr),
                 transient=False,
             )
