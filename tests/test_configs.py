@@ -113,7 +113,17 @@ ENV_SHRINK = {
 }
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+# Recipe variants on a world another config already runs: their one-iteration runs (~30 s
+# each) go to the nightly set to keep CI under its time budget; the recipes themselves are
+# unit-tested (tests/test_rl_update.py, tests/test_rl_losses.py).
+NIGHTLY_CONFIGS = {"dr_grpo_math", "rloo_tools", "rft_tools"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.stem in NIGHTLY_CONFIGS else p for p in CONFIGS],
+    ids=[p.stem for p in CONFIGS],
+)
 def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     import jax
     import numpy as np
