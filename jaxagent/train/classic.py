@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -83,3 +83,47 @@ def run_learner(name: str, config_path: str, overrides: list[str]) -> dict[str, 
     if not isinstance(summary, dict):
         raise TypeError(f"learner {name!r} returned {type(summary).__name__}, not a summary dict")
     return summary
+
+
+def load_learner_config(
+    schema: type, path: str | Path | None, overrides: Sequence[str], *, learner: str, keys: str
+) -> Any:
+    """YAML + ``key=value`` overrides onto the frozen dataclass ``schema`` (omegaconf), for a
+    learner's own config; every error is a ``ConfigError`` naming the key, the value and the
+    fix (``keys`` lists the valid sections / keys for the message).
+
+    Args:
+      schema: the learner's top-level config dataclass (it has a ``learner`` field).
+      path: the YAML file, or None for the defaults.
+      overrides: dotted ``key=value`` strings, applied after the file.
+      learner: the name this trainer answers to (``learner:`` in the file must match).
+      keys: a description of the valid keys, appended to unknown-key errors.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    merged = OmegaConf.structured(schema)
+    layers = []
+    if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        layers.append((str(path), OmegaConf.load(path)))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.seed=1)")
+        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+    for origin, layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as err:
+            key = getattr(err, "full_key", None) or "?"
+            raise ConfigError(
+                f"{origin}: bad or unknown key {key!r}: {str(err).splitlines()[0]}; {keys}"
+            ) from None
+    try:
+        config = OmegaConf.to_object(merged)
+    except (ValueError, OmegaConfBaseException) as err:  # the sections' own checks
+        raise ConfigError(f"{learner}: {str(err).splitlines()[0]}") from None
+    if config.learner != learner:
+        raise ConfigError(f"learner={config.learner!r}: this trainer is {learner!r}")
+    return config

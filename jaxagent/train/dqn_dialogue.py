@@ -21,7 +21,6 @@ from typing import Any, Callable, Dict, Sequence
 
 import numpy as np
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from jaxagent.rl.classic.dqn import DQNConfig
 from jaxagent.train.validate import _DC, ConfigError
@@ -92,35 +91,16 @@ def _fields(cls) -> list[str]:
 def load_dqn_config(path: str | Path | None, overrides: Sequence[str] = ()) -> DQNDialogueConfig:
     """YAML + ``key=value`` overrides onto ``DQNDialogueConfig``; errors are ``ConfigError``
     naming the key, the value and the fix."""
-    merged = OmegaConf.structured(DQNDialogueConfig)
-    layers = []
-    if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        layers.append((str(path), OmegaConf.load(path)))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.seed=1)")
-        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
-    for origin, layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as err:
-            key = getattr(err, "full_key", None) or "?"
-            raise ConfigError(
-                f"{origin}: bad or unknown key {key!r}: {str(err).splitlines()[0]}; keys are "
-                f"{_fields(DQNDialogueConfig)}, dqn.{_fields(DQNConfig)}, "
-                f"train.{_fields(DQNTrainSection)}, env.options.<dialogue option>"
-            ) from None
-    try:
-        config = OmegaConf.to_object(merged)
-    except ConfigError:
-        raise
-    except (ValueError, OmegaConfBaseException) as err:  # DQNConfig's own checks
-        raise ConfigError(f"dqn: {str(err).splitlines()[0]}") from None
-    if config.learner != "dqn_dialogue":
-        raise ConfigError(f"learner={config.learner!r}: this trainer is 'dqn_dialogue'")
-    return config
+    from jaxagent.train.classic import load_learner_config
+
+    return load_learner_config(
+        DQNDialogueConfig,
+        path,
+        overrides,
+        learner="dqn_dialogue",
+        keys=f"keys are {_fields(DQNDialogueConfig)}, dqn.{_fields(DQNConfig)}, "
+        f"train.{_fields(DQNTrainSection)}, env.options.<dialogue option>",
+    )
 
 
 class _Dialogues:

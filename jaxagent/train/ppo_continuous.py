@@ -18,7 +18,6 @@ from typing import Any, Sequence
 
 import numpy as np
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from jaxagent.rl.classic.ppo_continuous import PPOConfig
 from jaxagent.train.validate import _DC, ConfigError
@@ -82,35 +81,16 @@ class PPORunConfig:
 def load_ppo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> PPORunConfig:
     """YAML + ``key=value`` overrides onto ``PPORunConfig``; every error is a ``ConfigError``
     naming the key, the value and the fix."""
-    merged = OmegaConf.structured(PPORunConfig)
-    layers = []
-    if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        layers.append((str(path), OmegaConf.load(path)))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.seed=1)")
-        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
-    try:
-        for origin, layer in layers:
-            try:
-                merged = OmegaConf.merge(merged, layer)
-            except OmegaConfBaseException as err:
-                key = getattr(err, "full_key", None) or "?"
-                raise ConfigError(
-                    f"{origin}: bad or unknown key {key!r}: {str(err).splitlines()[0]}; "
-                    f"sections are env {_fields(PPOEnvSection)}, ppo {_fields(PPOConfig)}, "
-                    f"train {_fields(PPOTrainSection)}"
-                ) from None
-        config = OmegaConf.to_object(merged)
-    except ConfigError:
-        raise
-    except (ValueError, OmegaConfBaseException) as err:  # PPOConfig's own checks
-        raise ConfigError(str(err).splitlines()[0]) from None
-    if config.learner != "ppo_continuous":
-        raise ConfigError(f"learner={config.learner!r}: this trainer is 'ppo_continuous'")
-    return config
+    from jaxagent.train.classic import load_learner_config
+
+    return load_learner_config(
+        PPORunConfig,
+        path,
+        overrides,
+        learner="ppo_continuous",
+        keys=f"sections are env {_fields(PPOEnvSection)}, ppo {_fields(PPOConfig)}, "
+        f"train {_fields(PPOTrainSection)}",
+    )
 
 
 def _fields(cls) -> list[str]:
