@@ -16,7 +16,7 @@ command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   else
     echo "missing system packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2
     exit 1
