@@ -17,13 +17,13 @@ import time
 
 import jax
 import jax.numpy as jnp
+from update_memory import abstract_batch  # the same abstract TokenBatch shapes
 
 from jaxagent.generate import Sampler, SamplingConfig
 from jaxagent.models import ModelConfig, abstract_graphdef
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
 from jaxagent.rl.update import make_update_step, model_logprob_fn
-from jaxagent.types import TokenBatch
 
 
 def _abstract_params(config):
@@ -53,20 +53,9 @@ def main() -> None:
     params = _abstract_params(config)
     rl = get_recipe("loop", lora={"rank": 0}, update={"minibatch_size": args.rows})
     state = jax.eval_shape(lambda p: TrainState.create(p, rl, jax.random.key(0)), params)
-    b, t = args.rows, args.len
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
-    batch = TokenBatch(
-        tokens=i32(b, t),
-        positions=i32(b, t),
-        segment_ids=i32(b, t),
-        loss_mask=f32(b, t),
-        old_logprobs=f32(b, t),
-        advantages=f32(b, t),
-        rewards=f32(b),
-        group_ids=i32(b),
-        turn_ids=i32(b, t),
-    )
+    b = args.rows
+    batch = abstract_batch(b, args.len, with_values=False)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     step = make_update_step(rl, logprob_fn=model_logprob_fn(graphdef), jit=False)
     lowered, lower_s = _timed(lambda: jax.jit(step, donate_argnums=0).lower(state, batch))
     _, update_s = _timed(lowered.compile)
