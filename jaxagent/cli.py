@@ -418,13 +418,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: object) -> str:
+    # Causes quoted from libraries (transformers, orbax) carry their own newlines; a script
+    # reading stderr expects exactly one line.
+    return " ".join(str(text).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
         args = build_parser().parse_args(argv)
     except InputError as err:
-        print(f"jaxagent {command}: {err}".replace("  ", " "), file=sys.stderr)
+        print(_one_line(f"jaxagent {command}: {err}"), file=sys.stderr)
         return 2
     from jaxagent.train.config import ConfigError
     from jaxagent.train.guards import TrainingStopped
@@ -439,13 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except ConfigError as err:
-        print(f"jaxagent {args.command}: config error: {err}", file=sys.stderr)
+        print(_one_line(f"jaxagent {args.command}: config error: {err}"), file=sys.stderr)
         return 2
     except (CheckpointError, InputError) as err:
-        print(f"jaxagent {args.command}: {err}", file=sys.stderr)
+        print(_one_line(f"jaxagent {args.command}: {err}"), file=sys.stderr)
         return 2
     except TrainingStopped as err:  # a guard stopped the run: one line, not a traceback
-        print(f"jaxagent {args.command}: {err}", file=sys.stderr)
+        print(_one_line(f"jaxagent {args.command}: {err}"), file=sys.stderr)
         return 1
 
 
