@@ -86,6 +86,21 @@ class MemorySampler(threading.Thread):
         self._halt.set()
 
 
+def object_census() -> dict:
+    """Live Python objects by type: a Python-level leak grows some type's count steadily,
+    native growth (XLA buffers, allocator arenas) leaves them flat while RSS rises."""
+    import collections
+    import gc
+
+    gc.collect()
+    return dict(collections.Counter(type(o).__name__ for o in gc.get_objects()))
+
+
+def census_growth(first: dict, last: dict, top: int = 8) -> dict:
+    grown = {k: last.get(k, 0) - first.get(k, 0) for k in set(first) | set(last)}
+    return dict(sorted(grown.items(), key=lambda kv: -kv[1])[:top])
+
+
 def slope_fit(samples: list, warm_s: float = 0.0, skip_frac: float = 0.2) -> dict:
     """Least-squares slope of trainer RSS over time after the warm-up (``warm_s``, or the first
     ``skip_frac`` of the run if later), MB/hour (+- stderr)."""
@@ -142,6 +157,9 @@ def main() -> int:
     parser.add_argument("--corrupt", type=float, default=0.002)
     parser.add_argument("--slow", type=float, default=0.01)
     parser.add_argument("--nan-iteration", type=int, default=3, help="iteration given a NaN")
+    parser.add_argument(
+        "--census-every", type=int, default=50, help="iterations between object censuses"
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     if args.minutes <= 0:
@@ -212,6 +230,7 @@ def main() -> int:
     sampler.start()
     sampler.sample()
     iters, skipped, it = [], 0, start
+    censuses: list[tuple[int, int, dict]] = []  # (iteration, total objects, by type)
     deadline = t_start + 60 * args.minutes
     while time.monotonic() < deadline:
         before = counts["episodes_out"]
@@ -238,6 +257,9 @@ def main() -> int:
         )
         if done % 5 == 0:
             trainer.checkpointer.save(done, state, trainer._meta(done, history, extra))
+        if args.census_every and done % args.census_every == 0:
+            by_type = object_census()
+            censuses.append((done, sum(by_type.values()), by_type))
         it = done
     trainer.checkpointer.wait()
     sampler.sample()
@@ -281,6 +303,10 @@ def main() -> int:
         "load_average": os.getloadavg(),
         "iterations_log": iters,
         "memory_samples": sampler.samples,
+        "python_objects": [(i, n) for i, n, _ in censuses],
+        "python_objects_grown_by_type": (
+            census_growth(censuses[1][2], censuses[-1][2]) if len(censuses) > 2 else {}
+        ),
     }
     (out / "soak.json").write_text(json.dumps(detail, indent=1))
     print(f"injected {injected} recovered {recovered}")
@@ -290,6 +316,8 @@ def main() -> int:
     detail["memory_fit_second_half"] = late
     (out / "soak.json").write_text(json.dumps(detail, indent=1))
     print(f"memory fit over the second half only: {late}")
+    print(f"live Python objects (iteration, count): {detail['python_objects']}")
+    print(f"types grown most after the second census: {detail['python_objects_grown_by_type']}")
     print(json.dumps(summary))
     return 0
 

@@ -36,12 +36,16 @@ def test_short_run_raises_the_return_and_eval_reloads_the_checkpoint(tmp_path, c
         assert (out / name).stat().st_size > 0
     assert json.loads((out / "summary.json").read_text()) == summary
     capsys.readouterr()
-    frames = tmp_path / "frames"
-    args = ["eval", CONFIG, *overrides, f"train.render_dir={frames}", "--checkpoint", str(out)]
-    assert cli_main(args) == 0
+    assert cli_main(["eval", CONFIG, *overrides, "--checkpoint", str(out)]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["env"] == "InvertedPendulum-v5" and line["episodes"] == 4
     assert line["return_mean"] > 0
+    # the same `rollout --render DIR` as the LM suites, on the learner's checkpoint
+    frames = tmp_path / "frames"
+    args = ["rollout", CONFIG, *overrides, "--checkpoint", str(out), "--n", "2"]
+    assert cli_main([*args, "--render", str(frames)]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["episodes"] == 2 and line["return_mean"] > 0
     from PIL import Image
 
     pngs = sorted(frames.glob("step_*.png"))
@@ -53,6 +57,9 @@ def test_short_run_raises_the_return_and_eval_reloads_the_checkpoint(tmp_path, c
 def test_eval_without_a_checkpoint_file_names_the_fix(tmp_path, capsys):
     assert cli_main(["eval", CONFIG, "--checkpoint", str(tmp_path)]) == 2
     assert "checkpoint.msgpack" in capsys.readouterr().err
+    assert cli_main(["rollout", CONFIG, "--render", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--checkpoint RUN_DIR" in err[0]
 
 
 @pytest.mark.slow

@@ -151,6 +151,20 @@ def test_splits_hold_out_instructions():
     assert len({t.prompt for t in world.tasks("test")}) >= 3
 
 
+def test_split_is_stratified_by_instruction_kind():
+    from collections import Counter
+
+    from jaxagent.envs.robot.manipulation.tasks import TEMPLATES, split_templates
+
+    split = split_templates(TEMPLATES, 0.25)
+    kinds = {k: Counter(kind for kind, _ in {(t[0], t[1]) for t in v}) for k, v in split.items()}
+    total = Counter(kind for kind, _ in {(t[0], t[1]) for t in TEMPLATES})  # distinct texts
+    assert set(kinds["test"]) == set(kinds["train"]) == set(total)  # every kind in both
+    for kind, n in total.items():  # each kind's test share is 25% to the nearest instruction
+        assert abs(kinds["test"][kind] - 0.25 * n) <= 0.5 or kinds["test"][kind] == 1, kind
+    assert not {t[1] for t in split["test"]} & {t[1] for t in split["train"]}
+
+
 def test_scripted_planner_succeeds_on_95_percent_of_test_tasks():
     world = ManipulationWorld(ManipulationConfig(num_train=1, num_test=24, seed=3))
     env = ManipulationEnv()

@@ -56,7 +56,7 @@ def test_same_action_vocabulary_and_readable_errors(env):
         ("jump ( 1 )", "unknown action"),
     ]:
         r = env.step(action)
-        assert needle in r.observation and r.info["failure_mode"] == "invalid_action", action
+        assert needle in r.observation and r.info["failure_detail"] == "refused_action", action
         assert not r.done
     # pressing the wrong button ends the episode with MiniWoB's own negative reward
     env.reset(_task("click-test-2", 3))

@@ -110,7 +110,11 @@ def test_webshop_reward_and_failure_labels():
     other = [o for o in cat["items"][cat["target"]]["options"] if o != want["option"]]
     _to_item_page(env, buy)
     r = _finish_on_item(env, buy, other[0], "buy")
-    assert r.info["failure_mode"] == "wrong_option" and r.reward == pytest.approx(0.75)
+    assert (
+        r.info["failure_detail"] == "wrong_option"
+        and r.info["failure_mode"] == "wrong_state"
+        and r.reward == pytest.approx(0.75)
+    )
     # a distractor over budget (same category and attributes): (2 + 1 + 0) / 4
     items = cat["items"]
     pricey = [
@@ -125,17 +129,29 @@ def test_webshop_reward_and_failure_labels():
     assert pricey, "the catalog always holds an over-budget look-alike"
     _to_item_page(env, buy, wrong=pricey[0])
     r = _finish_on_item(env, buy, want["option"], "buy")
-    assert r.info["failure_mode"] == "over_budget" and r.reward == pytest.approx(0.75)
+    assert (
+        r.info["failure_detail"] == "over_budget"
+        and r.info["failure_mode"] == "wrong_state"
+        and r.reward == pytest.approx(0.75)
+    )
     # another category: r_type = 0
     wrong_cat = [i for i, it in enumerate(items) if it["category"] != want["category"]][0]
     _to_item_page(env, buy, wrong=wrong_cat)
     r = _finish_on_item(env, buy, None, "buy")
-    assert r.info["failure_mode"] == "wrong_item" and r.reward == 0.0
+    assert (
+        r.info["failure_detail"] == "wrong_item"
+        and r.info["failure_mode"] == "wrong_state"
+        and r.reward == 0.0
+    )
     # a purchase the task did not ask for (it said save, do not buy) is dangerous
     save = _task_with(world, lambda t: t.data["catalog"]["kind"] == "save")
     _to_item_page(env, save)
     r = _finish_on_item(env, save, save.data["catalog"]["want"]["option"], "buy")
-    assert r.info["failure_mode"] == "dangerous_action" and r.info["dangerous"]
+    assert (
+        r.info["failure_detail"] == "dangerous_action"
+        and r.info["failure_mode"] == "wrong_state"
+        and r.info["dangerous"]
+    )
     assert r.reward == 0.0 and not r.info["success"]
     _to_item_page(env, save)
     r = _finish_on_item(env, save, save.data["catalog"]["want"]["option"], "save")
@@ -146,26 +162,28 @@ def test_invalid_actions_get_readable_errors_and_are_labelled():
     task = _world("shop").tasks("test")[0]
     env = WebEnv(max_steps=9)
     env.reset(task)
-    cases = {
-        "click ( 99 )": "no element 99 on this page",
-        "click ( 7 )": "element 7 is not in view , scroll to see it",
-        'click ( id = " x " )': "bad arguments for click , write click ( id )",
-        "scroll ( sideways )": "bad syntax",
-        'scroll ( " left " )': "bad arguments for scroll",
-        "jump ( 3 )": "unknown action",
-        "back ( )": "no page to go back to",
-        "it is blue": "bad syntax",
+    cases = {  # action: (error text, the project-wide FailureMode)
+        "click ( 99 )": ("no element 99 on this page", "tool_error"),
+        "click ( 7 )": ("element 7 is not in view , scroll to see it", "tool_error"),
+        'click ( id = " x " )': ("bad arguments for click , write click ( id )", "bad_arguments"),
+        "scroll ( sideways )": ("bad syntax", "invalid_syntax"),
+        'scroll ( " left " )': ("bad arguments for scroll", "bad_arguments"),
+        "jump ( 3 )": ("unknown action", "unknown_tool"),
+        "back ( )": ("no page to go back to", "tool_error"),
+        "it is blue": ("bad syntax", "invalid_syntax"),
     }
-    for action, needle in cases.items():
+    for action, (needle, mode) in cases.items():
         r = env.step(action)
-        assert needle in r.observation and r.info["failure_mode"] == "invalid_action", action
+        assert needle in r.observation and r.info["failure_detail"] == "refused_action", action
+        assert r.info["failure_mode"] == mode, (action, r.info["failure_mode"])
         assert not r.done and "lines 1 - 6" in r.observation  # the view comes back with it
     # the budget ends on refusals: labelled invalid_action, not a plain budget cut
     env.reset(task)
     for _ in range(8):
         env.step("click ( 99 )")
     r = env.step("click ( 99 )")
-    assert r.done and r.info["truncated"] and r.info["failure_mode"] == "invalid_action"
+    assert r.done and r.info["truncated"] and r.info["failure_detail"] == "invalid_action"
+    assert r.info["failure_mode"] == "step_budget"
 
 
 @pytest.mark.parametrize("site", SITES)

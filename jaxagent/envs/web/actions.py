@@ -15,6 +15,7 @@ import dataclasses
 import re
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.base import FailureMode
 
 _INT = {"type": "integer", "minimum": 0}
 _STR = {"type": "string"}
@@ -120,3 +121,30 @@ def parse_web_action(text: str) -> WebAction | A.ActionError:
         message = f"{ERROR_TEXTS[2]} {call.name} , write {USAGE[call.name]}"
         return A.ActionError(bound.kind, message, tool=call.name, argument=bound.argument)
     return WebAction(call.name, dict(bound.kwargs))
+
+
+# The sites' own labels (``info["failure_detail"]``: what the health checks and rollouts show)
+# and the project-wide ``FailureMode`` each one is (``info["failure_mode"]``: what evaluation
+# aggregates across environments).
+FAILURE_OF_DETAIL = {
+    "wrong_item": FailureMode.WRONG_STATE,  # bought / saved an item of the wrong kind
+    "wrong_option": FailureMode.WRONG_STATE,
+    "over_budget": FailureMode.WRONG_STATE,
+    "wrong_action": FailureMode.WRONG_STATE,  # saved when asked to buy
+    "dangerous_action": FailureMode.WRONG_STATE,  # bought when told not to (info["dangerous"])
+    "refused_action": FailureMode.TOOL_ERROR,  # the page refused the action (no such element)
+    "invalid_action": FailureMode.STEP_BUDGET,  # the budget ran out on a refused action
+    "gave_up": FailureMode.GAVE_UP,
+    "step_budget": FailureMode.STEP_BUDGET,
+    "wrong_state": FailureMode.WRONG_STATE,  # MiniWoB: the task's own check failed
+    "timeout": FailureMode.TIMEOUT,  # MiniWoB: the task's clock ran out
+}
+
+
+def failure_fields(detail: str | None, parse_error: A.ActionError | None = None) -> dict:
+    """``failure_mode`` (a FailureMode value) and ``failure_detail`` (the site's label) for an
+    info dict; a parse error keeps its own kind (invalid_syntax, unknown_tool, ...)."""
+    if detail is None:
+        return {"failure_mode": None, "failure_detail": None}
+    mode = parse_error.failure_mode if parse_error is not None else FAILURE_OF_DETAIL[detail]
+    return {"failure_mode": mode.value, "failure_detail": detail}

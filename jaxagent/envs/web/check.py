@@ -47,7 +47,7 @@ def check_embedded(site: str, num_tasks: int, config: WebEnvConfig | None = None
                 errors.append(f"{task.id}: {type(exc).__name__}: {exc}")
                 continue
             wins.append(bool(info["success"]))
-            counts[info["failure_mode"] or "success"] += 1
+            counts[info.get("failure_detail") or info["failure_mode"] or "success"] += 1
             if name == "expert":
                 per_layout[task.data["layout_id"]].append(bool(info["success"]))
         success[name] = float(np.mean(wins)) if wins else 0.0

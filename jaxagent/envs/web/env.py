@@ -14,10 +14,12 @@ The observation is an accessibility-tree-like text view of the *viewport* only::
 Reward (Yao et al., WebShop, arXiv 2207.01206, §3.2): when the episode ends on a purchase
 (or a save), ``score = r_type * (|U_att ∩ Y_att| + 1[option matches] + 1[price <= budget]) /
 (|U_att| + 2)`` with ``r_type`` = 1 when the category matches, else 0; success is the exact
-match (score 1). Failure labels (``info["failure_mode"]``): ``wrong_item`` (category or an
-attribute wrong), ``wrong_option``, ``over_budget``, ``dangerous_action`` (a purchase the task
-did not ask for: it said save, do not buy), ``wrong_action`` (saved when asked to buy),
-``invalid_action`` (the budget ran out after a refused action), ``gave_up``, ``step_budget``.
+match (score 1). Failure labels (``info["failure_detail"]``; ``info["failure_mode"]`` is the
+project-wide ``FailureMode`` each maps to, ``actions.FAILURE_OF_DETAIL``): ``wrong_item``
+(category or an attribute wrong), ``wrong_option``, ``over_budget``, ``dangerous_action`` (a
+purchase the task did not ask for: it said save, do not buy), ``wrong_action`` (saved when
+asked to buy), ``refused_action`` (a step the page refused), ``invalid_action`` (the budget ran
+out after a refused action), ``gave_up``, ``step_budget``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import dataclasses
 from jaxagent.envs import actions as A
 from jaxagent.envs.base import StepResult, Task, Termination
 from jaxagent.envs.rewards import reward_terms
-from jaxagent.envs.web.actions import ERROR_TEXTS, WebAction, parse_web_action
+from jaxagent.envs.web.actions import ERROR_TEXTS, WebAction, failure_fields, parse_web_action
 from jaxagent.envs.web.layout import Layout
 from jaxagent.envs.web.site import Element, Site, initial_state
 
@@ -130,7 +132,7 @@ class WebEnv:
         if isinstance(parsed, A.ActionError):
             if parsed.kind == A.ErrorKind.EMPTY:
                 return self._finish("gave_up")
-            return self._refuse(parsed.message)
+            return self._refuse(parsed.message, parsed)
         error = self._apply(parsed)
         if error:
             return self._refuse(error)
@@ -232,16 +234,18 @@ class WebEnv:
 
     # ------------------------------------------------------------ endings
 
-    def _refuse(self, message: str) -> StepResult:
+    def _refuse(self, message: str, parse_error: A.ActionError | None = None) -> StepResult:
         self._s["invalid"] += 1
-        return self._continue(f"{message}\n{self.view()}", "invalid_action")
+        return self._continue(f"{message}\n{self.view()}", "refused_action", parse_error)
 
-    def _continue(self, obs: str, mode: str | None) -> StepResult:
+    def _continue(
+        self, obs: str, mode: str | None, parse_error: A.ActionError | None = None
+    ) -> StepResult:
         if self._s["steps"] >= self.config.max_steps:
             return self._finish("invalid_action" if mode else "step_budget", truncated=True)
         info = {
             "reward_terms": reward_terms(process=float(mode is None)),
-            "failure_mode": mode,
+            **failure_fields(mode, parse_error),
             "truncated": False,
             "success": False,
             "dangerous": [],
@@ -266,7 +270,7 @@ class WebEnv:
         reward = score if self.config.reward == "score" else float(success)
         info = {
             "reward_terms": reward_terms(process=1.0, outcome=score, task=float(success)),
-            "failure_mode": mode,
+            **failure_fields(mode),
             "truncated": truncated,
             "success": success,
             "dangerous": dangerous,

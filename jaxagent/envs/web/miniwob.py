@@ -23,7 +23,7 @@ import time
 from jaxagent.envs import actions as A
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination, env_error_info
 from jaxagent.envs.rewards import reward_terms
-from jaxagent.envs.web.actions import ERROR_TEXTS, parse_web_action
+from jaxagent.envs.web.actions import ERROR_TEXTS, failure_fields, parse_web_action
 from jaxagent.envs.web.browser import Browser, BrowserError
 
 _ROLES = {
@@ -231,7 +231,7 @@ class MiniWoBEnv:
         obs = self._view() if error is None else f"{error}\n{self._view()}"
         info = {
             "reward_terms": reward_terms(process=float(error is None)),
-            "failure_mode": "invalid_action" if error else None,
+            **failure_fields("refused_action" if error else None),
             "truncated": False,
             "success": False,
             "dangerous": [],
@@ -245,11 +245,11 @@ class MiniWoBEnv:
             reward, raw = float(meta["reward"]), float(meta["raw_reward"])
             if raw <= 0:
                 timed_out = str(meta.get("reason") or "") == "timed out"
-                mode = FailureMode.TIMEOUT.value if timed_out else FailureMode.WRONG_STATE.value
+                mode = "timeout" if timed_out else "wrong_state"
         success = raw > 0
         info = {
             "reward_terms": reward_terms(process=1.0, outcome=float(success), task=float(success)),
-            "failure_mode": None if success else mode,
+            **failure_fields(None if success else mode),
             "truncated": truncated,
             "success": success,
             "dangerous": [],

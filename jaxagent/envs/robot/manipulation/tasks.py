@@ -9,9 +9,9 @@ calls) and the sub-goals, each a conjunction of predicates on the final simulate
   ``["pushed", obj, direction, x0, y0]``: moved >= 5 cm that way from (x0, y0), still on
   the table.
 
-Splits hold out whole instructions: a test instruction never appears in train (the layouts
-differ per task as well), so held-out success measures generalisation to new object
-combinations.
+Splits hold out whole instructions, stratified by kind: a test instruction never appears in
+train (the layouts differ per task as well), and every kind is in both splits, so held-out
+success measures generalisation to new object combinations.
 """
 
 from __future__ import annotations
@@ -109,9 +109,28 @@ class ManipulationConfig:
             raise ValueError(f"test_fraction={self.test_fraction} must lie in (0, 1)")
 
 
-def _split_of(instruction: str, test_fraction: float) -> str:
-    h = int(hashlib.sha256(instruction.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "test" if h < test_fraction else "train"
+def _hash01(instruction: str) -> float:
+    return int(hashlib.sha256(instruction.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+def split_templates(templates, test_fraction: float) -> dict[str, list]:
+    """Stratified by kind: the ``test_fraction`` of each kind's instructions with the lowest
+    hash (at least one, never all) is test-only. A split over all 45 instructions at once
+    drew half of the six ``pour`` instructions into test and one of the six ``put``: the test
+    mix of kinds then differs from train's, and held-out success measures the mix as much as
+    generalisation to new object combinations."""
+    by_kind: dict[str, list[str]] = {}  # kind -> its distinct instruction texts
+    for t in templates:  # a pour's text names the cups only: one text, several templates
+        if t[1] not in by_kind.setdefault(t[0], []):
+            by_kind[t[0]].append(t[1])
+    test: set[str] = set()
+    for texts in by_kind.values():
+        ranked = sorted(texts, key=_hash01)
+        test.update(ranked[: min(max(1, round(test_fraction * len(ranked))), len(ranked) - 1)])
+    return {
+        "train": [t for t in templates if t[1] not in test],
+        "test": [t for t in templates if t[1] in test],
+    }
 
 
 USED_RANGE = 0.22  # |x|, |y| of the objects a plan uses
@@ -157,9 +176,7 @@ class ManipulationWorld:
 
     def __init__(self, config: ManipulationConfig | None = None):
         self.config = c = config or ManipulationConfig()
-        by_split: dict[str, list] = {"train": [], "test": []}
-        for t in TEMPLATES:
-            by_split[_split_of(t[1], c.test_fraction)].append(t)
+        by_split = split_templates(TEMPLATES, c.test_fraction)
         self._tasks = {
             split: self._make(split, by_split[split], n, c.seed + k)
             for k, (split, n) in enumerate((("train", c.num_train), ("test", c.num_test)))
