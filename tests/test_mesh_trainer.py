@@ -1,8 +1,10 @@
 """The trainer on a mesh of 8 simulated CPU devices equals the single-device trainer.
 
 A shrunken quickstart run (1 layer, 4 tasks x 4 samples, 2 iterations of 2 optimiser steps
-each) runs once on one device and once per mesh layout (``mesh.data=4 mesh.fsdp=2``;
-``mesh.data=2 mesh.tensor=4``, slow). Sampled tokens, rewards and success must be identical
+each) runs once on one device and once per mesh layout: all three axes at once
+(``mesh.data=2 mesh.fsdp=2 mesh.tensor=2``, in CI) and the two-axis layouts
+(``mesh.data=4 mesh.fsdp=2``; ``mesh.data=2 mesh.tensor=4``, slow). Sampled tokens, rewards
+and success must be identical
 (the rollout of iteration 2 samples from the updated, already layout-dependent parameters),
 the losses and gradient norms equal to float32 reassociation, and the final parameters
 equal within the bound derived below. A separate test samples a multi-turn rollout from
@@ -111,7 +113,13 @@ def _compare(single, sharded):
     assert moved > 0
 
 
-@pytest.mark.slow  # two trainer runs: ~13 min at load 18 here (nightly: scripts/nightly.sh)
+def test_mesh_data2_fsdp2_tensor2_matches_single_device(single, tmp_path):
+    # every axis at once in the default suite (CI): batch rows, parameter shards and
+    # tensor-parallel heads / MLP columns; the two-axis layouts below run nightly
+    _compare(single, _run(tmp_path, "d2f2t2", ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]))
+
+
+@pytest.mark.slow  # ~2 min each here at load 1 (nightly: scripts/nightly.sh)
 def test_mesh_data4_fsdp2_matches_single_device(single, tmp_path):
     _compare(single, _run(tmp_path, "d4f2", ["mesh.data=4", "mesh.fsdp=2"]))
 

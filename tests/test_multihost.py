@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 ROOT = Path(__file__).parent.parent
@@ -49,7 +48,6 @@ def _launch(nproc, per, out):
     return logs
 
 
-@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
