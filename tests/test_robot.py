@@ -9,6 +9,17 @@ from jaxagent.envs.robot import MujocoVectorEnv
 from jaxagent.envs.robot.engines import _Chooser
 
 
+class _RoundRobin:
+    """A chooser that ignores timings: the next layout every ``every`` recorded cycles."""
+
+    def __init__(self, num_layouts: int, every: int):
+        self.num_layouts, self.every, self.n = num_layouts, every, 0
+
+    def record(self, ns: int) -> int:
+        self.n += 1
+        return (self.n // self.every) % self.num_layouts
+
+
 @pytest.mark.parametrize(
     "task, engine, steps",
     [
@@ -26,14 +37,15 @@ def test_matches_gymnasium_sync_vector_env(task, engine, steps):
     # Gymnasium's next-step autoreset and (with a short TimeLimit) truncations.
     n, limit = 3, 120
     # "batch:1": one mujoco.batch Batch on MuJoCo's two C threads; "batch:2": two chunks on two
-    # Python threads; "batch": both, switching between them every few steps here (the state
-    # moves from one to the other), which must not change a bit.
+    # Python threads; "batch": all layouts, switching every 5 steps here (the state moves from
+    # one to the next), which must not change a bit. The switches are forced, not timed: the
+    # timing chooser's switch count depends on the machine's load (CI once saw 34 of >= 37).
     engine, _, chunks = engine.partition(":")
     kw = dict(engine=engine, chunks=int(chunks) if chunks else None)
     ours = MujocoVectorEnv(task, n, num_threads=2, max_episode_steps=limit, **kw)
     assert ours.engine_name == engine
     if engine == "batch" and not chunks:
-        ours.engine.chooser = _Chooser(3, window=4, period=8)
+        ours.engine.chooser = _RoundRobin(len(ours.engine.layouts), every=5)
     ref = gym.vector.SyncVectorEnv(
         [lambda: gym.make(task, max_episode_steps=limit) for _ in range(n)]
     )
@@ -58,7 +70,8 @@ def test_matches_gymnasium_sync_vector_env(task, engine, steps):
         flags["terminated"] += term.sum()
         flags["truncated"] += trunc.sum()
     if engine == "batch" and not chunks:
-        assert ours.engine.switches >= steps // 8
+        # one switch per 5 engine steps; reset-only steps (autoresets) record no cycle
+        assert steps // 10 <= ours.engine.switches <= (steps - 1) // 5
     if task != "HalfCheetah-v5":
         assert flags["terminated"] > 0  # the autoreset path was exercised
     else:
