@@ -421,8 +421,7 @@ def load_tokenizer(path: str):
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
-        cause = " ".join(str(exc).split())
         raise FileNotFoundError(
             f"load_tokenizer: no usable tokenizer in {path} (found {sorted(os.listdir(path))}); "
-            f"save one with tokenizer.save_pretrained(path). Cause: {cause}"
+            f"save one with tokenizer.save_pretrained(path). Cause: {exc}"
         ) from exc
