@@ -273,3 +273,44 @@ def test_registry_options_and_the_health_check_json_line(capsys):
     assert {"suite", "episodes", "expert_success", "per_task", "errors"} <= set(line)
     assert line["suite"] == "shop" and line["episodes"] == 40 and line["expert_success"] >= 0.95
     assert line["errors"] == []
+
+
+def test_an_id_may_be_written_as_the_view_writes_it():
+    from jaxagent.envs.web.actions import parse_web_action
+
+    assert parse_web_action("click ( [4] )") == parse_web_action("click ( 4 )")
+    assert parse_web_action('select ( [6] , " m " )').kwargs == {"id": 6, "option": "m"}
+    # only an argument is unbracketed, never text inside a string
+    assert parse_web_action('type ( [3] , " [5] " )').kwargs == {"id": 3, "text": "[5]"}
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_with_named_items_every_expert_word_is_visible_to_the_policy(site):
+    """The expert knows the target's title from ``Task.data``; with ``name_item`` the
+    instruction quotes it, so each word of each expert action is in the instruction, the
+    view, or the action syntax: a policy sees everything it must imitate. Without it the
+    expert's search query names a brand the instruction never mentions."""
+    syntax = set("click select scroll search back finish type ( ) , \" up down".split())
+
+    def unseen_words(name_item):
+        world = WebWorld(site, num_train=40, num_test=0, name_item=name_item)
+        env, missing = WebEnv(), 0
+        for task in world.tasks("train"):
+            expert = ExpertPolicy(task)
+            obs = env.reset(task)
+            while True:
+                action = expert.act(obs)
+                seen = set(task.prompt.split()) | set(obs.split()) | syntax
+                missing += sum(w not in seen for w in action.split())
+                result = env.step(action)
+                obs = result.observation
+                if result.done:
+                    break
+        return missing
+
+    if site == "shop":  # the shop's layouts have search boxes; the query names the brand
+        assert unseen_words(False) > 0
+    assert unseen_words(True) == 0
+    task = WebWorld(site, num_train=1, num_test=0, name_item=True).tasks("train")[0]
+    title = task.data["catalog"]["items"][task.data["catalog"]["target"]]["title"]
+    assert f'" {title} "' in task.prompt

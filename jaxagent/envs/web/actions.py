@@ -3,7 +3,9 @@
 ``click(id)``, ``type(id, text)``, ``select(id, option)``, ``scroll(up|down)``, ``back()``,
 ``search(query)``, ``finish()``; each is a ``ToolSpec`` so that a wrong argument gets the shared
 parser's readable message. ``scroll(down)`` (a bare word, as the issue writes it) is accepted
-as ``scroll("down")``. The embedded sites and MiniWoB++ take the same vocabulary.
+as ``scroll("down")``, and an id may be written as the view writes it, ``click ( [3] )``
+(WebArena's ``click [id]``), so that one token names an element in the view and in the
+action. The embedded sites and MiniWoB++ take the same vocabulary.
 
 Error texts are short and built from the suite's closed vocabulary (``ERROR_TEXTS`` lists their
 fixed words), so a word-level model can read them.
@@ -74,6 +76,7 @@ ERROR_TEXTS = (
     "at the bottom already",
 )
 _BARE_SCROLL = re.compile(r"scroll\s*\(\s*(up|down)\s*\)")
+_BRACKET_ID = re.compile(r"([(,]\s*)\[(\d+)\](?=\s*[,)])")  # an argument, never inside a string
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +99,8 @@ def parse_web_action(text: str) -> WebAction | A.ActionError:
 
     ``Final : ...`` counts as ``finish()``; an empty action is giving up (``ErrorKind.EMPTY``).
     """
-    parsed = A.parse_action(_BARE_SCROLL.sub(r'scroll("\1")', text))
+    text = _BRACKET_ID.sub(r"\1\2", _BARE_SCROLL.sub(r'scroll("\1")', text))
+    parsed = A.parse_action(text)
     if isinstance(parsed, A.ActionError):
         if parsed.kind == A.ErrorKind.EMPTY:
             return parsed

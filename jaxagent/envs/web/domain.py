@@ -33,6 +33,7 @@ class Domain:
     save_task: str  # the instruction of a save (no purchase) task
     unit: str  # price words after the number: "dollars" / "dollars a night"
     price_range: tuple[int, int]
+    named_slot: str  # the words of the templates that a quoted title replaces (name_item)
 
 
 SHOP = Domain(
@@ -50,6 +51,7 @@ SHOP = Domain(
     ),
     unit="dollars",
     price_range=(10, 150),
+    named_slot="a {attr} {category}",
 )
 
 BOOKING = Domain(
@@ -70,6 +72,7 @@ BOOKING = Domain(
     ),
     unit="dollars a night",
     price_range=(30, 190),
+    named_slot="a {attr} in {category}",
 )
 
 DOMAINS = {"shop": SHOP, "booking": BOOKING}
@@ -167,9 +170,20 @@ def sample_catalog(domain: Domain, rng: np.random.Generator, num_items: int) -> 
     }
 
 
-def instruction(domain: Domain, catalog: dict) -> str:
+def instruction(domain: Domain, catalog: dict, name_item: bool = False) -> str:
+    """The task's sentence. ``name_item`` names the target by its quoted title instead of its
+    title attribute (``buy " red sierra bag " that is hooded ...``): the listing then tells
+    the target apart without opening item pages, so every step of the expert (who knows the
+    title) is readable from what the policy sees, and the quotes let an induction head copy
+    the title into ``search ( " red sierra bag " )``. Without it the instruction names
+    attributes only, as WebShop's do, and telling same-listing items apart takes opening
+    their pages."""
     template = domain.save_task if catalog["kind"] == "save" else domain.buy_task
-    return template.format(**catalog["want"])
+    want = dict(catalog["want"])
+    if name_item:
+        title = catalog["items"][catalog["target"]]["title"]
+        template = template.replace(domain.named_slot, f'" {title} "')
+    return template.format(**want)
 
 
 def template_words(domain: Domain) -> set[str]:

@@ -2,7 +2,8 @@
 
 The expert reads only the text view it is given (closed loop, like a user): it finds the
 target's row by its title, searches when a search box is in view, otherwise scrolls and pages,
-then selects the option and presses the button the task asks for. It knows the task (target
+then selects the option and presses the button the task asks for. It names elements as the
+view writes them (``click ( [4] )``), so a policy imitating it copies the id's token. It knows the task (target
 title, option, buy or save, the layout's button labels) from ``Task.data``.
 
 With ``error_rate`` p it makes, at each decision with probability q = 1 - (1-p)^(1/4), one
@@ -90,9 +91,9 @@ class ExpertPolicy:
         for el in view["elements"]:
             if el["role"] == "select" and el["text"].startswith("city"):
                 if _select_value(el["text"]) != self.want["category"]:
-                    return f'select ( {el["id"]} , " {self.want["category"]} " )'
+                    return f'select ( [{el["id"]}] , " {self.want["category"]} " )'
             if el["role"] == "button" and el["text"] == "search":
-                return f"click ( {el['id']} )"
+                return f"click ( [{el['id']}] )"
         return self._more(view)
 
     def _results(self, view) -> str:
@@ -103,8 +104,8 @@ class ExpertPolicy:
             others = [e for e in items if e not in hit]
             if others and self._err():
                 self.committed = True
-                return f"click ( {others[int(self.rng.integers(len(others)))]['id']} )"
-            return f"click ( {hit[0]['id']} )"
+                return f"click ( [{others[int(self.rng.integers(len(others)))]['id']}] )"
+            return f"click ( [{hit[0]['id']}] )"
         box = [e for e in view["elements"] if e["role"] == "searchbox"]
         if box and self.scroll and not self.searched:
             self.searched = True
@@ -113,7 +114,7 @@ class ExpertPolicy:
             return "scroll ( down )"
         nxt = [e for e in links if e["text"] == "next page"]
         if nxt and self.scroll:
-            return f"click ( {nxt[0]['id']} )"
+            return f"click ( [{nxt[0]['id']}] )"
         return "finish ( )"
 
     def _item(self, view) -> str:
@@ -127,16 +128,16 @@ class ExpertPolicy:
                 if self._err():
                     wrong = [o for o in options if o != want] or options
                     want = str(self.rng.choice(wrong))
-                return f'select ( {select[0]["id"]} , " {want} " )'
+                return f'select ( [{select[0]["id"]}] , " {want} " )'
         buttons = {e["text"]: e["id"] for e in els if e["role"] == "button"}
         press = self.labels[self.kind]
         if press in buttons:  # the select comes first: set on the way down
             if self._err():
                 other = self.labels["save" if self.kind == "buy" else "buy"]
                 if other in buttons:
-                    return f"click ( {buttons[other]} )"
+                    return f"click ( [{buttons[other]}] )"
                 return "finish ( )"
-            return f"click ( {buttons[press]} )"
+            return f"click ( [{buttons[press]}] )"
         return self._more(view)
 
     def _info(self, view) -> str:
@@ -152,10 +153,10 @@ def random_action(observation: str, rng: np.random.Generator) -> str:
         el = els[int(rng.integers(len(els)))]
         if el["role"] == "select":
             options = el["text"].split(" options : ")[-1].split()
-            return f'select ( {el["id"]} , " {rng.choice(options)} " )'
+            return f'select ( [{el["id"]}] , " {rng.choice(options)} " )'
         if el["role"] == "searchbox":
-            return f'type ( {el["id"]} , " {rng.choice(DOMAINS["shop"].title_attrs)} " )'
-        return f"click ( {el['id']} )"
+            return f'type ( [{el["id"]}] , " {rng.choice(DOMAINS["shop"].title_attrs)} " )'
+        return f"click ( [{el['id']}] )"
     return ["scroll ( down )", "scroll ( up )", "back ( )", "finish ( )"][choice % 4]
 
 

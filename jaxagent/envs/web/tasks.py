@@ -30,6 +30,9 @@ class WebTasksConfig:
     test_layouts: int = 20  # layouts in the test pool (disjoint from train)
     num_items: int = 12  # items in a task's catalog (one target, the rest distractors)
     seed: int = 0  # base seed; layouts, train and test tasks use separate streams
+    # The instruction names the target's brand too (see ``domain.instruction``): what a
+    # policy must imitate from the expert's demonstrations is then visible to it.
+    name_item: bool = False
 
     def __post_init__(self):
         for name in ("num_train", "num_test"):
@@ -72,7 +75,15 @@ class WebWorld:
         check_disjoint_splits(self, key=layout_key)
 
 
-def make_task(site: str, layout, rng: np.random.Generator, task_id: str, split: str, n: int):
+def make_task(
+    site: str,
+    layout,
+    rng: np.random.Generator,
+    task_id: str,
+    split: str,
+    n: int,
+    name_item: bool = False,
+):
     domain = DOMAINS[site]
     catalog = sample_catalog(domain, rng, n)
     data = {
@@ -81,7 +92,7 @@ def make_task(site: str, layout, rng: np.random.Generator, task_id: str, split: 
         "layout_id": layout.fingerprint(),
         "catalog": catalog,
     }
-    return Task(id=task_id, split=split, prompt=instruction(domain, catalog), data=data)
+    return Task(id=task_id, split=split, prompt=instruction(domain, catalog, name_item), data=data)
 
 
 @functools.lru_cache(maxsize=8)
@@ -94,7 +105,15 @@ def _generate(site: str, config: WebTasksConfig) -> dict[str, tuple[Task, ...]]:
         for i in range(count):
             layout = pools[split][i % len(pools[split])]
             tasks.append(
-                make_task(site, layout, rng, f"{site}-{split}-{i}", split, config.num_items)
+                make_task(
+                    site,
+                    layout,
+                    rng,
+                    f"{site}-{split}-{i}",
+                    split,
+                    config.num_items,
+                    config.name_item,
+                )
             )
         out[split] = tuple(tasks)
     return out
