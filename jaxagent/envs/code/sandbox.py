@@ -47,23 +47,20 @@ import pickle
 import queue
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from jaxagent.envs.code import _cgroup, _harness
+from jaxagent.envs.code._channel import WorkerProcess
 from jaxagent.envs.code._results import SandboxResult, classify, read_capped
 
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed", "error")
 # auto: namespaces, else Landlock, else refuse; "rlimits" is the Landlock fallback forced (the
 # name kept for existing configs); only "unsafe" runs code that could game the grading
 ISOLATION_CHOICES = ("auto", "namespaces", "landlock", "rlimits", "unsafe")
-_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,93 +173,6 @@ def _compile_spec(tests: TestSpec) -> tuple[bytes, int]:
     return pickle.dumps(spec, 5), sum(is_test for is_test, _ in spec["units"])
 
 
-class _Worker:
-    """One warm worker process; serves one job at a time (one JSON line each way)."""
-
-    def __init__(self, isolation: str, config_fn, index: int):
-        self.isolation, self.config_fn, self.index = isolation, config_fn, index
-        self.start()
-
-    def start(self):
-        isolation = self.isolation
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", _WORKER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            close_fds=True,
-            start_new_session=True,
-            cwd="/",
-        )
-        self.hello = json.loads(self.proc.stdout.readline() or b"{}")
-        if not self.hello.get("ready"):
-            raise RuntimeError("sandbox worker failed to start")
-        ns_error, ll_error = self.hello["namespaces_error"], self.hello["landlock_error"]
-        if isolation == "namespaces" and ns_error:
-            self.kill()
-            raise RuntimeError(
-                f"isolation='namespaces' requested but unavailable: {ns_error}; use "
-                "isolation='auto' (Landlock where namespaces are unavailable)"
-            )
-        self.namespaces = isolation in ("auto", "namespaces") and not ns_error
-        self.landlock = not self.namespaces and isolation != "unsafe"
-        if self.landlock and ll_error:
-            self.kill()
-            why = f"{ns_error}; {ll_error}" if isolation == "auto" else ll_error
-            raise RuntimeError(
-                f"isolation={isolation!r}: the sandbox cannot keep the grading out of the "
-                f"candidate's reach on this machine ({why}); run as root (namespaces) or on "
-                "Linux >= 6.12 with Landlock enabled, or opt in by name with "
-                "isolation='unsafe' (hostile code can then read the tests and forge results)"
-            )
-        self.config = self.config_fn(self)
-        self.proc.stdin.write((json.dumps(self.config) + "\n").encode())
-        self.proc.stdin.flush()
-
-    def request(self, job: dict, timeout: float) -> dict:
-        """Sends one job; returns the worker's reply, the one line carrying this job's random
-        token. Any other line was written into the pipe by the candidate (possible only with
-        isolation='unsafe'): counted as ``forged_lines`` and charged to this job, so no
-        result is ever attributed to another job."""
-        token = os.urandom(16).hex()
-        self.proc.stdin.write((json.dumps({**job, "token": token}) + "\n").encode())
-        self.proc.stdin.flush()
-        timer = threading.Timer(timeout, self.kill)  # backstop if the worker itself hangs
-        timer.start()
-        forged = 0
-        try:
-            while True:
-                line = self.proc.stdout.readline()
-                if not line:
-                    raise RuntimeError("sandbox worker died")
-                if not line.strip():
-                    continue
-                try:
-                    reply = json.loads(line)
-                except ValueError:
-                    reply = None
-                if isinstance(reply, dict) and reply.get("token") == token:
-                    reply["forged_lines"] = forged
-                    return reply
-                forged += 1
-        finally:
-            timer.cancel()
-
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def close(self):
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=5)
-        except Exception:  # noqa: BLE001
-            self.kill()
-            self.proc.wait()
-
-
 class Sandbox:
     """A pool of warm sandbox workers. Thread-safe; ``map`` runs jobs concurrently."""
 
@@ -271,7 +181,7 @@ class Sandbox:
             raise ValueError(f"num_workers={num_workers!r} is invalid: use >= 1")
         self.config = config or SandboxConfig()
         self.num_workers = num_workers
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: queue.Queue[WorkerProcess] = queue.Queue()
         # Distinct unprivileged uids per sandbox and worker, candidate != harness, so
         # RLIMIT_NPROC counts are private and the candidate cannot signal or ptrace the harness.
         self._uid_base = random.SystemRandom().randrange(1 << 20, 1 << 30, 1 << 8)
@@ -286,7 +196,7 @@ class Sandbox:
         )
         self._workers = []
         for i in range(num_workers):
-            self._workers.append(_Worker(self.config.isolation, self._worker_config, i))
+            self._workers.append(WorkerProcess(self.config.isolation, self._worker_config, i))
             os.mkdir(os.path.join(self._jobs_dir, f"w{i}"), 0o700)
             self._idle.put(self._workers[-1])
         w = self._workers[0]
@@ -354,7 +264,7 @@ class Sandbox:
         self.close()
 
     # -- internals
-    def _worker_config(self, worker: _Worker) -> dict:
+    def _worker_config(self, worker: WorkerProcess) -> dict:
         cfg = self.config
         uid = self._uid_base + 2 * worker.index
         ns = worker.namespaces
@@ -397,7 +307,7 @@ class Sandbox:
             "call_timeout_s": cfg.call_timeout_s,
         }
 
-    def _run(self, worker: _Worker, code: str, tests) -> SandboxResult:
+    def _run(self, worker: WorkerProcess, code: str, tests) -> SandboxResult:
         if isinstance(tests, dict):
             tests = TestSpec(**tests)
         if tests is not None and not isinstance(tests, TestSpec):
