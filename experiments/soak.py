@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -174,6 +175,8 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # each soak starts fresh (train.resume=false): the previous soak's run is scratch
+    shutil.rmtree(out / "run", ignore_errors=True)
     config = load_config(
         ROOT / "configs" / "quickstart.yaml",
         [*OVERRIDES, f"train.out_dir={out}/run", *args.overrides],
@@ -207,6 +210,16 @@ def main() -> int:
 
     trainer_mod.collect_episodes = counted_collect
     sampler = MemorySampler()
+    # Every XLA compilation (sampler buckets, update shapes, evaluation) adds an executable
+    # that stays cached: memory growth before the last one is the cache filling, not a leak.
+    compiles = {"n": 0, "last_s": 0.0}
+
+    def on_compile(event: str, duration_s: float, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles["n"] += 1
+            compiles["last_s"] = time.monotonic() - sampler.t0
+
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
     trainer = trainer_mod.Trainer(config, echo=lambda line: print(line, flush=True))
     update = trainer.update_step
     nan_state = {"done": False}
@@ -248,6 +261,8 @@ def main() -> int:
                 "t_s": time.monotonic() - sampler.t0,
                 "episodes_per_s": n_eps / max(time.monotonic() - t0, 1e-9),
                 "skipped": int(m["guard/skipped_updates"]),
+                "compiles": compiles["n"],
+                "rss_mb": sampler.samples[-1][1] if sampler.samples else None,
             }
         )
         print(
@@ -314,8 +329,13 @@ def main() -> int:
     # an allocator settling looks like a leak early on: the second half tells them apart
     late = slope_fit(sampler.samples, skip_frac=0.5)
     detail["memory_fit_second_half"] = late
+    # after the last compilation no executable is added: what grows then is not a cache
+    settled = slope_fit(sampler.samples, warm_s=compiles["last_s"], skip_frac=0.0)
+    detail["compiles"] = {"count": compiles["n"], "last_s": round(compiles["last_s"], 1)}
+    detail["memory_fit_after_last_compile"] = settled
     (out / "soak.json").write_text(json.dumps(detail, indent=1))
     print(f"memory fit over the second half only: {late}")
+    print(f"XLA compilations: {detail['compiles']}; memory fit after the last: {settled}")
     print(f"live Python objects (iteration, count): {detail['python_objects']}")
     print(f"types grown most after the second census: {detail['python_objects_grown_by_type']}")
     print(json.dumps(summary))

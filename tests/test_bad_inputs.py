@@ -163,6 +163,15 @@ CASES = {
         lambda tmp: ["eval", QS, "--checkpoint", str(_run_dir(tmp, "other"))],
         ["checkpoint 1", "do not match", "re-run training"],
     ),
+    "resume=false over a run with checkpoints": (
+        lambda tmp: [
+            "train",
+            QS,
+            "train.resume=false",
+            f"train.out_dir={_run_dir(tmp, 'other')}",
+        ],
+        ["train.resume=false", "steps [1]", "train.resume=true", "another train.out_dir"],
+    ),
     # CLI arguments
     "unknown command": (lambda tmp: ["serve", QS], ["serve"]),
     "missing required flag": (lambda tmp: ["eval", QS], ["--checkpoint"]),

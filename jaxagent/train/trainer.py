@@ -36,7 +36,7 @@ from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.guards import UpdateGuard
-from jaxagent.train.config import Config, config_to_dict, config_to_yaml
+from jaxagent.train.config import Config, ConfigError, config_to_dict, config_to_yaml
 from jaxagent.train.distributed import refuse_multihost_rollout, start_distributed
 from jaxagent.train.mesh import DeviceLayout, ShardedUpdate
 from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
@@ -62,6 +62,7 @@ class Trainer:
         if start_distributed(config.distributed):  # before anything touches a device
             refuse_multihost_rollout()
         self.run_dir = config.run_dir
+        _refuse_overwrite(self.run_dir, config.train.resume)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
         self.built = build_run(config, tokenizer_dir=self.run_dir / "tokenizer")
@@ -431,6 +432,22 @@ class Trainer:
         self.checkpointer.close()
         self.logger.close()
         self.built.close()
+
+
+def _refuse_overwrite(run_dir, resume: bool) -> None:
+    """With ``train.resume=false`` a run directory holding checkpoints would have its
+    config, metrics and checkpoints mixed with the new run's (and orbax refuses step 0 only
+    after SFT and the first evaluation): refuse before any work."""
+    ckpts = run_dir / "checkpoints"
+    if resume or not ckpts.is_dir():
+        return
+    steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+    if steps:
+        raise ConfigError(
+            f"train.resume=false but train.out_dir={str(run_dir)!r} already holds checkpoints "
+            f"(steps {steps}); set train.resume=true to continue that run, or choose another "
+            "train.out_dir (or delete the old one)"
+        )
 
 
 def _hist(eval_m: dict) -> dict:
