@@ -15,10 +15,13 @@ Last line: ``{"full": {"ratio": ...}, "lora": {"ratio": ...}}``. Target: full <=
 Measured (2-core CPU, load 4-7, quickstart word vocabulary, 85M parameters = 325 MiB fp32):
 full peak 2865 MiB = runtime 289 + 2576 for the run over params+grads+Adam 1299 -> ratio
 1.98 (target NOT met); LoRA rank 16 peak 2941 MiB, ratio 7.2 over base + 4 x adapters (368).
-The two peaks are nearly equal although LoRA's optimiser state is 930 MiB smaller, so the
-peak is not the train state: it is something both share (XLA compilation of the 12-layer
-sampler / update programs, the update's activations, host copies); finding it needs a
-per-phase RSS trace (not done).
+A later trace (load 3.8; ratios 1.88 and 1.72 in two runs, LoRA 7.44 and 6.89) rules out
+XLA compilation: the RSS peak while compiling is 2214 MiB, under the 2529 outside it. By
+phase (second run, MiB): update 2071 (ratio 1.37), sampling + update 2496, evaluation 2460,
+checkpoint save 2264 async and 2522 synchronous, the final wait 2529. RSS is a high-water
+mark here (glibc keeps freed pages), so a phase inherits what an earlier one allocated; the
+model build alone leaves 881 MiB (runtime 289 + params 325 + 267 unexplained). Finding which
+allocation sets the peak needs a per-allocation trace (not done).
 """
 
 from __future__ import annotations
@@ -68,8 +71,70 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+class _Trace:
+    """RSS every 20 ms, and the windows of every XLA compilation (JAX reports each one's
+    duration when it ends): is the peak a compilation's working memory or the run's own?"""
+
+    def __init__(self):
+        import threading
+        import time
+
+        self.time, self.samples, self.compiles, self.phases = time, [], [], []
+        self.t0, self._stop = time.monotonic(), threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop.wait(0.02):
+            self.samples.append((self.time.monotonic() - self.t0, _rss_mib()))
+
+    def on_event(self, event: str, duration_s: float, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            end = self.time.monotonic() - self.t0
+            self.compiles.append((end - duration_s, end))
+
+    def wrap(self, obj, name: str, label: str) -> None:
+        """Marks each call of ``obj.name`` as a phase window ``label``."""
+        fn = getattr(obj, name)
+
+        def marked(*a, **k):
+            t = self.time.monotonic() - self.t0
+            try:
+                return fn(*a, **k)
+            finally:
+                self.phases.append((label, t, self.time.monotonic() - self.t0))
+
+        setattr(obj, name, marked)
+
+    def phase_peaks(self) -> dict:
+        """Peak RSS inside each phase (a sample in two nested phases counts for the inner)."""
+        out: dict[str, float] = {}
+        for t, m in self.samples:
+            inner = [p for p in self.phases if p[1] <= t <= p[2]]
+            label = min(inner, key=lambda p: p[2] - p[1])[0] if inner else "other"
+            out[label] = round(max(out.get(label, 0.0), m), 1)
+        return out
+
+    def split_peaks(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        inside = lambda t: any(a - 0.05 <= t <= b + 0.05 for a, b in self.compiles)  # noqa: E731
+        comp = [m for t, m in self.samples if inside(t)]
+        rest = [m for t, m in self.samples if not inside(t)]
+        return {
+            "compile_peak_mib": round(max(comp, default=0.0), 1),
+            "outside_compile_peak_mib": round(max(rest, default=0.0), 1),
+            "compilations": len(self.compiles),
+            "compile_s": round(sum(b - a for a, b in self.compiles), 1),
+            "phase_peak_mib": self.phase_peaks(),
+        }
+
+
 def one(mode: str, out_dir: str) -> dict:
     import jax
+
+    trace = _Trace()
+    jax.monitoring.register_event_duration_secs_listener(trace.on_event)
 
     from jaxagent.envs.registry import get_env_spec  # noqa: F401  (import cost in runtime)
     from jaxagent.train.config import load_config
@@ -93,12 +158,24 @@ def one(mode: str, out_dir: str) -> dict:
     else:
         trained = params
     after_build = _rss_mib()
+    for obj, name, label in (
+        (trainer, "evaluate", "evaluate"),
+        (trainer, "iteration", "iteration (sample + update)"),
+        (trainer, "update_step", "update"),
+        (trainer.checkpointer, "save", "checkpoint save"),
+        (trainer.checkpointer, "wait", "checkpoint wait"),
+    ):
+        trace.wrap(obj, name, label)
     trainer.run()
     peak = _peak_mib()
+    split = trace.split_peaks()
     # full: params + grads + 2 Adam moments; LoRA: the frozen base + 4 x the adapters
     denom = params + 4 * trained if rl.lora.rank else 4 * params
     return {
         "ratio": round((peak - runtime) / denom, 3),
+        # the same ratio over the peak outside XLA compilations: the run's own memory
+        "ratio_outside_compile": round((split["outside_compile_peak_mib"] - runtime) / denom, 3),
+        **split,
         "peak_mib": round(peak, 1),
         "runtime_mib": round(runtime, 1),
         "params_mib": round(params, 1),
@@ -137,6 +214,13 @@ def main() -> None:
             f"{r['params_grads_adam_mib']:.0f} MiB -> ratio {r['ratio']:.2f} "
             f"(incl. runtime {r['ratio_incl_runtime']:.2f})"
         )
+        print(
+            f"{mode}: {r['compilations']} XLA compilations ({r['compile_s']:.0f} s): peak RSS "
+            f"while compiling {r['compile_peak_mib']:.0f} MiB, outside compilations "
+            f"{r['outside_compile_peak_mib']:.0f} MiB -> ratio outside compilation "
+            f"{r['ratio_outside_compile']:.2f}"
+        )
+        print(f"{mode}: peak RSS by phase (MiB): {r['phase_peak_mib']}")
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}")
     print(json.dumps(results))
