@@ -290,7 +290,7 @@ def test_with_named_items_every_expert_word_is_visible_to_the_policy(site):
     instruction quotes it, so each word of each expert action is in the instruction, the
     view, or the action syntax: a policy sees everything it must imitate. Without it the
     expert's search query names a brand the instruction never mentions."""
-    syntax = set("click select scroll search back finish type ( ) , \" up down".split())
+    syntax = set('click select scroll search back finish type ( ) , " up down'.split())
 
     def unseen_words(name_item):
         world = WebWorld(site, num_train=40, num_test=0, name_item=name_item)
