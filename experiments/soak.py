@@ -58,6 +58,14 @@ OVERRIDES = [
 ]
 
 
+try:  # glibc only; --malloc-trim needs it
+    import ctypes
+
+    _LIBC = ctypes.CDLL("libc.so.6")
+except OSError:
+    _LIBC = None
+
+
 class MemorySampler(threading.Thread):
     """(t, trainer RSS MB, trainer RSS + children's PSS MB) every ``every`` seconds."""
 
@@ -159,10 +167,18 @@ def main() -> int:
     parser.add_argument("--slow", type=float, default=0.01)
     parser.add_argument("--nan-iteration", type=int, default=3, help="iteration given a NaN")
     parser.add_argument(
+        "--malloc-trim",
+        action="store_true",
+        help="return freed heap to the OS after every iteration (glibc malloc_trim): growth "
+        "that this removes is the allocator keeping pages, not live memory",
+    )
+    parser.add_argument(
         "--census-every", type=int, default=50, help="iterations between object censuses"
     )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    if args.malloc_trim and _LIBC is None:
+        parser.error("--malloc-trim needs glibc's libc.so.6, which this machine lacks")
     if args.minutes <= 0:
         parser.error(f"--minutes {args.minutes} must be > 0 (the soak's duration)")
 
@@ -272,6 +288,8 @@ def main() -> int:
         )
         if done % 5 == 0:
             trainer.checkpointer.save(done, state, trainer._meta(done, history, extra))
+        if args.malloc_trim:
+            _LIBC.malloc_trim(0)
         if args.census_every and done % args.census_every == 0:
             by_type = object_census()
             censuses.append((done, sum(by_type.values()), by_type))
@@ -308,6 +326,8 @@ def main() -> int:
         "skipped_updates": skipped,
         "memory_slope_mb_per_hour": round(fit["slope_mb_per_hour"], 2),
     }
+    if args.malloc_trim:
+        summary["malloc_trim"] = True
     detail = {
         **summary,
         "injected": injected,
