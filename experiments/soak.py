@@ -278,7 +278,6 @@ def main() -> int:
                 "episodes_per_s": n_eps / max(time.monotonic() - t0, 1e-9),
                 "skipped": int(m["guard/skipped_updates"]),
                 "compiles": compiles["n"],
-                "rss_mb": sampler.samples[-1][1] if sampler.samples else None,
             }
         )
         print(

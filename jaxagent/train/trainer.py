@@ -62,8 +62,11 @@ class Trainer:
         if start_distributed(config.distributed):  # before anything touches a device
             refuse_multihost_rollout()
         self.run_dir = config.run_dir
-        _refuse_overwrite(self.run_dir, config.train.resume)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpointer = Checkpointer(
+            self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
+        )
+        _refuse_overwrite(self.checkpointer, config)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
         self.built = build_run(config, tokenizer_dir=self.run_dir / "tokenizer")
         run = self.built
@@ -98,9 +101,6 @@ class Trainer:
         )
         self.logprob_fn = make_logprob_fn(self.graphdef)
         self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", echo)
-        self.checkpointer = Checkpointer(
-            self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
-        )
         self.logger = MetricsLogger(
             self.run_dir,
             config.train.tensorboard,
@@ -434,19 +434,16 @@ class Trainer:
         self.built.close()
 
 
-def _refuse_overwrite(run_dir, resume: bool) -> None:
+def _refuse_overwrite(checkpointer: Checkpointer, config: Config) -> None:
     """With ``train.resume=false`` a run directory holding checkpoints would have its
     config, metrics and checkpoints mixed with the new run's (and orbax refuses step 0 only
     after SFT and the first evaluation): refuse before any work."""
-    ckpts = run_dir / "checkpoints"
-    if resume or not ckpts.is_dir():
-        return
-    steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+    steps = [] if config.train.resume else checkpointer.all_steps()
     if steps:
         raise ConfigError(
-            f"train.resume=false but train.out_dir={str(run_dir)!r} already holds checkpoints "
-            f"(steps {steps}); set train.resume=true to continue that run, or choose another "
-            "train.out_dir (or delete the old one)"
+            f"train.resume=false but train.out_dir={str(config.run_dir)!r} already holds "
+            f"checkpoints (steps {steps}); set train.resume=true to continue that run, or "
+            "choose another train.out_dir (or delete the old one)"
         )
 
 

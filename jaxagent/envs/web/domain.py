@@ -179,11 +179,10 @@ def instruction(domain: Domain, catalog: dict, name_item: bool = False) -> str:
     attributes only, as WebShop's do, and telling same-listing items apart takes opening
     their pages."""
     template = domain.save_task if catalog["kind"] == "save" else domain.buy_task
-    want = dict(catalog["want"])
     if name_item:
         title = catalog["items"][catalog["target"]]["title"]
         template = template.replace(domain.named_slot, f'" {title} "')
-    return template.format(**want)
+    return template.format(**catalog["want"])
 
 
 def template_words(domain: Domain) -> set[str]:

@@ -3,8 +3,9 @@
 The expert reads only the text view it is given (closed loop, like a user): it finds the
 target's row by its title, searches when a search box is in view, otherwise scrolls and pages,
 then selects the option and presses the button the task asks for. It names elements as the
-view writes them (``click ( [4] )``), so a policy imitating it copies the id's token. It knows the task (target
-title, option, buy or save, the layout's button labels) from ``Task.data``.
+view writes them (``click ( [4] )``), so a policy imitating it copies the id's token. It
+knows the task (target title, option, buy or save, the layout's button labels) from
+``Task.data``.
 
 With ``error_rate`` p it makes, at each decision with probability q = 1 - (1-p)^(1/4), one
 mistake RL can fix: opening a wrong item (and buying it), choosing a wrong option, pressing

@@ -30,8 +30,8 @@ class WebTasksConfig:
     test_layouts: int = 20  # layouts in the test pool (disjoint from train)
     num_items: int = 12  # items in a task's catalog (one target, the rest distractors)
     seed: int = 0  # base seed; layouts, train and test tasks use separate streams
-    # The instruction names the target's brand too (see ``domain.instruction``): what a
-    # policy must imitate from the expert's demonstrations is then visible to it.
+    # The instruction quotes the target's title (see ``domain.instruction``): what a policy
+    # must imitate from the expert's demonstrations is then visible to it.
     name_item: bool = False
 
     def __post_init__(self):
