@@ -217,3 +217,64 @@ def test_the_suite_is_registered_with_its_vocabulary():
         texts.append(env.look())
         missing = {w for t in texts for w in t.split()} - vocab
         assert not missing, missing
+
+
+WIDE = dict(block_colours=6, cup_colours=4)
+
+
+def test_wide_world_paints_slots_and_keeps_five_objects_on_the_table(scene):
+    from jaxagent.envs.robot.manipulation.tasks import templates
+
+    assert len({t[1] for t in templates()}) == 41  # the default world is unchanged
+    assert len({t[1] for t in templates(6, 4)}) == 210
+    world = ManipulationWorld(ManipulationConfig(num_train=60, num_test=20, **WIDE))
+    check_disjoint_splits(world)
+    words = {w for t in world.tasks("train") for w in t.prompt.split()}
+    assert set(S.BLOCK_PALETTE) | set(S.CUP_PALETTE) <= words  # every colour is taught
+    for task in world.tasks("train"):
+        layout = task.data["layout"]
+        assert sum(o.endswith(" block") for o in layout) == S.N_BLOCKS
+        assert sum(o.endswith(" cup") for o in layout) == S.N_CUPS
+        named = {a for step in task.data["plan"] for a in step[1:] if a in S.PALETTE_OBJECTS}
+        assert named <= set(layout), (task.prompt, list(layout))
+    # the slot that holds "purple block" is painted purple and is where the layout put it
+    layout = {
+        "purple block": (0.0, 0.0, 0.02),
+        "black block": (0.1, -0.1, 0.02),
+        "red block": (-0.1, 0.1, 0.02),
+        "gray cup": (0.15, 0.1, 0.0),
+        "pink cup": (-0.15, -0.1, 0.0),
+    }
+    scene.reset(layout)
+    g = scene.model.body_geomadr[scene.body["purple block"]]
+    np.testing.assert_allclose(scene.model.geom_rgba[g], [0.55, 0.2, 0.75, 1.0])
+    np.testing.assert_allclose(scene.pos("gray cup")[:2], (0.15, 0.1), atol=1e-6)
+    with pytest.raises(ValueError, match="3 distinct blocks and 2 cups"):
+        scene.reset(dict(LAYOUT, **{"black block": (0.2, 0.2, 0.02)}))
+    with pytest.raises(ValueError, match="block_colours=7 must lie in"):
+        ManipulationConfig(block_colours=7)
+
+
+def test_wide_world_planner_succeeds_and_absent_objects_are_the_agents_error():
+    world = ManipulationWorld(ManipulationConfig(num_train=1, num_test=12, seed=5, **WIDE))
+    env = ManipulationEnv()
+    wins = []
+    for task in world.tasks("test"):
+        obs, planner = env.reset(task), ScriptedPlanner(task)
+        while True:
+            r = env.step(planner.act(obs))
+            obs = r.observation
+            if r.done:
+                break
+        wins.append(r.info["success"])
+    assert np.mean(wins) >= 11 / 12, wins
+    task = world.tasks("test")[0]
+    env.reset(task)
+    absent = next(o for o in S.PALETTE_OBJECTS if o not in task.data["layout"])
+    r = env.step(f'Action : move_to ( object = " {absent} " )')
+    assert r.observation == f"Observation : error : {absent} is not on the table"
+    from jaxagent.envs.robot.manipulation.vocab import vocabulary
+
+    assert set(r.observation.split()) <= set(vocabulary())  # the word tokenizer reads it
+    assert not r.done and r.info["failure_mode"] == "tool_error"
+    env.close()

@@ -1,5 +1,6 @@
-"""``python -m jaxagent.envs.robot.manipulation --tasks 100 --envs 2 --backend process``:
-runs the scripted planner on test tasks through ``jaxagent.pool.EnvPool`` and prints one JSON
+"""``python -m jaxagent.envs.robot.manipulation --tasks 100 --envs 2 --backend process``
+(``--block-colours 6 --cup-colours 4`` for the wide world): runs the scripted planner on test
+tasks through ``jaxagent.pool.EnvPool`` and prints one JSON
 line ``{"tasks", "success", "env_steps", "wall_s", "env_steps_per_s", "safety"}``."""
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from jaxagent.envs.robot.manipulation.tasks import ManipulationConfig, Manipulat
 from jaxagent.pool import EnvPool, PoolConfig
 
 
-def run(num_tasks: int, num_envs: int, backend: str, error_rate: float = 0.0, split="test"):
-    world = ManipulationWorld(ManipulationConfig(num_test=num_tasks, num_train=num_tasks))
+def run(
+    num_tasks: int,
+    num_envs: int,
+    backend: str,
+    error_rate: float = 0.0,
+    split="test",
+    **world_options,
+):
+    world = ManipulationWorld(
+        ManipulationConfig(num_test=num_tasks, num_train=num_tasks, **world_options)
+    )
     tasks = list(world.tasks(split))[:num_tasks]
     make = functools.partial(ManipulationEnv, ManipulationEnvConfig())  # make(env_id) picklable
     pool = EnvPool(make, PoolConfig(num_envs=num_envs, backend=backend))
@@ -65,8 +75,16 @@ def main(argv=None) -> None:
     p.add_argument("--envs", type=int, default=2)
     p.add_argument("--backend", default="process", choices=["thread", "process"])
     p.add_argument("--error-rate", type=float, default=0.0)
+    p.add_argument("--block-colours", type=int, default=ManipulationConfig.block_colours)
+    p.add_argument("--cup-colours", type=int, default=ManipulationConfig.cup_colours)
+    p.add_argument("--balance-kinds", action="store_true")
     args = p.parse_args(argv)
-    print(json.dumps(run(args.tasks, args.envs, args.backend, args.error_rate)))
+    world = dict(
+        block_colours=args.block_colours,
+        cup_colours=args.cup_colours,
+        balance_kinds=args.balance_kinds,
+    )
+    print(json.dumps(run(args.tasks, args.envs, args.backend, args.error_rate, **world)))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from jaxagent.envs.robot.manipulation import scene as S
 from jaxagent.envs.robot.manipulation.skills import DIRECTIONS, Safety, Skills, reachable
 from jaxagent.envs.robot.manipulation.tasks import check_subgoal
 
-_OBJ = {"type": "string", "enum": list(S.OBJECTS)}
+_OBJ = {"type": "string", "enum": list(S.PALETTE_OBJECTS)}
+_CUPS = [o for o in S.PALETTE_OBJECTS if o.endswith(" cup")]
 TOOLS = {
     t.name: t
     for t in (
@@ -47,7 +48,7 @@ TOOLS = {
             {
                 "properties": {
                     "object": _OBJ,
-                    "location": {"type": "string", "enum": ["tray", *S.OBJECTS[len(S.BLOCKS) :]]},
+                    "location": {"type": "string", "enum": ["tray", *_CUPS]},
                 },
                 "required": ["object", "location"],
             },
@@ -112,12 +113,13 @@ class ManipulationEnv:
 
     def look(self) -> str:
         parts = []
-        for obj in S.OBJECTS:
+        cups = [o for o in self.scene.objects if o.endswith(" cup")]
+        for obj in self.scene.objects:
             p = self.scene.pos(obj)
             where = next(
                 (
                     f"in {c}"
-                    for c in S.OBJECTS[len(S.BLOCKS) :]
+                    for c in cups
                     if c != obj and check_subgoal(self.scene, [["in", obj, c]])
                 ),
                 None,
@@ -162,6 +164,15 @@ class ManipulationEnv:
         bound = A.bind_call(call, spec)
         if isinstance(bound, A.ActionError):
             return self._continue(f"error : bad arguments for {call.name}", bound.failure_mode)
+        absent = [
+            v
+            for v in bound.kwargs.values()
+            if v in S.PALETTE_OBJECTS and v not in self.scene.objects
+        ]
+        if absent:  # a palette object this scene does not hold: the agent's mistake
+            return self._continue(
+                f"error : {absent[0]} is not on the table", FailureMode.TOOL_ERROR
+            )
         before = len(self.safety.events)
         try:
             if call.name == "look":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 from jaxagent.envs.base import Task
-from jaxagent.envs.robot.manipulation import scene as S
 from jaxagent.envs.robot.manipulation.env import TOOLS
 from jaxagent.envs.robot.manipulation.skills import DIRECTIONS
 
@@ -24,13 +23,14 @@ def format_call(tool: str, args) -> str:
     return f"Action : {tool} ( {inner} )" if inner else f"Action : {tool} ( )"
 
 
-def _other(value: str, rng: np.random.Generator) -> str:
+def _other(value: str, objects, rng: np.random.Generator) -> str:
+    """Another direction, location or object of the same kind among the scene's ``objects``."""
     if value in DIRECTIONS:
         pool = list(DIRECTIONS)
     elif value == "tray" or value.endswith("cup"):
-        pool = ["tray", *S.OBJECTS[len(S.BLOCKS) :]]
+        pool = ["tray", *(o for o in objects if o.endswith(" cup"))]
     else:
-        pool = list(S.OBJECTS[: len(S.BLOCKS)])
+        pool = [o for o in objects if o.endswith(" block")]
     return str(rng.choice([v for v in pool if v != value]))
 
 
@@ -42,6 +42,7 @@ class ScriptedPlanner:
             raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.plan = [tuple(s) for s in task.data["plan"]]
+        self.objects = list(task.data["layout"])
         self.step_error = 1.0 - (1.0 - error_rate) ** (1.0 / (len(self.plan) + 1))
         self.errors: list[tuple[int, str]] = []
         self._i = 0
@@ -58,6 +59,6 @@ class ScriptedPlanner:
             if kind == "skip":
                 continue
             k = int(self.rng.integers(len(args)))
-            args = [_other(a, self.rng) if j == k else a for j, a in enumerate(args)]
+            args = [_other(a, self.objects, self.rng) if j == k else a for j, a in enumerate(args)]
             return format_call(tool, args)
         return "Final : done"

@@ -7,6 +7,12 @@ that moment (``Scene.weld``). Blocks (4 cm cubes) and cups (open boxes, 9 cm wid
 have free joints; the tray is a static pad. The table top is z = 0; anything below
 ``OFF_TABLE_Z`` has fallen off.
 
+The model holds ``N_BLOCKS`` block and ``N_CUPS`` cup bodies (slots ``block0`` ...); a
+layout names the objects of one task ("red block", "pink cup") from the palettes, and
+``Scene.reset`` gives each a slot and paints the slot its colour. One compiled model then
+serves any choice of colours, and a task world can use more colours than a scene holds (more
+instructions to learn from) at the physics cost of five objects.
+
 Off-screen rendering: ``frames.py`` (EGL, else OSMesa).
 """
 
@@ -15,9 +21,15 @@ from __future__ import annotations
 import mujoco
 import numpy as np
 
-BLOCKS = ("red", "green", "yellow")  # block colours ("red block")
-CUPS = ("blue", "white")  # cup colours ("blue cup")
+BLOCK_PALETTE = ("red", "green", "yellow", "orange", "purple", "black")  # "red block"
+CUP_PALETTE = ("blue", "white", "pink", "gray")  # "blue cup"
+N_BLOCKS, N_CUPS = 3, 2  # objects on the table at a time
+BLOCKS = BLOCK_PALETTE[:N_BLOCKS]  # the default scene's colours
+CUPS = CUP_PALETTE[:N_CUPS]
 OBJECTS = tuple(f"{c} block" for c in BLOCKS) + tuple(f"{c} cup" for c in CUPS)
+PALETTE_OBJECTS = tuple(f"{c} block" for c in BLOCK_PALETTE) + tuple(
+    f"{c} cup" for c in CUP_PALETTE
+)
 TABLE_HALF = 0.38  # table top is [-0.38, 0.38]^2 at z = 0
 REACH = 0.32  # the gripper reaches |x|, |y| <= REACH (a 10 cm push from there falls off)
 TRAY_XY = (0.0, 0.25)  # the tray's centre; a 0.16 x 0.12 pad
@@ -30,28 +42,29 @@ _RGBA = {
     "red": "0.85 0.15 0.15 1",
     "green": "0.2 0.7 0.25 1",
     "yellow": "0.95 0.8 0.1 1",
+    "orange": "0.95 0.5 0.1 1",
+    "purple": "0.55 0.2 0.75 1",
+    "black": "0.08 0.08 0.08 1",
     "blue": "0.2 0.35 0.9 1",
     "white": "0.92 0.92 0.92 1",
+    "pink": "0.95 0.55 0.7 1",
+    "gray": "0.5 0.5 0.5 1",
 }
+SLOTS = tuple(f"block{i}" for i in range(N_BLOCKS)) + tuple(f"cup{i}" for i in range(N_CUPS))
 
 
-def body_name(obj: str) -> str:
-    """``"red block"`` -> ``"red_block"`` (MJCF names have no spaces)."""
-    return obj.replace(" ", "_")
-
-
-def _block(colour: str) -> str:
+def _block(slot: str) -> str:
     h = BLOCK_HALF
     return (
-        f'<body name="{colour}_block" pos="0 0 {h}"><freejoint/>'
-        f'<geom type="box" size="{h} {h} {h}" rgba="{_RGBA[colour]}" mass="0.05" '
+        f'<body name="{slot}" pos="0 0 {h}"><freejoint/>'
+        f'<geom type="box" size="{h} {h} {h}" rgba="{_RGBA["red"]}" mass="0.05" '
         'friction="1 0.01 0.001"/></body>'
     )
 
 
-def _cup(colour: str) -> str:
+def _cup(slot: str) -> str:
     a, hz, w = CUP_HALF, CUP_HEIGHT / 2, CUP_WALL
-    rgba = _RGBA[colour]
+    rgba = _RGBA["blue"]
     walls = [
         f'<geom type="box" size="{a} {a} {w}" pos="0 0 {w}" rgba="{rgba}" mass="0.04"/>',
         f'<geom type="box" size="{w} {a} {hz}" pos="{a - w} 0 {hz}" rgba="{rgba}" mass="0.02"/>',
@@ -59,15 +72,14 @@ def _cup(colour: str) -> str:
         f'<geom type="box" size="{a} {w} {hz}" pos="0 {a - w} {hz}" rgba="{rgba}" mass="0.02"/>',
         f'<geom type="box" size="{a} {w} {hz}" pos="0 {w - a} {hz}" rgba="{rgba}" mass="0.02"/>',
     ]
-    return f'<body name="{colour}_cup" pos="0 0 0"><freejoint/>{"".join(walls)}</body>'
+    return f'<body name="{slot}" pos="0 0 0"><freejoint/>{"".join(walls)}</body>'
 
 
 def scene_xml() -> str:
-    """The MJCF of the whole scene (every object present; tasks move them)."""
+    """The MJCF of the whole scene (every slot present; tasks move and paint them)."""
     welds = "".join(
-        f'<weld name="grip_{body_name(o)}" body1="hand" body2="{body_name(o)}" active="false" '
-        'solref="0.01 1"/>'
-        for o in OBJECTS
+        f'<weld name="grip_{o}" body1="hand" body2="{o}" active="false" solref="0.01 1"/>'
+        for o in SLOTS
     )
     tx, ty = TRAY_XY
     return f"""
@@ -91,8 +103,8 @@ def scene_xml() -> str:
       <geom name="hand" type="box" size="0.015 0.015 0.02" pos="0 0 0.02"
         rgba="0.15 0.15 0.15 1"/>
     </body>
-    {"".join(_block(c) for c in BLOCKS)}
-    {"".join(_cup(c) for c in CUPS)}
+    {"".join(_block(o) for o in SLOTS if o.startswith("block"))}
+    {"".join(_cup(o) for o in SLOTS if o.startswith("cup"))}
   </worldbody>
   <equality>{welds}</equality>
 </mujoco>
@@ -106,16 +118,38 @@ class Scene:
         self.model = mujoco.MjModel.from_xml_string(scene_xml())
         self.data = mujoco.MjData(self.model)
         m = self.model
-        self.body = {o: m.body(body_name(o)).id for o in OBJECTS}
-        self.qadr = {o: m.jnt_qposadr[m.body_jntadr[self.body[o]]] for o in OBJECTS}
-        self.dadr = {o: m.jnt_dofadr[m.body_jntadr[self.body[o]]] for o in OBJECTS}
-        self.weld_id = {o: m.equality(f"grip_{body_name(o)}").id for o in OBJECTS}
         self.hand_body = m.body("hand").id
         self.hand_geom = m.geom("hand").id
         self._renderer = None
+        self._assign(OBJECTS)
+
+    def _assign(self, objects) -> None:
+        """Slot per object (blocks and cups in the order given), each slot painted."""
+        blocks = [o for o in objects if o.endswith(" block")]
+        cups = [o for o in objects if o.endswith(" cup")]
+        if len(blocks) != N_BLOCKS or len(cups) != N_CUPS or len(set(objects)) != len(objects):
+            raise ValueError(
+                f"a layout names {N_BLOCKS} distinct blocks and {N_CUPS} cups from the "
+                f"palettes; got {list(objects)}"
+            )
+        unknown = [o for o in objects if o not in PALETTE_OBJECTS]
+        if unknown:
+            raise ValueError(f"unknown objects {unknown}; the palette: {list(PALETTE_OBJECTS)}")
+        m = self.model
+        self.objects = tuple(blocks + cups)
+        slot = dict(zip(self.objects, SLOTS))
+        self.body = {o: m.body(slot[o]).id for o in self.objects}
+        self.qadr = {o: m.jnt_qposadr[m.body_jntadr[self.body[o]]] for o in self.objects}
+        self.dadr = {o: m.jnt_dofadr[m.body_jntadr[self.body[o]]] for o in self.objects}
+        self.weld_id = {o: m.equality(f"grip_{slot[o]}").id for o in self.objects}
+        for o, b in self.body.items():
+            a, n = m.body_geomadr[b], m.body_geomnum[b]
+            m.geom_rgba[a : a + n] = [float(v) for v in _RGBA[o.split()[0]].split()]
 
     def reset(self, layout: dict[str, tuple[float, float, float]], hand=(0.0, -0.15, 0.25)):
-        """Every object at ``layout[obj] = (x, y, z)`` upright and at rest; welds off."""
+        """Every object at ``layout[obj] = (x, y, z)`` upright and at rest; welds off. The
+        layout names the scene's objects (``N_BLOCKS`` blocks, ``N_CUPS`` cups)."""
+        self._assign(tuple(layout))
         m, d = self.model, self.data
         mujoco.mj_resetData(m, d)
         for obj, pos in layout.items():

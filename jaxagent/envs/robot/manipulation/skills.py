@@ -124,7 +124,7 @@ class Skills:
         if self._over_force:
             self.safety.force += 1
             self.safety.events.append("contact_force")
-        for obj in S.OBJECTS:
+        for obj in self.scene.objects:
             if obj not in self._off and self.scene.pos(obj)[2] < S.OFF_TABLE_Z:
                 self._off.add(obj)
                 self.safety.knocked_off += 1

@@ -9,6 +9,12 @@ calls) and the sub-goals, each a conjunction of predicates on the final simulate
   ``["pushed", obj, direction, x0, y0]``: moved >= 5 cm that way from (x0, y0), still on
   the table.
 
+The world's colours are the first ``block_colours`` / ``cup_colours`` of the scene's palettes;
+a task's scene holds the objects its plan uses plus others drawn to make ``N_BLOCKS`` blocks
+and ``N_CUPS`` cups. With the defaults (3 and 2) every scene holds the same five objects and
+there are 41 instructions; 6 and 4 give 210, so a policy has to read the colours it is told
+rather than recall the few combinations of a small world.
+
 Splits hold out whole instructions, stratified by kind: a test instruction never appears in
 train (the layouts differ per task as well), and every kind is in both splits, so held-out
 success measures generalisation to new object combinations.
@@ -17,6 +23,7 @@ success measures generalisation to new object combinations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 
@@ -27,11 +34,13 @@ from jaxagent.envs.robot.manipulation import scene as S
 from jaxagent.envs.robot.manipulation.skills import DIRECTIONS
 
 
-def _templates():
-    """(kind, instruction, plan, subgoals, needs) for every instruction of the world."""
+@functools.cache
+def templates(block_colours: int = S.N_BLOCKS, cup_colours: int = S.N_CUPS) -> tuple:
+    """(kind, instruction, plan, subgoals, needs) for every instruction of the world whose
+    colours are the palettes' first ``block_colours`` and ``cup_colours``."""
     out = []
-    blocks = [f"{c} block" for c in S.BLOCKS]
-    cups = [f"{c} cup" for c in S.CUPS]
+    blocks = [f"{c} block" for c in S.BLOCK_PALETTE[:block_colours]]
+    cups = [f"{c} cup" for c in S.CUP_PALETTE[:cup_colours]]
     for b, c in itertools.product(blocks, cups):
         pick_place = [("move_to", b), ("grasp", b), ("place", b, c)]
         out.append(("put", f"put the {b} in the {c}", pick_place, [[["in", b, c]]], {}))
@@ -80,14 +89,16 @@ def _templates():
                     {},
                 )
             )
-    return out
+    return tuple(out)
 
 
-TEMPLATES = _templates()
+TEMPLATES = templates()  # the default world: 45 templates, 41 instruction texts
 
 
 def template_words() -> list[str]:
-    return sorted({w for t in TEMPLATES for w in t[1].split()})
+    """Every word of every instruction over the whole palettes (the word vocabulary)."""
+    every = templates(len(S.BLOCK_PALETTE), len(S.CUP_PALETTE))
+    return sorted({w for t in every for w in t[1].split()})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,6 +109,9 @@ class ManipulationConfig:
     num_test: int = 100  # test tasks, over the held-out instructions
     test_fraction: float = 0.25  # share of instructions held out for test
     unreachable_prob: float = 0.3  # chance that an object the plan does not use is out of reach
+    block_colours: int = S.N_BLOCKS  # the first n of scene.BLOCK_PALETTE
+    cup_colours: int = S.N_CUPS  # the first n of scene.CUP_PALETTE
+    balance_kinds: bool = False  # draw the kind uniformly, then an instruction of it
     seed: int = 0
 
     def __post_init__(self):
@@ -107,6 +121,15 @@ class ManipulationConfig:
             )
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction={self.test_fraction} must lie in (0, 1)")
+        for name, n, lo, palette in (
+            ("block_colours", self.block_colours, S.N_BLOCKS, S.BLOCK_PALETTE),
+            ("cup_colours", self.cup_colours, S.N_CUPS, S.CUP_PALETTE),
+        ):
+            if not lo <= n <= len(palette):
+                raise ValueError(
+                    f"{name}={n} must lie in [{lo}, {len(palette)}]: a scene holds {lo}, "
+                    f"the palette has {len(palette)} ({', '.join(palette)})"
+                )
 
 
 def _hash01(instruction: str) -> float:
@@ -115,7 +138,7 @@ def _hash01(instruction: str) -> float:
 
 def split_templates(templates, test_fraction: float) -> dict[str, list]:
     """Stratified by kind: the ``test_fraction`` of each kind's instructions with the lowest
-    hash (at least one, never all) is test-only. A split over all 45 instructions at once
+    hash (at least one, never all) is test-only. A split over all 41 instructions at once
     drew half of the six ``pour`` instructions into test and one of the six ``put``: the test
     mix of kinds then differs from train's, and held-out success measures the mix as much as
     generalisation to new object combinations."""
@@ -136,15 +159,33 @@ def split_templates(templates, test_fraction: float) -> dict[str, list]:
 USED_RANGE = 0.22  # |x|, |y| of the objects a plan uses
 
 
-def sample_layout(rng: np.random.Generator, used: set[str], inside: tuple | None, far_prob: float):
-    """Positions ``{obj: (x, y, z)}``: used objects within reach, >= 12 cm apart, off the tray;
-    an unused one out of reach with probability ``far_prob``; ``inside = (block, cup)`` starts
-    the block in the cup."""
+def scene_objects(rng: np.random.Generator, used: set[str], blocks, cups) -> tuple[str, ...]:
+    """The ``used`` objects plus others of ``blocks`` / ``cups`` drawn to fill the scene
+    (no draw when the world has exactly the scene's objects), in palette order."""
+    out: list[str] = []
+    for pool, n in ((blocks, S.N_BLOCKS), (cups, S.N_CUPS)):
+        rest = [o for o in pool if o not in used]
+        k = n - (len(pool) - len(rest))
+        pick = set(rng.choice(rest, size=k, replace=False).tolist()) if len(rest) > k else rest
+        out += [o for o in pool if o in used or o in pick]
+    return tuple(out)
+
+
+def sample_layout(
+    rng: np.random.Generator,
+    used: set[str],
+    inside: tuple | None,
+    far_prob: float,
+    objects: tuple[str, ...] = S.OBJECTS,
+):
+    """Positions ``{obj: (x, y, z)}`` of the scene's ``objects``: used objects within reach,
+    >= 12 cm apart, off the tray; an unused one out of reach with probability ``far_prob``;
+    ``inside = (block, cup)`` starts the block in the cup."""
     layout: dict[str, tuple[float, float, float]] = {}
     taken: list[np.ndarray] = [np.array(S.TRAY_XY)]
-    unused = [o for o in S.OBJECTS if o not in used and not (inside and o == inside[0])]
+    unused = [o for o in objects if o not in used and not (inside and o == inside[0])]
     far = rng.choice(unused) if unused and rng.random() < far_prob else None
-    for obj in S.OBJECTS:
+    for obj in objects:
         if inside and obj == inside[0]:
             continue
         for _ in range(1000):
@@ -176,7 +217,11 @@ class ManipulationWorld:
 
     def __init__(self, config: ManipulationConfig | None = None):
         self.config = c = config or ManipulationConfig()
-        by_split = split_templates(TEMPLATES, c.test_fraction)
+        self._colours = (
+            [f"{k} block" for k in S.BLOCK_PALETTE[: c.block_colours]],
+            [f"{k} cup" for k in S.CUP_PALETTE[: c.cup_colours]],
+        )
+        by_split = split_templates(templates(c.block_colours, c.cup_colours), c.test_fraction)
         self._tasks = {
             split: self._make(split, by_split[split], n, c.seed + k)
             for k, (split, n) in enumerate((("train", c.num_train), ("test", c.num_test)))
@@ -185,11 +230,18 @@ class ManipulationWorld:
     def _make(self, split: str, templates, n: int, seed: int) -> list[Task]:
         rng = np.random.default_rng(seed)
         tasks = []
+        kinds = sorted({t[0] for t in templates})
         for i in range(n):
-            kind, text, plan, subgoals, extra = templates[int(rng.integers(len(templates)))]
-            used = {a for step in plan for a in step[1:] if a in S.OBJECTS}
+            pool = templates
+            if self.config.balance_kinds:
+                kind = kinds[int(rng.integers(len(kinds)))]
+                pool = [t for t in templates if t[0] == kind]
+            kind, text, plan, subgoals, extra = pool[int(rng.integers(len(pool)))]
             inside = extra.get("inside")
-            layout = sample_layout(rng, used, inside, self.config.unreachable_prob)
+            used = {a for step in plan for a in step[1:] if a in S.PALETTE_OBJECTS}
+            used.update(inside or ())
+            objects = scene_objects(rng, used, *self._colours)
+            layout = sample_layout(rng, used, inside, self.config.unreachable_prob, objects)
             goals = [
                 [g + list(layout[g[1]][:2]) if g[0] == "pushed" else list(g) for g in goal]
                 for goal in subgoals

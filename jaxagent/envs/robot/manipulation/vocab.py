@@ -11,7 +11,7 @@ from jaxagent.envs.robot.manipulation.tasks import template_words
 def vocabulary() -> list[str]:
     """Every word of prompts, observations (``look`` included) and planner actions."""
     words = set(template_words())
-    words.update(w for o in S.OBJECTS for w in o.split())
+    words.update(w for o in S.PALETTE_OBJECTS for w in o.split())
     words.update(DIRECTIONS)
     for name, spec in TOOLS.items():
         words.add(name)
