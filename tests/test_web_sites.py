@@ -314,3 +314,24 @@ def test_with_named_items_every_expert_word_is_visible_to_the_policy(site):
     task = WebWorld(site, num_train=1, num_test=0, name_item=True).tasks("train")[0]
     title = task.data["catalog"]["items"][task.data["catalog"]["target"]]["title"]
     assert f'" {title} "' in task.prompt
+
+
+def test_search_ranks_by_shared_title_words_like_webshop():
+    from jaxagent.envs.web.layout import Layout
+    from jaxagent.envs.web.site import Site
+
+    task = _world("shop", 5).tasks("test")[0]
+    items = task.data["catalog"]["items"]
+    site = Site("shop", Layout.from_json(task.data["layout"]), items)
+    target = task.data["catalog"]["target"]
+    title = items[target]["title"].split()
+    state = {"query": " ".join(title), "category": "all"}
+    hits = site.results(state)
+    assert items[hits[0]]["title"] == items[target]["title"]  # the exact title ranks first
+    shared = [len(set(title) & set(items[i]["title"].split())) for i in hits]
+    assert shared == sorted(shared, reverse=True) and min(shared) >= 1
+    # one wrong word: still listed, behind nothing that shares fewer words
+    state["query"] = " ".join([title[0], "zzz", title[2]])
+    assert target in site.results(state)
+    state["query"] = "zzz qqq"  # nothing shared: nothing listed
+    assert site.results(state) == []

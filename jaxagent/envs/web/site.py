@@ -70,18 +70,24 @@ class Site:
     # --------------------------------------------------------------- pages
 
     def results(self, state: dict) -> list[int]:
-        """Indices of the items the results page lists (all pages), in display order."""
-        words = state["query"].split()
+        """Indices of the items the results page lists (all pages), in display order.
+
+        A query ranks rather than filters, as WebShop's BM25 search does: items whose title
+        shares more of the query's words come first, an item sharing none is not listed, and
+        ties keep the layout's order. A query with one wrong word still finds the item."""
+        words = set(state["query"].split())
+        shared = [len(words & set(item["title"].split())) for item in self.items]
         hits = [
             i
             for i, item in enumerate(self.items)
-            if all(w in item["title"].split() for w in words)
-            and state["category"] in ("all", item["category"])
+            if (not words or shared[i] > 0) and state["category"] in ("all", item["category"])
         ]
         if self.layout.sort == "price":
             hits.sort(key=lambda i: (self.items[i]["price"], self.items[i]["title"]))
         elif self.layout.sort == "name":
             hits.sort(key=lambda i: self.items[i]["title"])
+        if words:
+            hits.sort(key=lambda i: -shared[i])  # stable: the layout's order within a rank
         return hits
 
     def page(self, state: dict) -> list[Element]:
