@@ -165,20 +165,24 @@ def test_split_is_stratified_by_instruction_kind():
     assert not {t[1] for t in split["test"]} & {t[1] for t in split["train"]}
 
 
+def _plan_episode(env, task):
+    """The scripted planner's episode on ``task``; its last StepResult."""
+    obs, planner = env.reset(task), ScriptedPlanner(task)
+    while True:
+        r = env.step(planner.act(obs))
+        if r.done:
+            return r
+        obs = r.observation
+
+
 def test_scripted_planner_succeeds_on_95_percent_of_test_tasks():
     world = ManipulationWorld(ManipulationConfig(num_train=1, num_test=24, seed=3))
     env = ManipulationEnv()
-    wins = []
-    for task in world.tasks("test"):
-        obs, planner = env.reset(task), ScriptedPlanner(task)
-        while True:
-            r = env.step(planner.act(obs))
-            obs = r.observation
-            if r.done:
-                break
-        wins.append(r.info["success"])
-        assert r.info["safety"] == {"knocked_off": 0, "contact_force": 0, "unreachable": 0}
+    finals = [_plan_episode(env, task) for task in world.tasks("test")]
     env.close()
+    wins = [r.info["success"] for r in finals]
+    for r in finals:
+        assert r.info["safety"] == {"knocked_off": 0, "contact_force": 0, "unreachable": 0}
     assert np.mean(wins) >= 0.95, wins
 
 
@@ -258,15 +262,7 @@ def test_wide_world_paints_slots_and_keeps_five_objects_on_the_table(scene):
 def test_wide_world_planner_succeeds_and_absent_objects_are_the_agents_error():
     world = ManipulationWorld(ManipulationConfig(num_train=1, num_test=12, seed=5, **WIDE))
     env = ManipulationEnv()
-    wins = []
-    for task in world.tasks("test"):
-        obs, planner = env.reset(task), ScriptedPlanner(task)
-        while True:
-            r = env.step(planner.act(obs))
-            obs = r.observation
-            if r.done:
-                break
-        wins.append(r.info["success"])
+    wins = [_plan_episode(env, task).info["success"] for task in world.tasks("test")]
     assert np.mean(wins) >= 11 / 12, wins
     task = world.tasks("test")[0]
     env.reset(task)
