@@ -21,6 +21,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
+from jaxagent.train.validate import ConfigError
+
 BEST_METRIC = "eval_success"
 # files every finished checkpoint has (orbax writes them last, before the final rename)
 _REQUIRED = ("_CHECKPOINT_METADATA", "state/_METADATA", "state/manifest.ocdbt", "meta/metadata")
@@ -96,6 +98,18 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         """Complete checkpoints, oldest first (a half-deleted or half-written one is skipped)."""
         return [s for s in sorted(self._manager.all_steps()) if self.is_complete(s)]
+
+    def refuse_overwrite(self, resume: bool, out_dir: Path) -> None:
+        """With ``train.resume=false`` a run directory holding checkpoints would have its
+        config, metrics and checkpoints mixed with the new run's (and orbax refuses step 0
+        only after SFT and the first evaluation): refuse before any work."""
+        steps = [] if resume else self.all_steps()
+        if steps:
+            raise ConfigError(
+                f"train.resume=false but train.out_dir={str(out_dir)!r} already holds "
+                f"checkpoints (steps {steps}); set train.resume=true to continue that run, or "
+                "choose another train.out_dir (or delete the old one)"
+            )
 
     def is_complete(self, step: int) -> bool:
         d = self.directory / str(step)

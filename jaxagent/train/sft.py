@@ -5,11 +5,14 @@ the rollout driver (``jaxagent.agents.expert.ExpertTurnPolicy``), so each demons
 exactly the token layout of the policy's episodes (same chat chunks, the expert's actions
 where the policy's samples would be, loss mask on those) and SFT and RL train on one format.
 ``run_sft`` fits the policy with the masked cross-entropy of ``jaxagent.rl.losses`` (token
-mean), AdamW and a warm-up + stable + decay schedule.
+mean), AdamW and a warm-up + stable + decay schedule. ``warm_start`` is the trainer's SFT
+phase: the demonstrations, the fit with a progress bar, and its metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -20,9 +23,11 @@ import optax
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.expert import ExpertTurnPolicy, MakeExpert
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
+from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import Task
 from jaxagent.models import apply_model, token_logprobs
 from jaxagent.rl import losses as L
+from jaxagent.train import progress
 
 
 def expert_episodes(
@@ -199,3 +204,57 @@ def run_sft(
             if on_step is not None:
                 on_step(i, losses[-1])
     return params, losses
+
+
+def warm_start(
+    config,
+    env,
+    rollout: RolloutSpec,
+    tasks: Sequence[Task],
+    graphdef,
+    params: Any,
+    *,
+    pad_id: int,
+    max_len: int,
+    echo: Callable[[str], None] = print,
+) -> tuple[Any, dict]:
+    """The trainer's SFT phase (``config.sft``) on ``env``'s scripted expert over ``tasks``;
+    returns (params, ``sft/`` metrics)."""
+    c = config.sft
+    tasks = tasks[: c.num_demos]
+    t0 = time.perf_counter()
+    # The demonstrations run in-process: a scripted expert needs no timeouts, and the
+    # pool would grow one environment per demonstration.
+    spec = dataclasses.replace(rollout, runner=InlineRunner(env.make_env))
+    try:
+        demos = expert_episodes(
+            env.make_expert, tasks, spec, error_rate=c.expert_error_rate, seed=config.train.seed
+        )
+    finally:
+        spec.runner.close()
+    if c.only_successful:
+        demos = [d for d in demos if d.success]
+    demo_success = float(np.mean([d.success for d in demos])) if demos else 0.0
+    echo(
+        f"[sft] {len(demos)} expert demonstrations (error rate "
+        f"{c.expert_error_rate}, expert success {demo_success:.2f}); {c.steps} steps"
+    )
+    with progress.Progress(config.train.progress, "sft", c.steps) as bar:
+        params, losses = run_sft(
+            graphdef,
+            params,
+            demos,
+            steps=c.steps,
+            batch_size=c.batch_size,
+            learning_rate=c.learning_rate,
+            seed=config.train.seed,
+            pad_id=pad_id,
+            max_len=max_len,
+            on_step=lambda i, loss: bar.update(1, loss=f"{loss:.3f}"),
+        )
+    return params, {
+        "sft/loss": losses[-1] if losses else float("nan"),
+        "sft/demos": len(demos),
+        "sft/expert_success": demo_success,
+        "sft/time_s": time.perf_counter() - t0,
+    }

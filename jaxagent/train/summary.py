@@ -76,6 +76,22 @@ def plot_learning_curve(
     return path
 
 
+def history_entry(eval_m: dict) -> dict:
+    """One evaluation's entry of the run's history: ``eval/`` metrics without their prefix,
+    the failure modes as one dict."""
+    keep = {
+        k.split("/", 1)[1]: v
+        for k, v in eval_m.items()
+        if k.startswith("eval/") and "/failure/" not in k
+    }
+    keep["failure_modes"] = {
+        k.split("/failure/", 1)[1]: v
+        for k, v in eval_m.items()
+        if k.startswith("eval/") and "/failure/" in k
+    }
+    return keep
+
+
 def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> dict:
     """Print the final table, write the PNG and ``summary.json``; return the summary."""
     cfg = trainer.config

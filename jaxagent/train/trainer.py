@@ -14,7 +14,6 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -27,7 +26,6 @@ import numpy as np
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.evaluate import evaluate
 from jaxagent.agents.rollout import collect_episodes
-from jaxagent.agents.runner import InlineRunner
 from jaxagent.eval.report import summarize
 from jaxagent.rl.prepare import split_bootstrap_values
 from jaxagent.generate.sampler import release_decode_kernels
@@ -36,14 +34,15 @@ from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.guards import UpdateGuard
-from jaxagent.train.config import Config, ConfigError, config_to_dict, config_to_yaml
+from jaxagent.train.config import Config, config_to_dict, config_to_yaml
 from jaxagent.train.distributed import refuse_multihost_rollout, start_distributed
 from jaxagent.train.mesh import DeviceLayout, ShardedUpdate
 from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger
 from jaxagent.train.policy import make_logprob_fn, run_optimizer
 from jaxagent.train.run import build_run, eval_key, make_runner, sample_keys, val_key
-from jaxagent.train.sft import expert_episodes, run_sft
+from jaxagent.train.sft import warm_start
+from jaxagent.train.summary import history_entry
 
 __all__ = ["Trainer", "eval_key", "make_runner", "sample_keys"]
 
@@ -66,7 +65,7 @@ class Trainer:
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
         )
-        _refuse_overwrite(self.checkpointer, config)
+        self.checkpointer.refuse_overwrite(config.train.resume, config.run_dir)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
         self.built = build_run(config, tokenizer_dir=self.run_dir / "tokenizer")
         run = self.built
@@ -142,48 +141,18 @@ class Trainer:
         return result.metrics(prefix)
 
     def sft(self, params):
-        c = self.config.sft
-        tasks = self.sft_tasks[: c.num_demos]
-        t0 = time.perf_counter()
-        # The demonstrations run in-process: a scripted expert needs no timeouts, and the
-        # pool would grow one environment per demonstration.
-        spec = dataclasses.replace(self.rollout, runner=InlineRunner(self.env.make_env))
-        try:
-            demos = expert_episodes(
-                self.env.make_expert,
-                tasks,
-                spec,
-                error_rate=c.expert_error_rate,
-                seed=self.config.train.seed,
-            )
-        finally:
-            spec.runner.close()
-        if c.only_successful:
-            demos = [d for d in demos if d.success]
-        demo_success = float(np.mean([d.success for d in demos])) if demos else 0.0
-        self.echo(
-            f"[sft] {len(demos)} expert demonstrations (error rate "
-            f"{c.expert_error_rate}, expert success {demo_success:.2f}); {c.steps} steps"
+        """SFT warm-start on the env's scripted expert (``jaxagent.train.sft.warm_start``)."""
+        return warm_start(
+            self.config,
+            self.env,
+            self.rollout,
+            self.sft_tasks,
+            self.graphdef,
+            params,
+            pad_id=self.chat.pad_id,
+            max_len=self.max_len,
+            echo=self.echo,
         )
-        with progress.Progress(self.config.train.progress, "sft", c.steps) as bar:
-            params, losses = run_sft(
-                self.graphdef,
-                params,
-                demos,
-                steps=c.steps,
-                batch_size=c.batch_size,
-                learning_rate=c.learning_rate,
-                seed=self.config.train.seed,
-                pad_id=self.chat.pad_id,
-                max_len=self.max_len,
-                on_step=lambda i, loss: bar.update(1, loss=f"{loss:.3f}"),
-            )
-        return params, {
-            "sft/loss": losses[-1] if losses else float("nan"),
-            "sft/demos": len(demos),
-            "sft/expert_success": demo_success,
-            "sft/time_s": time.perf_counter() - t0,
-        }
 
     def iteration(self, state: TrainState, it: int) -> tuple[TrainState, dict]:
         """One RL iteration: collect -> advantages -> update (advantages inside the step)."""
@@ -323,7 +292,7 @@ class Trainer:
                         state.model_params(), f"iter {done}", eval_key(cfg.train.seed, done)
                     )
                     m.update(eval_m)
-                    history.append({"iteration": done, **_hist(eval_m)})
+                    history.append({"iteration": done, **history_entry(eval_m)})
                 self.logger.log(done, m)
                 self.guard.stop_if_needed()  # past guards.max_skipped_updates: stop, clearly
                 bar.update(
@@ -368,7 +337,7 @@ class Trainer:
             m = self.evaluate(
                 state.model_params(), f"best val iter {it}", eval_key(self.config.train.seed, it)
             )
-            test = {"iteration": it, **_hist(m)}
+            test = {"iteration": it, **history_entry(m)}
         extra["best_val"] = {
             "iteration": it,
             "val_success": best["success"],
@@ -407,7 +376,7 @@ class Trainer:
             m0.update(val_m)
             best = val_m["val/success"]
         self.logger.log(0, m0)
-        history = [{"iteration": 0, **_hist(m0)}]
+        history = [{"iteration": 0, **history_entry(m0)}]
         state = self._new_state(params)
         self.checkpointer.save(0, state, self._meta(0, history, extra), best)
         return state, 0, history, extra
@@ -432,30 +401,3 @@ class Trainer:
         self.checkpointer.close()
         self.logger.close()
         self.built.close()
-
-
-def _refuse_overwrite(checkpointer: Checkpointer, config: Config) -> None:
-    """With ``train.resume=false`` a run directory holding checkpoints would have its
-    config, metrics and checkpoints mixed with the new run's (and orbax refuses step 0 only
-    after SFT and the first evaluation): refuse before any work."""
-    steps = [] if config.train.resume else checkpointer.all_steps()
-    if steps:
-        raise ConfigError(
-            f"train.resume=false but train.out_dir={str(config.run_dir)!r} already holds "
-            f"checkpoints (steps {steps}); set train.resume=true to continue that run, or "
-            "choose another train.out_dir (or delete the old one)"
-        )
-
-
-def _hist(eval_m: dict) -> dict:
-    keep = {
-        k.split("/", 1)[1]: v
-        for k, v in eval_m.items()
-        if k.startswith("eval/") and "/failure/" not in k
-    }
-    keep["failure_modes"] = {
-        k.split("/failure/", 1)[1]: v
-        for k, v in eval_m.items()
-        if k.startswith("eval/") and "/failure/" in k
-    }
-    return keep
