@@ -50,6 +50,7 @@ _RGBA = {
     "pink": "0.95 0.55 0.7 1",
     "gray": "0.5 0.5 0.5 1",
 }
+_RGBA_FLOAT = {k: [float(x) for x in v.split()] for k, v in _RGBA.items()}
 SLOTS = tuple(f"block{i}" for i in range(N_BLOCKS)) + tuple(f"cup{i}" for i in range(N_CUPS))
 
 
@@ -121,6 +122,20 @@ class Scene:
         self.hand_body = m.body("hand").id
         self.hand_geom = m.geom("hand").id
         self._renderer = None
+        # per slot, once: (body id, qpos address, dof address, weld id, geom range)
+        self._slots = {}
+        for s in SLOTS:
+            b = m.body(s).id
+            j = m.body_jntadr[b]
+            geoms = slice(m.body_geomadr[b], m.body_geomadr[b] + m.body_geomnum[b])
+            self._slots[s] = (
+                b,
+                m.jnt_qposadr[j],
+                m.jnt_dofadr[j],
+                m.equality(f"grip_{s}").id,
+                geoms,
+            )
+        self.objects: tuple[str, ...] = ()
         self._assign(OBJECTS)
 
     def _assign(self, objects) -> None:
@@ -135,16 +150,17 @@ class Scene:
         unknown = [o for o in objects if o not in PALETTE_OBJECTS]
         if unknown:
             raise ValueError(f"unknown objects {unknown}; the palette: {list(PALETTE_OBJECTS)}")
-        m = self.model
-        self.objects = tuple(blocks + cups)
-        slot = dict(zip(self.objects, SLOTS))
-        self.body = {o: m.body(slot[o]).id for o in self.objects}
-        self.qadr = {o: m.jnt_qposadr[m.body_jntadr[self.body[o]]] for o in self.objects}
-        self.dadr = {o: m.jnt_dofadr[m.body_jntadr[self.body[o]]] for o in self.objects}
-        self.weld_id = {o: m.equality(f"grip_{slot[o]}").id for o in self.objects}
-        for o, b in self.body.items():
-            a, n = m.body_geomadr[b], m.body_geomnum[b]
-            m.geom_rgba[a : a + n] = [float(v) for v in _RGBA[o.split()[0]].split()]
+        objects = tuple(blocks + cups)
+        if objects == self.objects:  # the same objects in the same slots: nothing to repaint
+            return
+        self.objects = objects
+        slot = {o: self._slots[s] for o, s in zip(objects, SLOTS)}
+        self.body = {o: v[0] for o, v in slot.items()}
+        self.qadr = {o: v[1] for o, v in slot.items()}
+        self.dadr = {o: v[2] for o, v in slot.items()}
+        self.weld_id = {o: v[3] for o, v in slot.items()}
+        for o, v in slot.items():
+            self.model.geom_rgba[v[4]] = _RGBA_FLOAT[o.split()[0]]
 
     def reset(self, layout: dict[str, tuple[float, float, float]], hand=(0.0, -0.15, 0.25)):
         """Every object at ``layout[obj] = (x, y, z)`` upright and at rest; welds off. The

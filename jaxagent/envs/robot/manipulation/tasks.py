@@ -230,12 +230,14 @@ class ManipulationWorld:
     def _make(self, split: str, templates, n: int, seed: int) -> list[Task]:
         rng = np.random.default_rng(seed)
         tasks = []
-        kinds = sorted({t[0] for t in templates})
+        by_kind: dict[str, list] = {}
+        for t in templates:
+            by_kind.setdefault(t[0], []).append(t)
+        kinds = sorted(by_kind)
         for i in range(n):
             pool = templates
             if self.config.balance_kinds:
-                kind = kinds[int(rng.integers(len(kinds)))]
-                pool = [t for t in templates if t[0] == kind]
+                pool = by_kind[kinds[int(rng.integers(len(kinds)))]]
             kind, text, plan, subgoals, extra = pool[int(rng.integers(len(pool)))]
             inside = extra.get("inside")
             used = {a for step in plan for a in step[1:] if a in S.PALETTE_OBJECTS}
