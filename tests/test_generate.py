@@ -173,6 +173,31 @@ def test_continuation_equals_fresh_prefill(hf_model):
     np.testing.assert_array_equal(np.asarray(again.cache.lengths), expect)
 
 
+def test_row_keys_make_a_split_batch_sample_like_the_whole(hf_model):
+    # A multi-host rollout: each host samples its rows with their global row numbers. Four
+    # rows at once and the same rows as two halves (rows 0-1, rows 2-3) must draw the same
+    # tokens at temperature 1; without row ids the halves draw other tokens.
+    _, _, params, sampler = hf_model
+    prompts = _prompts([6, 9, 4, 7], seed=5)
+    cfg = SamplingConfig(max_new_tokens=12, temperature=1.0)
+    key = jax.random.key(3)
+    whole = sampler(params, prompts, cfg, key, row_ids=[10, 11, 12, 13])
+    lo = sampler(params, prompts[:2], cfg, key, row_ids=[10, 11])
+    hi = sampler(params, prompts[2:], cfg, key, row_ids=[12, 13])
+    split = np.concatenate([np.asarray(lo.tokens), np.asarray(hi.tokens)])
+    np.testing.assert_array_equal(split, np.asarray(whole.tokens))
+    np.testing.assert_allclose(
+        np.concatenate([np.asarray(lo.logprobs), np.asarray(hi.logprobs)]),
+        np.asarray(whole.logprobs),
+        atol=1e-5,
+    )
+    plain = sampler(params, prompts[2:], cfg, key)  # one stream for the batch
+    assert not np.array_equal(np.asarray(plain.tokens), np.asarray(whole.tokens)[2:])
+    # a row's stream is its own: renumbering the other rows leaves row 0 unchanged
+    other = sampler(params, prompts, cfg, key, row_ids=[10, 21, 22, 23])
+    np.testing.assert_array_equal(np.asarray(other.tokens)[0], np.asarray(whole.tokens)[0])
+
+
 def test_top_k_top_p_distribution():
     # 4 tokens with probabilities 0.5, 0.25, 0.15, 0.10.
     probs = np.array([0.5, 0.25, 0.15, 0.10])

@@ -31,6 +31,10 @@ class CachedTurnSampler:
         self.sampling, self.max_len = sampling, max_len
         self._sampler = Sampler(graphdef, pad_id=pad_id)
         self._cache = None
+        # Set (e.g. to 0, or to a host's first global row in a multi-host rollout): each row
+        # draws from its own stream keyed by row_offset + its index, so how the episodes are
+        # split over hosts does not change what is sampled (``Sampler``'s ``row_ids``).
+        self.row_offset: Optional[int] = None
 
     @property
     def recompiles(self) -> int:
@@ -61,7 +65,10 @@ class CachedTurnSampler:
                 f"a row may need {need} tokens > max_len={self.max_len}; the "
                 "rollout budget (max_total_tokens) must keep rows within it"
             )
-        out = self._sampler(params, rows, self.sampling, key, cache=self._cache)
+        ids = (
+            None if self.row_offset is None else range(self.row_offset, self.row_offset + len(rows))
+        )
+        out = self._sampler(params, rows, self.sampling, key, cache=self._cache, row_ids=ids)
         self._cache = out.cache
         tokens, logp, n = jax.device_get((out.tokens, out.logprobs, out.lengths))
         res = TurnOutput([], [], [])

@@ -25,7 +25,12 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent.buckets import bucket
-from jaxagent.generate.sampling import SamplingConfig, sample_tokens_from_uniform, uniforms
+from jaxagent.generate.sampling import (
+    SamplingConfig,
+    row_uniforms,
+    sample_tokens_from_uniform,
+    uniforms,
+)
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
 from jaxagent.models.api import model_config
 from jaxagent.parallel import batch_mesh_axes
@@ -193,6 +198,7 @@ class Sampler:
         sampling: SamplingConfig,
         key: jax.Array,
         cache: Optional[KVCache] = None,
+        row_ids: Optional[Sequence[int]] = None,
     ) -> SampleOutput:
         """Append ``new_tokens[b]`` to row b and sample ``sampling.max_new_tokens`` tokens.
 
@@ -203,6 +209,9 @@ class Sampler:
           sampling: decoding settings (static).
           key: PRNG key.
           cache: cache from an earlier call (donated), or None to start fresh.
+          row_ids: optional global row numbers, B ints: row b's random draws then depend only
+            on (key, row_ids[b]), so rows sampled on different hosts draw what one process
+            sampling every row draws (``row_uniforms``). None: one stream for the batch.
         """
         if not isinstance(sampling, SamplingConfig):
             raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
@@ -246,6 +255,7 @@ class Sampler:
             put(tokens),
             put(segs),
             key,
+            None if row_ids is None else put(np.asarray(row_ids, np.int32).reshape(b)),
             sampling=sampling,
             capacity=None if cache is not None else capacity,
             rows_sharding=rows_sh,
@@ -253,7 +263,18 @@ class Sampler:
 
     # ---- device side -------------------------------------------------------------------
     def _generate(
-        self, params, fused, cache, tokens, segment_ids, key, *, sampling, capacity, rows_sharding
+        self,
+        params,
+        fused,
+        cache,
+        tokens,
+        segment_ids,
+        key,
+        row_ids,
+        *,
+        sampling,
+        capacity,
+        rows_sharding,
     ):
         self.num_compiles += 1
         cfg, n = self.config, sampling.max_new_tokens
@@ -275,7 +296,10 @@ class Sampler:
         last_index = jnp.max(jnp.where(valid, jnp.arange(t)[None], 0), axis=1)
         logits = model.logits(h[jnp.arange(b), last_index], chunk_fused)  # [B, V]: last token only
         # Every uniform the call needs, drawn at once: [n, B] (row i feeds the i-th token).
-        us = None if sampling.greedy else uniforms(key, (n, b))
+        if sampling.greedy:
+            us = None
+        else:
+            us = uniforms(key, (n, b)) if row_ids is None else row_uniforms(key, n, row_ids)
         tok, lp = sample_tokens_from_uniform(None if us is None else us[0], logits, sampling)
         active = jnp.any(valid, axis=1)
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)

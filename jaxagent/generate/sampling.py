@@ -94,6 +94,15 @@ def uniforms(key: jax.Array, shape) -> jax.Array:
     return jax.random.uniform(key, shape, minval=jnp.finfo(jnp.float32).tiny)
 
 
+def row_uniforms(key: jax.Array, n: int, row_ids: jax.Array) -> jax.Array:
+    """[n, B] uniforms whose column b depends only on ``(key, row_ids[b])``.
+
+    A batch split over hosts (each sampling its own rows) then draws exactly what the whole
+    batch draws in one process: the rollout does not depend on how rows are partitioned."""
+    per_row = lambda r: uniforms(jax.random.fold_in(key, r), (n,))
+    return jax.vmap(per_row, out_axes=1)(row_ids)
+
+
 def categorical_from_uniform(u: jax.Array, logits: jax.Array, block: int = 128):
     """Invert the CDF of softmax(logits) at ``u``; also return logsumexp(logits).
 

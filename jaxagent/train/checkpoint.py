@@ -162,8 +162,20 @@ def restore_params_only(directory: str | Path, step: Optional[int] = None) -> tu
             f"no checkpoint found in {str(directory)!r}; pass the run's "
             "checkpoints directory (e.g. runs/quickstart/seed0/checkpoints)"
         )
+    # The target: every array on this process's first device. The saved shardings name the
+    # devices of the run that wrote it (a mesh, other hosts) and cannot be rebuilt here.
+    saved = ocp.StandardCheckpointer().metadata(Path(directory).absolute() / str(step) / "state")
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+        saved.item_metadata,
+        is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+    )
     out = manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+        ),
     )
     manager.close()
     state = jax.tree.map(np.asarray, out["state"])

@@ -156,6 +156,10 @@ class RolloutSection:
     temperature: float = 1.0  # sampling temperature (RL needs 1.0 for exact ratios)
     top_k: int = 0  # 0 disables top-k
     top_p: float = 1.0  # 1.0 disables nucleus sampling
+    # One random stream per episode row (global row number): what is sampled does not depend
+    # on how rows are split over hosts. Always on with several processes; on in one process,
+    # it reproduces a multi-host run exactly. Off: one stream per batch (the older runs').
+    row_keys: bool = False
 
     def __post_init__(self):
         for name in ("tasks_per_iteration", "max_turns", "max_new_tokens"):
@@ -188,6 +192,11 @@ class SFTSection:
     batch_size: int = 32  # sequences per step
     learning_rate: float = 3e-3  # AdamW peak learning rate (cosine decay)
     only_successful: bool = False  # keep only demonstrations that succeed (RFT-style filter)
+    # Weight of the next-token loss on the demonstrations' other tokens (prompt and
+    # observations) beside the actions' weight 1: 0 imitates actions only. Pages repeat
+    # what the agent must copy (titles, typed queries), so predicting them is practice in
+    # copying that a from-scratch model gets from no other source.
+    observation_weight: float = 0.0
     # Write the SFT model as a Hugging Face directory and start RL from it via model.init_from
     # (two stages of one `jaxagent train`: jaxagent/train/staged.py)
     to_hf: bool = False
@@ -198,6 +207,7 @@ class SFTSection:
         _positive("sft.steps", self.steps, allow_zero=True)
         _positive("sft.batch_size", self.batch_size)
         _positive("sft.learning_rate", self.learning_rate)
+        _prob("sft.observation_weight", self.observation_weight)
 
 
 @dataclasses.dataclass(**_DC)

@@ -9,16 +9,20 @@ is a real multi-host run; that is how the CI test exercises it.
 
 After start-up every process runs the same program on the same global arrays; host-side data
 is split (``task_shard``: a process's contiguous slice, its host-local rows) and output is
-written once (``is_writer``: process 0). The learner side is multi-host today
-(tests/test_multihost.py); the trainer's rollout is not yet (``refuse_multihost_rollout``).
+written once (``is_writer``: process 0). The rollout is per host: each process samples its
+slice of the iteration's tasks with its own environment pool from a host-local copy of the
+weights (``host_local``), and the per-episode records every process needs for metrics are
+exchanged with ``allgather_objects`` (tests/test_multihost_trainer.py).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Sequence, TypeVar
+import pickle
+from typing import Any, Sequence, TypeVar
 
 import jax
+import numpy as np
 
 from jaxagent.parallel import MeshConfig, initialize_distributed
 from jaxagent.train.mesh_section import DistributedSection
@@ -67,17 +71,46 @@ def task_shard(items: Sequence[T]) -> list[T]:
     return list(items[i * per : (i + 1) * per])
 
 
-def refuse_multihost_rollout() -> None:
-    """The trainer's rollout does not split episodes over hosts yet (each process would need
-    its own environment pool over ``task_shard`` and a process-local copy of the weights to
-    sample from); say so instead of failing inside the sampler. The learner side works
-    across processes (``jaxagent.train.mesh``: global batches, the sharded update,
-    collective checkpoints; tests/test_multihost.py)."""
-    if jax.process_count() > 1:
-        from jaxagent.train.config import ConfigError
+def task_slice(items: Sequence[T]) -> tuple[int, list[T]]:
+    """(first index, this process's contiguous slice) of ``items``, the slices as equal as
+    ``np.array_split`` makes them: for evaluations, whose episodes never form global arrays."""
+    n, i = jax.process_count(), jax.process_index()
+    bounds = np.linspace(0, len(items), n + 1).astype(int) if n > 1 else (0, len(items))
+    lo, hi = int(bounds[i]), int(bounds[i + 1])
+    return lo, list(items[lo:hi])
 
-        raise ConfigError(
-            f"distributed: {jax.process_count()} processes started, but jaxagent train's "
-            "rollout is single-process for now; run one process (distributed.mode=off) with "
-            "mesh.data=-1 over this host's devices"
-        )
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every process's ``obj`` (picklable), in process order; ``[obj]`` with one process.
+
+    Host-side records (episodes, timings) travel as padded byte arrays through
+    ``process_allgather``: the same collectives the arrays use, no second channel."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    blob = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64)))
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[: blob.size] = blob
+    blobs = np.asarray(multihost_utils.process_allgather(buf))
+    return [pickle.loads(blobs[p, : int(sizes[p, 0])].tobytes()) for p in range(len(blobs))]
+
+
+def host_local(params: Any) -> Any:
+    """The weights as this process's own arrays (one full copy on its first device), for a
+    rollout that runs on each host independently; the identity with one process.
+
+    Global arrays sharded across hosts cannot feed a per-host sampler: each host's decode
+    loop runs as long as its own episodes need, so no collective could line up."""
+    if jax.process_count() == 1:
+        return params
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:  # a global array
+            return jax.device_put(multihost_utils.process_allgather(x, tiled=True), device)
+        return x  # already this host's own (e.g. the SFT result, before the state exists)
+
+    device = jax.local_devices()[0]
+    return jax.tree.map(one, params)

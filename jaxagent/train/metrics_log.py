@@ -93,6 +93,20 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+class NullLogger:
+    """The logger of a process that writes nothing (every process of a multi-host run but
+    process 0, which writes the run's metrics once)."""
+
+    def truncate_after(self, step: int) -> None:
+        pass
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     """Every complete record; a final line cut short by a crash is skipped (a corrupt line
     anywhere else is an error, naming the file and line)."""

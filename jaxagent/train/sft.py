@@ -72,12 +72,17 @@ def expert_episodes(
     return out
 
 
-def pack_dense(episodes: Sequence[Episode], *, row_len: int, pad_id: int) -> dict[str, np.ndarray]:
+def pack_dense(
+    episodes: Sequence[Episode], *, row_len: int, pad_id: int, observation_weight: float = 0.0
+) -> dict[str, np.ndarray]:
     """Pack several episodes per row (first-fit by decreasing length) for SFT.
 
     Each episode keeps its own segment id and positions restarting at 0, so attention never
     crosses episodes (``jaxagent.models.apply_model`` masks by segment). Fewer padding tokens
     than one episode a row: the quickstart's episodes are ~75 tokens in rows of 128+.
+
+    ``observation_weight`` w: the loss mask is 1 on action tokens and w on every other token
+    of an episode but its first (nothing in the episode predicts it).
 
     Returns:
       dict of [R, row_len] arrays: tokens, positions, segment_ids, loss_mask.
@@ -112,7 +117,11 @@ def pack_dense(episodes: Sequence[Episode], *, row_len: int, pad_id: int) -> dic
             out["tokens"][r, at : at + n] = ep.tokens
             out["positions"][r, at : at + n] = np.arange(n)
             out["segment_ids"][r, at : at + n] = seg
-            out["loss_mask"][r, at : at + n] = ep.loss_mask
+            mask = np.asarray(ep.loss_mask, np.float32)
+            if observation_weight:
+                mask = mask + observation_weight * (1.0 - mask)
+                mask[0] = 0.0
+            out["loss_mask"][r, at : at + n] = mask
             at += n
     return out
 
@@ -167,12 +176,15 @@ def run_sft(
     pad_id: int,
     max_len: int,
     on_step: Optional[Callable[[int, float], None]] = None,
+    observation_weight: float = 0.0,
 ) -> tuple[Any, list[float]]:
     """Fit ``params`` to the demonstrations; returns (params, per-step losses).
 
     ``batch_size`` counts packed rows of ``max_len`` tokens (several episodes each).
     """
-    packed = pack_dense(episodes, row_len=max_len, pad_id=pad_id)
+    packed = pack_dense(
+        episodes, row_len=max_len, pad_id=pad_id, observation_weight=observation_weight
+    )
     n = packed["tokens"].shape[0]
     if n == 0 or steps == 0:
         return params, []
@@ -251,6 +263,7 @@ def warm_start(
             pad_id=pad_id,
             max_len=max_len,
             on_step=lambda i, loss: bar.update(1, loss=f"{loss:.3f}"),
+            observation_weight=c.observation_weight,
         )
     return params, {
         "sft/loss": losses[-1] if losses else float("nan"),

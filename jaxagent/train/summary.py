@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from jaxagent.train.distributed import is_writer
 from jaxagent.train.metrics_log import read_jsonl
 
 
@@ -149,6 +150,8 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         f"{cfg.env.name} tasks, {cfg.rl.recipe} for {after['iteration']} iterations"
     )
     trainer.echo(_table(rows, title))
+    if not is_writer():  # a multi-host run's files are written once, by process 0
+        return summary
     if cfg.train.plot:
         png = plot_learning_curve(
             trainer.run_dir, history, trainer.run_dir / "learning_curve.png", extra.get("val", ())

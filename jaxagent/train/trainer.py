@@ -14,8 +14,8 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 import time
 from typing import Callable
 
@@ -35,10 +35,12 @@ from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
-from jaxagent.train.distributed import refuse_multihost_rollout, start_distributed
-from jaxagent.train.mesh import DeviceLayout, ShardedUpdate
+from jaxagent.train import hosts
+from jaxagent.train.distributed import host_local, is_writer, start_distributed
+from jaxagent.train.distributed import task_shard, task_slice
+from jaxagent.train.mesh import DeviceLayout, ShardedUpdate, place
 from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
-from jaxagent.train.metrics_log import MetricsLogger
+from jaxagent.train.metrics_log import MetricsLogger, NullLogger
 from jaxagent.train.policy import make_logprob_fn, run_optimizer
 from jaxagent.train.run import build_run, eval_key, make_runner, sample_keys, val_key
 from jaxagent.train.sft import warm_start
@@ -56,18 +58,22 @@ class Trainer:
     """
 
     def __init__(self, config: Config, echo: Callable[[str], None] = print):
-        self.config, self.echo = config, echo
         self._t_init = time.perf_counter()  # wall_s counts set-up (world, tokenizer, model) too
-        if start_distributed(config.distributed):  # before anything touches a device
-            refuse_multihost_rollout()
+        start_distributed(config.distributed)  # before anything touches a device
+        # Several processes: each prints, logs and writes nothing; process 0 does it once.
+        self.config, self.echo = config, echo if is_writer() else (lambda *_: None)
         self.run_dir = config.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpointer = Checkpointer(
             self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
         )
         self.checkpointer.refuse_overwrite(config.train.resume, config.run_dir)
-        (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
-        self.built = build_run(config, tokenizer_dir=self.run_dir / "tokenizer")
+        if is_writer():
+            (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
+        # Other processes build the same tokenizer (deterministic) without writing it.
+        self.built = build_run(
+            config, tokenizer_dir=self.run_dir / "tokenizer" if is_writer() else None
+        )
         run = self.built
         self.env, self.chat, self.graphdef = run.env, run.chat, run.graphdef
         self.train_tasks, self.val_tasks = run.tasks.train, run.tasks.val
@@ -86,7 +92,11 @@ class Trainer:
         self.layout = DeviceLayout.build(config, self.graphdef, run.params)
         if self.layout.mesh is not None:
             self.echo(f"[mesh] {self.layout.describe()}")
-        self.roofline = Roofline.create(run.model_config, run.params, self.layout.devices())
+        # Per host: each process's rollout and its share of the update over its devices.
+        devices = self.layout.devices() if jax.process_count() == 1 else jax.local_devices()
+        self.roofline = Roofline.create(run.model_config, run.params, devices)
+        self._rows_multiple = hosts.check_config(config, self.layout.batch_devices)
+        self.row_keys = config.rollout.row_keys or jax.process_count() > 1
         # The memory-lean learner pass (block remat; the vocabulary head only over positions
         # that carry loss): the function benchmarks/update_memory.py measures.
         self.update_step = ShardedUpdate(
@@ -100,11 +110,15 @@ class Trainer:
         )
         self.logprob_fn = make_logprob_fn(self.graphdef)
         self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", echo)
-        self.logger = MetricsLogger(
-            self.run_dir,
-            config.train.tensorboard,
-            config.name if config.train.wandb else "",
-            config_to_dict(config),
+        self.logger = (
+            MetricsLogger(
+                self.run_dir,
+                config.train.tensorboard,
+                config.name if config.train.wandb else "",
+                config_to_dict(config),
+            )
+            if is_writer()
+            else NullLogger()
         )
 
     def _tasks_for(self, iteration: int) -> list:
@@ -123,14 +137,20 @@ class Trainer:
         """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
         evaluation; returns flat metrics."""
         tasks, prefix = (self.eval_tasks, "eval") if split == "test" else (self.val_tasks, "val")
+        first, mine = task_slice(tasks)  # every task with one process
+        k = self.config.eval.samples_per_task
+        hosts.set_row_offset(self.eval_sampler, first * k, self.row_keys)
         result = evaluate(
             self.eval_sampler,
-            tasks,
+            mine,
             self.rollout,
             key,
-            params=params,
-            samples_per_task=self.config.eval.samples_per_task,
+            params=host_local(params),
+            samples_per_task=k,
         )
+        if jax.process_count() > 1:
+            eps = hosts.gather_episodes(result.episodes)
+            result = dataclasses.replace(result, report=summarize(eps), episodes=eps)
         report = result.report
         what = "held-out" if split == "test" else "validation"
         self.echo(
@@ -158,15 +178,18 @@ class Trainer:
         """One RL iteration: collect -> advantages -> update (advantages inside the step)."""
         t0 = time.perf_counter()
         tasks = self._tasks_for(it)
+        mine = task_shard(tasks)  # this host's slice (every task with one process)
+        first = jax.process_index() * len(mine)
         key = jax.random.fold_in(self._sample_key, it)
         # One model copy: LoRA merges into the base's own buffers for the rollout.
         merged, state = begin_sampling(state)
-        params = self.layout.rollout_params(merged)
+        params = host_local(self.layout.rollout_params(merged))
         per_task, data, r = self.config.group_size, self.config.rl.data, self.config.rollout
+        hosts.set_row_offset(self.sampler, first * per_task, self.row_keys)
 
         def collect(round_):  # round 0: the iteration's tasks; later: dynamic-sampling refills
             todo = (
-                tasks
+                mine
                 if round_ == 0
                 else dapo.refill_tasks(
                     self.train_tasks, len(tasks), self.config.train.seed, it, round_
@@ -179,7 +202,7 @@ class Trainer:
                 samples_per_task=per_task,
                 spec=self.rollout,
                 key=jax.random.fold_in(key, round_) if round_ else key,
-                group_offset=(it + round_) * len(tasks),
+                group_offset=(it + round_) * len(tasks) + first,
             )  # unique within the batch
 
         if data.dynamic_sampling:
@@ -197,9 +220,10 @@ class Trainer:
             pad_id=self.chat.pad_id,
             max_len=self.max_len,
             length_multiple=32,
-            rows=len(tasks) * per_task,
-            rows_multiple=math.lcm(self.rl.update.minibatch_size, self.layout.batch_devices),
+            rows=len(mine) * per_task,
+            rows_multiple=self._rows_multiple,
         )
+        batch = hosts.common_length(batch, self.chat.pad_id)
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
         batch = jax.tree.map(np.asarray, batch)  # placed on the mesh by update_step
         if self.rl.critic.enabled:
@@ -226,7 +250,8 @@ class Trainer:
                 }
             )
         t2 = time.perf_counter()
-        report = summarize(report_eps)
+        report = summarize(hosts.gather_episodes(report_eps))
+        stats = hosts.gather_stats(stats)
         m.update(report.as_metrics("train"))
         m.update(
             {
@@ -237,9 +262,9 @@ class Trainer:
                 "tokens/sampled": stats.policy_tokens,
                 "tokens/per_s": stats.policy_tokens / max(stats.generate_s, 1e-9),
                 "sampler/recompiles": self.sampler.recompiles,
-                "batch/rows": int(batch.tokens.shape[0]),
+                "batch/rows": int(batch.tokens.shape[0]) * jax.process_count(),
                 "batch/len": int(batch.tokens.shape[1]),
-                "batch/valid_rows": float(valid.sum()),
+                "batch/valid_rows": hosts.total(float(valid.sum())),
             }
         )
         for k, v in self.runner.health().items():
@@ -277,7 +302,9 @@ class Trainer:
         state, start, history, extra = self._start_or_resume()
         self.logger.truncate_after(start)
         every, ck_every = cfg.eval.every, cfg.train.checkpoint_every
-        with progress.Progress(cfg.train.progress, "rl", cfg.train.iterations, start) as bar:
+        with progress.Progress(
+            cfg.train.progress if is_writer() else "none", "rl", cfg.train.iterations, start
+        ) as bar:
             for it in range(start, cfg.train.iterations):
                 state, m = self.iteration(state, it)
                 done = it + 1
@@ -383,9 +410,12 @@ class Trainer:
 
     def _state_like(self) -> TrainState:
         """An abstract TrainState (shapes, dtypes, shardings) to restore a checkpoint into."""
+        key = self._state_key  # replicated over the mesh, as the live state's key is
+        if self.layout.mesh is not None:
+            key = place(key, self.layout.replicated())
         return self.layout.abstract_state(
             jax.eval_shape(self._new_state_unplaced, self._params_like), self.optimizer
-        ).replace(rng=self._state_key)
+        ).replace(rng=key)
 
     def _new_state_unplaced(self, params) -> TrainState:
         ref = params if self.rl.needs_reference else None  # create() copies it

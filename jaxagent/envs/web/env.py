@@ -32,7 +32,7 @@ from jaxagent.envs.base import StepResult, Task, Termination
 from jaxagent.envs.rewards import reward_terms
 from jaxagent.envs.web.actions import ERROR_TEXTS, WebAction, failure_fields, parse_web_action
 from jaxagent.envs.web.layout import Layout
-from jaxagent.envs.web.site import Element, Site, initial_state
+from jaxagent.envs.web.site import LANDINGS, Element, Site, initial_state
 
 REWARDS = ("score", "success")
 
@@ -44,6 +44,7 @@ class WebEnvConfig:
     viewport: int = 6  # page elements visible at once (the rest needs scroll or navigation)
     max_steps: int = 12  # actions before truncation (the expert needs at most about 8)
     reward: str = "score"  # "score": WebShop's partial credit; "success": 1 for an exact match
+    landing: str = "layout"  # "search": start on WebShop's search page (site.LANDINGS)
 
     def __post_init__(self):
         if self.viewport < 2:
@@ -52,6 +53,8 @@ class WebEnvConfig:
             raise ValueError(f"WebEnvConfig.max_steps={self.max_steps} must be >= 1")
         if self.reward not in REWARDS:
             raise ValueError(f"WebEnvConfig.reward={self.reward!r}; choose one of {REWARDS}")
+        if self.landing not in LANDINGS:
+            raise ValueError(f"WebEnvConfig.landing={self.landing!r}; choose one of {LANDINGS}")
 
 
 def score_purchase(site: Site, want: dict, item_index: int, option: str | None) -> dict:
@@ -97,11 +100,12 @@ class WebEnv:
     def reset(self, task: Task) -> str:
         data = task.data
         self._task = task
-        self.site = Site(data["site"], Layout.from_json(data["layout"]), data["catalog"]["items"])
+        layout = Layout.from_json(data["layout"])
+        self.site = Site(data["site"], layout, data["catalog"]["items"], self.config.landing)
         self._want = data["catalog"]["want"]
         self._kind = data["catalog"]["kind"]
         self._s = {
-            "state": initial_state(self.site.layout),
+            "state": initial_state(layout, self.config.landing),
             "steps": 0,
             "invalid": 0,
             "done": False,

@@ -97,6 +97,13 @@ class ExpertPolicy:
                 return f"click ( [{el['id']}] )"
         return self._more(view)
 
+    def _home(self, view) -> str:
+        box = [e for e in view["elements"] if e["role"] == "searchbox"]
+        if box and self.scroll:
+            self.searched = True
+            return f'search ( " {self.target} " )'
+        return self._more(view)
+
     def _results(self, view) -> str:
         links = [e for e in view["elements"] if e["role"] == "link"]
         items = [e for e in links if " dollars" in f" {e['text']}"]

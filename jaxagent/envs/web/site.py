@@ -19,6 +19,10 @@ from jaxagent.envs.web.domain import DOMAINS, Domain
 from jaxagent.envs.web.layout import REVIEWS, Layout
 
 ROLES = ("link", "button", "text", "searchbox", "select")
+# Where an episode starts: "layout" (the layout's page: the results, or the booking form) or
+# "search", WebShop's start page, which holds only the search box (the policy's first act
+# is a query, and the instruction is the only text before it that names an item).
+LANDINGS = ("layout", "search")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +46,15 @@ class Element:
         return f"[{self.id}] {self.role} {self.text}"
 
 
-def initial_state(layout: Layout) -> dict[str, Any]:
+def landing_page(layout: Layout, landing: str = "layout") -> str:
+    if landing == "search":
+        return "home"
+    return "form" if layout.form_landing else "results"
+
+
+def initial_state(layout: Layout, landing: str = "layout") -> dict[str, Any]:
     return {
-        "page": "form" if layout.form_landing else "results",
+        "page": landing_page(layout, landing),
         "query": "",
         "typed": "",
         "category": "all",
@@ -62,10 +72,15 @@ def initial_state(layout: Layout) -> dict[str, Any]:
 class Site:
     """Builds the pages of one task's site; ``apply`` changes the state for one action."""
 
-    def __init__(self, domain: Domain | str, layout: Layout, items: list[dict]):
+    def __init__(
+        self, domain: Domain | str, layout: Layout, items: list[dict], landing: str = "layout"
+    ):
+        if landing not in LANDINGS:
+            raise ValueError(f"landing={landing!r}; choose one of {LANDINGS}")
         self.domain = DOMAINS[domain] if isinstance(domain, str) else domain
         self.layout = layout
         self.items = items
+        self.landing = landing
 
     # --------------------------------------------------------------- pages
 
@@ -113,6 +128,9 @@ class Site:
             ("select", "city", ("form_city",), cities, state["form_city"]),
             ("button", "search", ("form_search",)),
         ]
+
+    def _home_parts(self, state: dict) -> list[tuple]:
+        return [("text", f"search the {self.domain.name}"), *self._search_parts(state)]
 
     def _search_parts(self, state: dict) -> list[tuple]:
         return [("searchbox", "search", state["typed"]), ("button", "search", ("search",))]
@@ -189,7 +207,7 @@ class Site:
         return True
 
     def home(self, state: dict) -> None:
-        page = "form" if self.layout.form_landing else "results"
+        page = landing_page(self.layout, self.landing)
         self.navigate(state, page=page, query="", typed="", category="all", page_no=0, item=None)
 
     def search(self, state: dict, query: str) -> None:

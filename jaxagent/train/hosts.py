@@ -1,0 +1,107 @@
+"""The trainer's rollout over several hosts: slices, row numbers, common shapes, gathered records.
+
+Each process samples its own slice of an iteration's tasks (``task_shard``) with its own
+environment pool and a host-local copy of the weights, then packs its episodes into its own
+rows of the global batch. For the result to equal one process sampling everything:
+
+- rows draw from per-row random streams keyed by the global row number (``Sampler``'s
+  ``row_ids``), so a row samples the same tokens whichever host holds it;
+- every host packs the same number of rows (no padding row between hosts: the row count
+  must split evenly) and pads its columns to the longest host's length;
+- the per-episode records that metrics are computed from are gathered, so every process
+  reports (and process 0 writes) the figures of the whole batch.
+
+With one process every function here is the identity, apart from ``rows_multiple``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+
+from jaxagent.agents.rollout import RolloutStats
+from jaxagent.train.config import Config, ConfigError
+from jaxagent.train.distributed import allgather_objects
+
+
+def check_config(config: Config, batch_devices: int) -> int:
+    """Refuse what a multi-host rollout cannot do; return the packed-row multiple per host."""
+    hosts, r = jax.process_count(), config.rollout
+    rows_multiple = math.lcm(config.rl_config().update.minibatch_size, batch_devices)
+    if hosts == 1:
+        return rows_multiple
+    if config.rl.data.dynamic_sampling:
+        raise ConfigError(
+            "rl.data.dynamic_sampling=true is single-process for now (each host would refill "
+            "its own groups and the hosts' row counts would differ); set it false or run one "
+            "process"
+        )
+    if r.tasks_per_iteration % hosts:
+        raise ConfigError(
+            f"rollout.tasks_per_iteration={r.tasks_per_iteration} must be a multiple of the "
+            f"{hosts} processes (each samples an equal slice of the tasks)"
+        )
+    rows = r.tasks_per_iteration // hosts * config.group_size
+    if rows_multiple % hosts or rows % (rows_multiple // hosts):
+        raise ConfigError(
+            f"each of the {hosts} processes packs {rows} rows, which must be a multiple of "
+            f"{rows_multiple} (lcm of rl.update.minibatch_size and the batch devices) / {hosts}; "
+            "change rollout.tasks_per_iteration or rl.update.minibatch_size"
+        )
+    return rows_multiple // hosts
+
+
+def set_row_offset(sampler, first_row: int, enabled: bool) -> None:
+    """Give ``sampler`` (a ``CachedTurnSampler``) per-row streams starting at ``first_row``."""
+    if hasattr(sampler, "row_offset"):
+        sampler.row_offset = first_row if enabled else None
+
+
+def common_length(batch, pad_id: int):
+    """``batch`` (numpy ``TokenBatch``) with its columns padded to the longest host's."""
+    if jax.process_count() == 1:
+        return batch
+    t = batch.tokens.shape[1]
+    longest = max(allgather_objects(t))
+    if longest == t:
+        return batch
+    extra = longest - t
+    fill = {"tokens": pad_id, "turn_ids": -1}
+
+    def pad(name, x):
+        if x is None or np.ndim(x) != 2 or x.shape[1] != t:
+            return x
+        if name == "positions":
+            return np.broadcast_to(np.arange(longest, dtype=x.dtype), (x.shape[0], longest)).copy()
+        return np.pad(x, ((0, 0), (0, extra)), constant_values=fill.get(name, 0))
+
+    fields = (f.name for f in dataclasses.fields(batch))
+    return batch.replace(**{k: pad(k, getattr(batch, k)) for k in fields})
+
+
+def gather_episodes(episodes: list) -> list:
+    """Every host's episodes, in global row order (the identity with one process)."""
+    if jax.process_count() == 1:
+        return episodes
+    return [ep for part in allgather_objects(episodes) for ep in part]
+
+
+def total(x: float) -> float:
+    """``x`` summed over the hosts."""
+    return x if jax.process_count() == 1 else sum(allgather_objects(x))
+
+
+def gather_stats(stats: RolloutStats) -> RolloutStats:
+    """Rollout statistics of all hosts: tokens summed, times of the slowest host."""
+    if jax.process_count() == 1:
+        return stats
+    parts = allgather_objects(stats)
+    return RolloutStats(
+        generate_s=max(p.generate_s for p in parts),
+        env_s=max(p.env_s for p in parts),
+        policy_tokens=sum(p.policy_tokens for p in parts),
+        rounds=max(p.rounds for p in parts),
+    )

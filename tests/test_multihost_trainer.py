@@ -1,0 +1,121 @@
+"""``jaxagent train`` as 2 processes on localhost (gloo) equals 1 process, resume included.
+
+The shrunken quickstart of test_mesh_trainer runs as two processes of one CPU device each
+(``distributed.*``: each process samples its half of every iteration's tasks with its own
+environment pool, from a host-local copy of the weights; the update runs on the 2-device
+global mesh) and as one process of two devices (``mesh.data=2``) with
+``rollout.row_keys=true``, the per-row random streams a multi-host run always uses. Both stop
+after 2 iterations and resume for a third from their last checkpoint.
+
+Same tokens, rewards and success at every step (the gathered metrics of the two hosts are
+the one process's), losses to float32 reassociation, final parameters within
+test_mesh_trainer's bound (3 iterations of 2 steps here): the update program is the same
+on both sides, only the gloo all-reduce orders the two partial gradients differently.
+Process 0 alone writes metrics and the summary; process 1 prints nothing.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxagent.train.checkpoint import restore_params_only
+from jaxagent.train.metrics_log import read_jsonl
+from test_mesh_trainer import FLOAT_KEYS, NONDETERMINISTIC, TINY
+
+ROOT = Path(__file__).parent.parent
+RUN = "import sys; from jaxagent.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _train(out: Path, nproc: int, iterations: int) -> list[str]:
+    args = ["train", "configs/quickstart.yaml", *TINY, f"train.out_dir={out}"]
+    args += [f"train.iterations={iterations}", "train.checkpoint_every=1", "train.resume=true"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    if nproc == 1:
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        cmds = [args + ["mesh.data=2", "rollout.row_keys=true"]]
+    else:
+        env["XLA_FLAGS"] = ""
+        port = _free_port()
+        cmds = [
+            args
+            + [
+                "mesh.data=-1",
+                "distributed.mode=explicit",
+                f"distributed.coordinator_address=localhost:{port}",
+                f"distributed.num_processes={nproc}",
+                f"distributed.process_id={i}",
+                "distributed.local_device_count=1",
+            ]
+            for i in range(nproc)
+        ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RUN, *cmd],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for cmd in cmds
+    ]
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-4000:]
+    return logs
+
+
+def _records(out: Path) -> tuple[dict, dict]:
+    records: dict = {}
+    for r in read_jsonl(out / "metrics.jsonl"):
+        records.setdefault(r["step"], {}).update(
+            {k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)}
+        )
+    state, meta, step = restore_params_only(out / "checkpoints")
+    assert step == 3 and meta["iteration"] == 3
+    return records, state["params"]
+
+
+def test_two_processes_train_and_resume_like_one(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _train(one, 1, 2)
+    _train(one, 1, 3)  # resumes from checkpoint 2
+    first = _train(two, 2, 2)
+    second = _train(two, 2, 3)
+    assert "[resume] from checkpoint 2" in second[0]
+    for log in (first[1], second[1]):  # process 1 printed nothing (gloo's own lines aside)
+        assert [line for line in log.splitlines() if not line.startswith("[Gloo]")] == []
+    line = json.loads(first[0].strip().splitlines()[-1])  # the quickstart's JSON line
+    assert line["seed"] == 0 and "success_after_rl" in line
+    (m1, p1), (m2, p2) = _records(one), _records(two)
+    assert m1.keys() == m2.keys() == {0, 1, 2, 3}
+    assert m2[1]["batch/rows"] == 16 and m2[1]["train/episodes"] == 16
+    grad_norm = max(m1[s].get("optim/grad_norm", 0.0) for s in m1)
+    assert grad_norm > 0
+    for step in m1:
+        for k, v in m1[step].items():
+            if isinstance(v, float) and k.startswith(FLOAT_KEYS):
+                np.testing.assert_allclose(m2[step][k], v, rtol=2e-5, atol=1e-6, err_msg=k)
+            else:  # the same rollouts: tokens, rewards, success, failure counts
+                assert m2[step][k] == v, (step, k, v, m2[step][k])
+    # test_mesh_trainer's bound with 6 optimiser steps (3 iterations x 2 minibatches)
+    eps32 = float(np.finfo(np.float32).eps)
+    n_terms = 16 * 128 + (32 + 32 + 64 + 128) + 32 + 128
+    lr, steps = 0.01, 6
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        atol = 2 * steps * (lr * n_terms * eps32 * grad_norm + 2 * eps32 * np.abs(a).max())
+        np.testing.assert_allclose(b, a, rtol=0, atol=atol)
+    assert json.loads((two / "summary.json").read_text())["iterations"] == 3
