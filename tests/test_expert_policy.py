@@ -148,3 +148,20 @@ def test_evaluate_reports_on_any_turn_policy(run):
         assert result.report.success == success and result.report.env_errors == 0
         m = result.metrics("eval")
         assert m["eval/success"] == success and m["time/eval_s"] >= 0
+
+
+def test_observation_weight_puts_loss_on_the_other_tokens_of_each_demo():
+    # sft.observation_weight w: 1 on actions, w on prompt / observation tokens, 0 on each
+    # episode's first token (nothing in its episode predicts it) and on padding.
+    from jaxagent.train.sft import pack_dense
+
+    a = Episode(task=None, group=0, tokens=[1, 2, 3, 4, 5], loss_mask=[0, 0, 1, 1, 0])
+    b = Episode(task=None, group=1, tokens=[1, 7, 8], loss_mask=[0, 1, 0])
+    plain = pack_dense([a, b], row_len=10, pad_id=0)
+    np.testing.assert_array_equal(plain["loss_mask"][0], [0, 0, 1, 1, 0, 0, 1, 0, 0, 0])
+    mixed = pack_dense([a, b], row_len=10, pad_id=0, observation_weight=0.25)
+    q = 0.25
+    np.testing.assert_allclose(mixed["loss_mask"][0], [0, q, 1, 1, q, 0, 1, q, 0, 0])
+    np.testing.assert_array_equal(mixed["segment_ids"][0], [1, 1, 1, 1, 1, 2, 2, 2, 0, 0])
+    with pytest.raises(Exception, match="observation_weight"):
+        load_config("configs/web_quickstart.yaml", ["sft.observation_weight=1.5"])

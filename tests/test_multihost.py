@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 ROOT = Path(__file__).parent.parent
@@ -48,6 +49,10 @@ def _launch(nproc, per, out):
     return logs
 
 
+# Nightly (scripts/nightly.sh): the learner path it checks (global batches from host rows,
+# the sharded update, a collective checkpoint and its resume) runs inside the whole trainer
+# in tests/test_multihost_trainer.py, which CI runs.
+@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from jaxagent.train.checkpoint import restore_params_only
+from jaxagent.train.config import load_config
 from jaxagent.train.metrics_log import read_jsonl
 from test_mesh_trainer import FLOAT_KEYS, NONDETERMINISTIC, TINY
 
@@ -38,38 +39,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(out: Path, nproc: int, iterations: int) -> list[str]:
-    args = ["train", "configs/quickstart.yaml", *TINY, f"train.out_dir={out}"]
-    args += [f"train.iterations={iterations}", "train.checkpoint_every=1", "train.resume=true"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    if nproc == 1:
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-        cmds = [args + ["mesh.data=2", "rollout.row_keys=true"]]
-    else:
-        env["XLA_FLAGS"] = ""
-        port = _free_port()
-        cmds = [
-            args
-            + [
+def _overrides(out: Path, iterations: int) -> list[str]:
+    return [
+        *TINY,
+        f"train.out_dir={out}",
+        f"train.iterations={iterations}",
+        "train.checkpoint_every=1",
+        "train.resume=true",
+    ]
+
+
+def _train_one(out: Path, iterations: int) -> None:
+    """One process of 2 of this test process's simulated devices, per-row streams on."""
+    from jaxagent.train.trainer import Trainer
+
+    extra = ["mesh.data=2", "rollout.row_keys=true"]
+    cfg = load_config("configs/quickstart.yaml", _overrides(out, iterations) + extra)
+    Trainer(cfg, echo=lambda s: None).run()
+
+
+def _train_two(out: Path, iterations: int) -> list[str]:
+    """Two ``jaxagent train`` processes of one CPU device each; returns their output."""
+    port = _free_port()
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="",
+        JAX_DEFAULT_MATMUL_PRECISION="highest",  # as conftest sets for this process
+    )
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RUN,
+                "train",
+                "configs/quickstart.yaml",
+                *_overrides(out, iterations),
                 "mesh.data=-1",
                 "distributed.mode=explicit",
                 f"distributed.coordinator_address=localhost:{port}",
-                f"distributed.num_processes={nproc}",
+                "distributed.num_processes=2",
                 f"distributed.process_id={i}",
                 "distributed.local_device_count=1",
-            ]
-            for i in range(nproc)
-        ]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RUN, *cmd],
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for cmd in cmds
+        for i in range(2)
     ]
     logs = [p.communicate(timeout=900)[0] for p in procs]
     for p, log in zip(procs, logs):
@@ -90,10 +111,10 @@ def _records(out: Path) -> tuple[dict, dict]:
 
 def test_two_processes_train_and_resume_like_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    _train(one, 1, 2)
-    _train(one, 1, 3)  # resumes from checkpoint 2
-    first = _train(two, 2, 2)
-    second = _train(two, 2, 3)
+    _train_one(one, 2)
+    _train_one(one, 3)  # resumes from checkpoint 2
+    first = _train_two(two, 2)
+    second = _train_two(two, 3)
     assert "[resume] from checkpoint 2" in second[0]
     for log in (first[1], second[1]):  # process 1 printed nothing (gloo's own lines aside)
         assert [line for line in log.splitlines() if not line.startswith("[Gloo]")] == []

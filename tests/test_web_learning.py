@@ -39,12 +39,12 @@ def test_training_tasks_and_held_out_tasks_use_disjoint_layouts():
     from jaxagent.envs.registry import get_env_spec
     from jaxagent.train.run import split_tasks
 
-    config = load_config(CONFIG, ["env.options.num_train=200"])
+    config = load_config(CONFIG, ["env.options.num_train=2000"])
     spec = get_env_spec(config.env.name, dict(config.env.options))
     splits = split_tasks(config, spec)
     train = {t.data["layout_id"] for t in splits.train + splits.sft + splits.val}
     held_out = {t.data["layout_id"] for t in splits.eval}
-    assert len(train) == 40 and len(held_out) == 20 and not train & held_out
+    assert len(train) == 400 and len(held_out) == 20 and not train & held_out
     assert len(splits.eval) == 100 and len(splits.val) == 50
 
 

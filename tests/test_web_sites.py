@@ -335,3 +335,36 @@ def test_search_ranks_by_shared_title_words_like_webshop():
     assert target in site.results(state)
     state["query"] = "zzz qqq"  # nothing shared: nothing listed
     assert site.results(state) == []
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_search_landing_starts_on_webshops_search_page(site):
+    # env.options.landing=search: the episode starts on a page holding only the search box
+    # (WebShop's start page); no item is listed before the first query, "home" goes back
+    # there, the expert still solves held-out layouts and every word stays in the vocabulary.
+    from jaxagent.envs.web.env import WebEnvConfig
+
+    vocab = set(vocabulary())
+    env = WebEnv(WebEnvConfig(landing="search"))
+    tasks = WebWorld(site, num_train=0, num_test=60, name_item=True).tasks("test")
+    view = parse_view(env.reset(tasks[0]))
+    assert view["page"] == "home"
+    assert [e["role"] for e in view["elements"] if e["role"] in ("searchbox", "button")] == [
+        "searchbox",
+        "button",
+    ]
+    assert not [e for e in view["elements"] if " dollars" in e["text"]]
+    if "home" in tasks[0].data["layout"]["nav"]:
+        home = next(e["id"] for e in view["elements"] if e["text"] == "home")
+        env.step('search ( " blue " )')
+        assert parse_view(env.step(f"click ( [{home}] )").observation)["page"] == "home"
+    assert _rate(env, tasks, lambda t: ExpertPolicy(t).act) >= 0.95
+    rng = np.random.default_rng(1)
+    for task in tasks[:20]:
+        obs, acts, _ = run_episode(env, task, ExpertPolicy(task, 0.5, rng).act)
+        # the first act that is not a scroll (the box may sit below the fold) is a query
+        assert next(a for a in acts if not a.startswith("scroll")).startswith("search (")
+        for text in [*obs, *acts]:
+            assert set(text.split()) <= vocab, set(text.split()) - vocab
+    with pytest.raises(ValueError, match="landing"):
+        WebEnvConfig(landing="cart")
