@@ -22,9 +22,11 @@ import math
 import jax
 import numpy as np
 
-from jaxagent.agents.rollout import RolloutStats
+from jaxagent.agents.evaluate import Evaluation, evaluate
+from jaxagent.agents.rollout import RolloutSpec, RolloutStats
+from jaxagent.eval.report import summarize
 from jaxagent.train.config import Config, ConfigError
-from jaxagent.train.distributed import allgather_objects
+from jaxagent.train.distributed import allgather_objects, host_local, task_slice
 
 
 def check_config(config: Config, batch_devices: int) -> int:
@@ -105,3 +107,19 @@ def gather_stats(stats: RolloutStats) -> RolloutStats:
         policy_tokens=sum(p.policy_tokens for p in parts),
         rounds=max(p.rounds for p in parts),
     )
+
+
+def evaluate_sharded(
+    sampler, tasks, spec: RolloutSpec, key, params, *, samples_per_task: int, row_keys: bool
+) -> Evaluation:
+    """``evaluate`` with each process running its slice of ``tasks`` (as equal as they
+    split) from host-local weights; the report is of every host's episodes."""
+    first, mine = task_slice(tasks)  # every task with one process
+    set_row_offset(sampler, first * samples_per_task, row_keys)
+    result = evaluate(
+        sampler, mine, spec, key, params=host_local(params), samples_per_task=samples_per_task
+    )
+    if jax.process_count() == 1:
+        return result
+    eps = gather_episodes(result.episodes)
+    return dataclasses.replace(result, report=summarize(eps), episodes=eps)

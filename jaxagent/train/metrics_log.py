@@ -95,7 +95,10 @@ class MetricsLogger:
 
 class NullLogger:
     """The logger of a process that writes nothing (every process of a multi-host run but
-    process 0, which writes the run's metrics once)."""
+    process 0, which writes the run's metrics once); takes ``MetricsLogger``'s arguments."""
+
+    def __init__(self, *args, **kwargs):
+        pass
 
     def truncate_after(self, step: int) -> None:
         pass

@@ -14,7 +14,6 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Callable
@@ -24,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.agents.batch import pack_episodes
-from jaxagent.agents.evaluate import evaluate
 from jaxagent.agents.rollout import collect_episodes
 from jaxagent.eval.report import summarize
 from jaxagent.rl.prepare import split_bootstrap_values
@@ -37,7 +35,7 @@ from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
 from jaxagent.train import hosts
 from jaxagent.train.distributed import host_local, is_writer, start_distributed
-from jaxagent.train.distributed import task_shard, task_slice
+from jaxagent.train.distributed import task_shard
 from jaxagent.train.mesh import DeviceLayout, ShardedUpdate, place
 from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
@@ -109,16 +107,12 @@ class Trainer:
             ),
         )
         self.logprob_fn = make_logprob_fn(self.graphdef)
-        self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", echo)
-        self.logger = (
-            MetricsLogger(
-                self.run_dir,
-                config.train.tensorboard,
-                config.name if config.train.wandb else "",
-                config_to_dict(config),
-            )
-            if is_writer()
-            else NullLogger()
+        self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", self.echo)
+        self.logger = (MetricsLogger if is_writer() else NullLogger)(
+            self.run_dir,
+            config.train.tensorboard,
+            config.name if config.train.wandb else "",
+            config_to_dict(config),
         )
 
     def _tasks_for(self, iteration: int) -> list:
@@ -137,20 +131,15 @@ class Trainer:
         """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
         evaluation; returns flat metrics."""
         tasks, prefix = (self.eval_tasks, "eval") if split == "test" else (self.val_tasks, "val")
-        first, mine = task_slice(tasks)  # every task with one process
-        k = self.config.eval.samples_per_task
-        hosts.set_row_offset(self.eval_sampler, first * k, self.row_keys)
-        result = evaluate(
+        result = hosts.evaluate_sharded(
             self.eval_sampler,
-            mine,
+            tasks,
             self.rollout,
             key,
-            params=host_local(params),
-            samples_per_task=k,
+            params,
+            samples_per_task=self.config.eval.samples_per_task,
+            row_keys=self.row_keys,
         )
-        if jax.process_count() > 1:
-            eps = hosts.gather_episodes(result.episodes)
-            result = dataclasses.replace(result, report=summarize(eps), episodes=eps)
         report = result.report
         what = "held-out" if split == "test" else "validation"
         self.echo(
