@@ -61,22 +61,20 @@ def is_writer() -> bool:
 
 def task_shard(items: Sequence[T]) -> list[T]:
     """This process's contiguous slice of ``items`` (equal slices; the count must divide)."""
-    n, i = jax.process_count(), jax.process_index()
+    n = jax.process_count()
     if len(items) % n:
         raise ValueError(
             f"{len(items)} episodes cannot be split evenly over {n} processes; make "
             "rollout.tasks_per_iteration x samples_per_task a multiple of the process count"
         )
-    per = len(items) // n
-    return list(items[i * per : (i + 1) * per])
+    return task_slice(items)[1]
 
 
 def task_slice(items: Sequence[T]) -> tuple[int, list[T]]:
-    """(first index, this process's contiguous slice) of ``items``, the slices as equal as
-    ``np.array_split`` makes them: for evaluations, whose episodes never form global arrays."""
+    """(first index, this process's contiguous slice) of ``items``, the slices within one item
+    of each other: evaluations, whose episodes never form global arrays, may split unevenly."""
     n, i = jax.process_count(), jax.process_index()
-    bounds = np.linspace(0, len(items), n + 1).astype(int) if n > 1 else (0, len(items))
-    lo, hi = int(bounds[i]), int(bounds[i + 1])
+    lo, hi = len(items) * i // n, len(items) * (i + 1) // n
     return lo, list(items[lo:hi])
 
 
@@ -107,10 +105,14 @@ def host_local(params: Any) -> Any:
         return params
     from jax.experimental import multihost_utils
 
-    def one(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:  # a global array
-            return jax.device_put(multihost_utils.process_allgather(x, tiled=True), device)
-        return x  # already this host's own (e.g. the SFT result, before the state exists)
-
-    device = jax.local_devices()[0]
-    return jax.tree.map(one, params)
+    leaves, treedef = jax.tree.flatten(params)
+    # Global arrays are gathered in one collective; leaves already this host's own (e.g. the
+    # SFT result, before the state exists) stay as they are.
+    glob = [
+        i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable
+    ]
+    if glob:
+        full = multihost_utils.process_allgather([leaves[i] for i in glob], tiled=True)
+        for i, x in zip(glob, jax.device_put(full, jax.local_devices()[0])):
+            leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
