@@ -12,16 +12,14 @@ trained part is the whole model (full) or the adapters (LoRA, plus the frozen ba
 
 Last line: ``{"full": {"ratio": ...}, "lora": {"ratio": ...}}``. Target: full <= 1.3.
 
-Measured (2-core CPU, load 4-7, quickstart word vocabulary, 85M parameters = 325 MiB fp32):
-full peak 2865 MiB = runtime 289 + 2576 for the run over params+grads+Adam 1299 -> ratio
-1.98 (target NOT met); LoRA rank 16 peak 2941 MiB, ratio 7.2 over base + 4 x adapters (368).
-A later trace (load 3.8; ratios 1.88 and 1.72 in two runs, LoRA 7.44 and 6.89) rules out
-XLA compilation: the RSS peak while compiling is 2214 MiB, under the 2529 outside it. By
-phase (second run, MiB): update 2071 (ratio 1.37), sampling + update 2496, evaluation 2460,
-checkpoint save 2264 async and 2522 synchronous, the final wait 2529. RSS is a high-water
-mark here (glibc keeps freed pages), so a phase inherits what an earlier one allocated; the
-model build alone leaves 881 MiB (runtime 289 + params 325 + 267 unexplained). Finding which
-allocation sets the peak needs a per-allocation trace (not done).
+Measured (2-core CPU, load 1.6, 85M parameters = 325 MiB fp32): full peak 2153 MiB =
+runtime 311 + 1842 for the run over params+grads+Adam 1299 -> ratio 1.42 (target 1.3, NOT
+met; it was 1.72-1.98 before checkpoints streamed, the eval sampler's weight copy was freed,
+the update was compiled ahead of its call and freed host memory was returned between phases);
+LoRA rank 16 peak 1970 MiB, ratio 4.51 over base + 4 x adapters (368; was 6.9-7.4). The
+update's own working set is 1.065x (XLA memory analysis: 975 MiB donated state + 408 MiB
+temporaries); the rest is ~420 MiB of native memory that is neither a JAX array nor Python heap
+nor returnable by malloc_trim (XLA's data for compiled executables among it).
 """
 
 from __future__ import annotations

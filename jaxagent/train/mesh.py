@@ -35,6 +35,7 @@ from jaxagent.parallel import (
     param_shardings,
     state_shardings,
 )
+from jaxagent.train import host_memory
 from jaxagent.train.config import Config, ConfigError
 
 # Sampling layout "no_fsdp": the rules with 'embed' (the FSDP-sharded dimension) unsharded.
@@ -190,10 +191,11 @@ class ShardedUpdate:
         self.layout, self._make = layout, make
         self._plain = make() if layout.mesh is None else None
         self._steps: dict = {}
+        self._compiled: dict = {}  # (batch structure, shapes) -> compiled step
 
     def __call__(self, state, batch):
         if self.layout.mesh is None:
-            return self._plain(state, self.layout.put_batch(batch, None))
+            return self._run(self._plain, state, self.layout.put_batch(batch, None))
         b_sh = self.layout.batch_sharding(batch)
         key = jax.tree.structure(batch)
         if key not in self._steps:
@@ -204,4 +206,17 @@ class ShardedUpdate:
                 batch_sharding=b_sh,
                 rules=self.layout.rules,
             )
-        return self._steps[key](state, self.layout.put_batch(batch, b_sh))
+        return self._run(self._steps[key], state, self.layout.put_batch(batch, b_sh))
+
+    def _run(self, jitted, state, batch):
+        """Compiles ahead of the call, so that the compiler's scratch memory is returned
+        (``host_memory.release``) before the step allocates its gradients: otherwise a new
+        batch shape's first step peaks at compiler leftovers + the step's own working set."""
+        leaves, tree = jax.tree.flatten(batch)
+        key = (tree, tuple((x.shape, x.dtype) for x in leaves))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = jitted.lower(state, batch).compile()
+            self._compiled[key] = compiled
+            host_memory.release()
+        return compiled(state, batch)

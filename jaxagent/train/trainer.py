@@ -33,7 +33,7 @@ from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
-from jaxagent.train import hosts
+from jaxagent.train import host_memory, hosts
 from jaxagent.train.distributed import host_local, is_writer, start_distributed
 from jaxagent.train.distributed import task_shard
 from jaxagent.train.mesh import DeviceLayout, ShardedUpdate, place
@@ -140,6 +140,8 @@ class Trainer:
             samples_per_task=self.config.eval.samples_per_task,
             row_keys=self.row_keys,
         )
+        release_decode_kernels()  # the eval sampler's weight copy is not kept between uses
+        host_memory.release()
         report = result.report
         what = "held-out" if split == "test" else "validation"
         self.echo(
@@ -170,7 +172,10 @@ class Trainer:
         mine = task_shard(tasks)  # this host's slice (every task with one process)
         first = jax.process_index() * len(mine)
         key = jax.random.fold_in(self._sample_key, it)
-        # One model copy: LoRA merges into the base's own buffers for the rollout.
+        # One model copy: LoRA merges into the base's own buffers for the rollout (a
+        # donation: a checkpoint still streaming those buffers must finish first).
+        if state.uses_lora:
+            self.checkpointer.before_mutation()
         merged, state = begin_sampling(state)
         params = host_local(self.layout.rollout_params(merged))
         per_task, data, r = self.config.group_size, self.config.rl.data, self.config.rollout
@@ -227,8 +232,11 @@ class Trainer:
         release_decode_kernels()
         params = None
         state, merged = end_sampling(state, merged), None
+        self.checkpointer.before_mutation()  # the update donates the state
+        host_memory.release()  # the rollout's freed buffers go back before the update's peak
         state, m = self.update_step(state, batch)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
+        host_memory.release()  # the step's gradients and activations, before the next rollout
         m.update(data_m)
         if data.dynamic_sampling:
             m.update(
