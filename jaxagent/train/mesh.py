@@ -191,7 +191,7 @@ class ShardedUpdate:
         self.layout, self._make = layout, make
         self._plain = make() if layout.mesh is None else None
         self._steps: dict = {}
-        self._compiled: dict = {}  # (batch structure, shapes) -> compiled step
+        self._compiled: dict = {}  # argument structure, types and shardings -> compiled step
 
     def __call__(self, state, batch):
         if self.layout.mesh is None:
@@ -212,11 +212,17 @@ class ShardedUpdate:
         """Compiles ahead of the call, so that the compiler's scratch memory is returned
         (``host_memory.release``) before the step allocates its gradients: otherwise a new
         batch shape's first step peaks at compiler leftovers + the step's own working set."""
-        leaves, tree = jax.tree.flatten(batch)
-        key = (tree, tuple((x.shape, x.dtype) for x in leaves))
+        # Keyed as jit keys its cache (a compiled step refuses other argument types).
+        leaves, tree = jax.tree.flatten((state, batch))
+        key = (tree, tuple(_arg_type(x) for x in leaves))
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = jitted.lower(state, batch).compile()
             self._compiled[key] = compiled
             host_memory.release()
         return compiled(state, batch)
+
+
+def _arg_type(x) -> tuple:
+    """What a compiled step is specialised on: shape, dtype, weak type, sharding."""
+    return (jax.typeof(x), getattr(x, "sharding", None))
