@@ -58,6 +58,21 @@ class DynamicSample:
     kept_groups: int  # groups in ``episodes``
     sampled_groups: int  # groups sampled over all rounds
 
+    def total_stats(self):
+        """Round 0's stats with every later round's times, tokens and decode rounds added."""
+        out = self.stats[0]
+        for extra in self.stats[1:]:
+            for f in ("generate_s", "env_s", "policy_tokens", "rounds"):
+                setattr(out, f, getattr(out, f) + getattr(extra, f))
+        return out
+
+    def metrics(self) -> dict:
+        return {
+            "data/sampling_rounds": self.rounds,
+            "data/kept_groups": self.kept_groups,
+            "data/sampled_groups": self.sampled_groups,
+        }
+
 
 def dynamic_sample(
     collect: Callable[[int], tuple[list[Episode], object]], target_groups: int, max_rounds: int

@@ -109,6 +109,21 @@ def gather_stats(stats: RolloutStats) -> RolloutStats:
     )
 
 
+def rollout_record(stats: RolloutStats, batch, valid, update_s: float, iteration_s: float) -> dict:
+    """An iteration's rollout and batch metrics (stats already gathered over hosts)."""
+    return {
+        "time/generate_s": stats.generate_s,
+        "time/env_s": stats.env_s,
+        "time/update_s": update_s,
+        "time/iteration_s": iteration_s,
+        "tokens/sampled": stats.policy_tokens,
+        "tokens/per_s": stats.policy_tokens / max(stats.generate_s, 1e-9),
+        "batch/rows": int(batch.tokens.shape[0]) * jax.process_count(),
+        "batch/len": int(batch.tokens.shape[1]),
+        "batch/valid_rows": total(float(valid.sum())),
+    }
+
+
 def evaluate_sharded(
     sampler, tasks, spec: RolloutSpec, key, params, *, samples_per_task: int, row_keys: bool
 ) -> Evaluation:

@@ -45,6 +45,16 @@ def eval_key(seed: int, iteration: int) -> jax.Array:
     return jax.random.fold_in(sample_keys(seed)[2], 10**6 + iteration)
 
 
+def iteration_tasks(tasks: list, per_iteration: int, seed: int, iteration: int) -> list:
+    """Deterministic data order: an epoch-wise permutation of the train split, so a resumed
+    run draws the same tasks for the same iteration."""
+    out = []
+    for j in range(iteration * per_iteration, (iteration + 1) * per_iteration):
+        epoch, pos = divmod(j, len(tasks))
+        out.append(tasks[np.random.default_rng([seed, 3, epoch]).permutation(len(tasks))[pos]])
+    return out
+
+
 def val_key(seed: int, iteration: int) -> jax.Array:
     """The sampling key of the validation evaluation after ``iteration`` RL iterations."""
     return jax.random.fold_in(sample_keys(seed)[2], 2 * 10**6 + iteration)

@@ -40,7 +40,8 @@ from jaxagent.train.mesh import DeviceLayout, ShardedUpdate, place
 from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
 from jaxagent.train.policy import make_logprob_fn, run_optimizer
-from jaxagent.train.run import build_run, eval_key, make_runner, sample_keys, val_key
+from jaxagent.train.run import build_run, eval_key, iteration_tasks, make_runner, sample_keys
+from jaxagent.train.run import val_key
 from jaxagent.train.sft import warm_start
 from jaxagent.train.summary import history_entry
 
@@ -116,14 +117,8 @@ class Trainer:
         )
 
     def _tasks_for(self, iteration: int) -> list:
-        """Deterministic data order: an epoch-wise permutation of the train split."""
-        n, per = len(self.train_tasks), self.config.rollout.tasks_per_iteration
-        out = []
-        for j in range(iteration * per, (iteration + 1) * per):
-            epoch, pos = divmod(j, n)
-            perm = np.random.default_rng([self.config.train.seed, 3, epoch]).permutation(n)
-            out.append(self.train_tasks[perm[pos]])
-        return out
+        per, seed = self.config.rollout.tasks_per_iteration, self.config.train.seed
+        return iteration_tasks(self.train_tasks, per, seed, iteration)
 
     # ------------------------------------------------------------------ phases
 
@@ -201,10 +196,7 @@ class Trainer:
 
         if data.dynamic_sampling:
             drawn = dapo.dynamic_sample(collect, len(tasks), data.max_sampling_rounds)
-            eps, report_eps, stats = drawn.episodes, drawn.first_round, drawn.stats[0]
-            for extra in drawn.stats[1:]:
-                for f in ("generate_s", "env_s", "policy_tokens", "rounds"):
-                    setattr(stats, f, getattr(stats, f) + getattr(extra, f))
+            eps, report_eps, stats = drawn.episodes, drawn.first_round, drawn.total_stats()
         else:
             eps, stats = collect(0)
             report_eps = eps
@@ -239,31 +231,13 @@ class Trainer:
         host_memory.release()  # the step's gradients and activations, before the next rollout
         m.update(data_m)
         if data.dynamic_sampling:
-            m.update(
-                {
-                    "data/sampling_rounds": drawn.rounds,
-                    "data/kept_groups": drawn.kept_groups,
-                    "data/sampled_groups": drawn.sampled_groups,
-                }
-            )
+            m.update(drawn.metrics())
         t2 = time.perf_counter()
         report = summarize(hosts.gather_episodes(report_eps))
         stats = hosts.gather_stats(stats)
         m.update(report.as_metrics("train"))
-        m.update(
-            {
-                "time/generate_s": stats.generate_s,
-                "time/env_s": stats.env_s,
-                "time/update_s": t2 - t1,
-                "time/iteration_s": time.perf_counter() - t0,
-                "tokens/sampled": stats.policy_tokens,
-                "tokens/per_s": stats.policy_tokens / max(stats.generate_s, 1e-9),
-                "sampler/recompiles": self.sampler.recompiles,
-                "batch/rows": int(batch.tokens.shape[0]) * jax.process_count(),
-                "batch/len": int(batch.tokens.shape[1]),
-                "batch/valid_rows": hosts.total(float(valid.sum())),
-            }
-        )
+        m.update(hosts.rollout_record(stats, batch, valid, t2 - t1, time.perf_counter() - t0))
+        m["sampler/recompiles"] = self.sampler.recompiles
         for k, v in self.runner.health().items():
             m[f"env_health/{k}"] = v
         m.update(
