@@ -59,12 +59,10 @@ class DynamicSample:
     sampled_groups: int  # groups sampled over all rounds
 
     def total_stats(self):
-        """Round 0's stats with every later round's times, tokens and decode rounds added."""
-        out = self.stats[0]
-        for extra in self.stats[1:]:
-            for f in ("generate_s", "env_s", "policy_tokens", "rounds"):
-                setattr(out, f, getattr(out, f) + getattr(extra, f))
-        return out
+        """Every round's stats (times, tokens, decode rounds) summed into a new record."""
+        fields = dataclasses.fields(self.stats[0])
+        sums = {f.name: sum(getattr(st, f.name) for st in self.stats) for f in fields}
+        return dataclasses.replace(self.stats[0], **sums)
 
     def metrics(self) -> dict:
         return {

@@ -48,10 +48,12 @@ def eval_key(seed: int, iteration: int) -> jax.Array:
 def iteration_tasks(tasks: list, per_iteration: int, seed: int, iteration: int) -> list:
     """Deterministic data order: an epoch-wise permutation of the train split, so a resumed
     run draws the same tasks for the same iteration."""
-    out = []
+    out, perms = [], {}  # one permutation per epoch the iteration touches, not per task
     for j in range(iteration * per_iteration, (iteration + 1) * per_iteration):
         epoch, pos = divmod(j, len(tasks))
-        out.append(tasks[np.random.default_rng([seed, 3, epoch]).permutation(len(tasks))[pos]])
+        if epoch not in perms:
+            perms[epoch] = np.random.default_rng([seed, 3, epoch]).permutation(len(tasks))
+        out.append(tasks[perms[epoch][pos]])
     return out
 
 
