@@ -136,7 +136,7 @@ def cmd_eval(args) -> int:
     )
     print(
         f"  success {report.success:.3f}  avg steps {report.avg_steps:.2f}  env errors "
-        f"{report.env_errors}  failure modes {report.failure_modes}"
+        f"{report.env_errors}  failure modes {report.failures_text()}"
     )
     record = build_record(
         groups,
@@ -165,6 +165,7 @@ def cmd_eval(args) -> int:
         "avg_steps": report.avg_steps,
         "env_errors": report.env_errors,
         "failure_modes": report.failure_modes,
+        "failure_details": report.failure_details,
         "episodes": report.episodes,
         "step": step,
         "ci_low": s["ci_low"],

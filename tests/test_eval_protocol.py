@@ -226,3 +226,39 @@ def test_compare_single_runs_bootstraps_the_tasks():
     c = build_record([EvalGroup([_ep("other", True)])], reps=50)  # no task in common with a
     with pytest.raises(RecordError, match="share no evaluated task"):
         compare_records(a, c)
+
+
+def test_failure_details_keep_the_web_sites_own_labels():
+    """The sites label a failed purchase wrong_item / wrong_option / wrong_action /
+    dangerous_action, all ``wrong_state`` project-wide: the report keeps both."""
+    import collections
+
+    from jaxagent.envs.web.env import WebEnv
+    from jaxagent.envs.web.expert import ExpertPolicy, run_episode
+    from jaxagent.envs.web.tasks import WebWorld
+    from jaxagent.eval.tables import record_markdown
+
+    tasks = WebWorld("shop", num_train=1, num_test=60, test_layouts=5, name_item=True)
+    env = WebEnv(landing="search")
+    eps, want = [], collections.Counter()
+    for i, task in enumerate(tasks.tasks("test")):
+        policy = ExpertPolicy(task, 0.9, np.random.default_rng(i))
+        _, _, last = run_episode(env, task, policy.act)
+        ep = _ep(task.id, last.info["success"], failure=last.info["failure_mode"], group=i)
+        ep.info = last.info
+        eps.append(ep)
+        if not last.info["success"]:
+            want[last.info["failure_detail"]] += 1
+    assert {"wrong_item", "wrong_option", "dangerous_action"} <= set(want), want
+    rep = summarize(eps)
+    rec = build_record([EvalGroup(eps, seconds=1.0)], prices=Prices())
+    assert rep.failure_details == rec["failure_details"] == dict(want)
+    purchase = sum(want[k] for k in ("wrong_item", "wrong_option", "wrong_action", "over_budget"))
+    assert rep.failure_modes["wrong_state"] == purchase + want["dangerous_action"]
+    metrics = rep.as_metrics("eval")
+    assert metrics["eval/failure_detail/dangerous_action"] == want["dangerous_action"]
+    assert "in detail" in rep.failures_text() and "dangerous_action" in record_markdown(rec)
+    assert "(dangerous_action)" in next(e for e in eps if e.failure_detail == "dangerous_action").render()
+    # environments without detail labels report none
+    assert summarize(_one_run()).failure_details == {}
+    assert "in detail" not in summarize(_one_run()).failures_text()

@@ -107,6 +107,14 @@ class Episode:
     def env_failed(self) -> bool:
         return self.termination == Termination.ENV_ERROR
 
+    @property
+    def failure_detail(self) -> Optional[str]:
+        """The environment's own label for a failed episode (``info["failure_detail"]``, e.g.
+        the web sites' ``wrong_item`` / ``dangerous_action`` under ``wrong_state``), or None."""
+        if self.success or self.env_failed:
+            return None
+        return self.info.get("failure_detail") or None
+
     def render(self, decode=None) -> str:
         """A readable transcript: task, turns with actions, observations and rewards."""
         lines = [f"task {self.task.id} (group {self.group})", f"  obs: {self.first_observation}"]
@@ -120,6 +128,8 @@ class Episode:
         end = f"  -> {self.termination.value}, success={self.success}"
         if self.failure_mode:
             end += f", failure_mode={self.failure_mode}"
+            if self.failure_detail and self.failure_detail != self.failure_mode:
+                end += f" ({self.failure_detail})"
         if self.error:
             end += f", error={self.error}"
         lines.append(end + f", reward={self.reward:g}, tokens={len(self.tokens)}")

@@ -13,7 +13,8 @@ turns a list of groups into the record ``jaxagent eval --out`` writes as ``eval.
   over per-task mean success). ``per_run``; with >= 2 runs ``over_runs`` and with >= 2
   evaluation seeds ``over_eval_seeds``: mean, std and t-interval (``report.seed_summary``).
 - ``avg_steps`` (over all episodes without env errors), ``avg_steps_successes``.
-- ``failure_modes`` (policy failures only) and ``failure_mode_rates``.
+- ``failure_modes`` (policy failures only) and ``failure_mode_rates``; ``failure_details``,
+  the environment's own labels of those failures where it gives them (``info["failure_detail"]``).
 - ``safety_violations`` (episodes with a dangerous action, ``report.episode_dangerous``),
   ``safety_violation_rate``, ``dangerous_actions`` (action -> count).
 - ``retries_until_success``: per task and evaluation, the samples drawn until its first
@@ -270,6 +271,7 @@ def _split_stats(
     n = max(len(ok), 1)
     modes = collections.Counter(ep.failure_mode or "unlabelled" for ep in ok if not ep.success)
     failure_modes = dict(sorted(modes.items(), key=lambda kv: (-kv[1], kv[0])))
+    details = collections.Counter(ep.failure_detail for ep in ok if ep.failure_detail)
     dangerous = collections.Counter(a for ep in ok for a in episode_dangerous(ep))
     violations = sum(1 for ep in ok if episode_dangerous(ep))
     succ = [ep for ep in ok if ep.success]
@@ -292,6 +294,8 @@ def _split_stats(
         "avg_reward": sum(ep.reward for ep in ok) / n,
         "failure_modes": failure_modes,
         "failure_mode_rates": {k: v / n for k, v in failure_modes.items()},
+        # the environment's own labels under those modes (web: wrong_item, dangerous_action)
+        "failure_details": dict(sorted(details.items(), key=lambda kv: (-kv[1], kv[0]))),
         "safety_violations": violations,
         "safety_violation_rate": violations / n,
         "dangerous_actions": dict(sorted(dangerous.items())),

@@ -27,6 +27,10 @@ class EvalReport:
     avg_policy_tokens: float  # mean sampled tokens per episode
     failure_modes: dict  # failure label -> count (policy failures only)
     dangerous_actions: int  # episodes that took a dangerous action
+    # The environment's own labels of those failures (``Episode.failure_detail``), finer than
+    # the project-wide modes: the web sites' wrong_item / wrong_action / dangerous_action are
+    # all ``wrong_state``. Empty for environments that give none.
+    failure_details: dict = dataclasses.field(default_factory=dict)
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
         out = {
@@ -40,7 +44,15 @@ class EvalReport:
         }
         for mode, count in self.failure_modes.items():
             out[f"{prefix}/failure/{mode}"] = count
+        for detail, count in self.failure_details.items():
+            out[f"{prefix}/failure_detail/{detail}"] = count
         return out
+
+    def failures_text(self) -> str:
+        """``{'wrong_state': 71, ...}``, and the environment's own labels when it gives any."""
+        if not self.failure_details:
+            return str(self.failure_modes)
+        return f"{self.failure_modes}, in detail {self.failure_details}"
 
 
 def episode_dangerous(ep) -> list[str]:
@@ -59,6 +71,7 @@ def summarize(episodes: Sequence) -> EvalReport:
         modes["unlabelled"] += unlabelled
     n = max(len(ok), 1)
     dangerous = sum(1 for ep in ok if episode_dangerous(ep))
+    details = collections.Counter(ep.failure_detail for ep in ok if ep.failure_detail)
     return EvalReport(
         episodes=len(episodes),
         env_errors=len(episodes) - len(ok),
@@ -68,6 +81,7 @@ def summarize(episodes: Sequence) -> EvalReport:
         avg_policy_tokens=sum(ep.num_policy_tokens for ep in episodes) / max(len(episodes), 1),
         failure_modes=dict(sorted(modes.items(), key=lambda kv: -kv[1])),
         dangerous_actions=dangerous,
+        failure_details=dict(sorted(details.items(), key=lambda kv: (-kv[1], kv[0]))),
     )
 
 

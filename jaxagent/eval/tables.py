@@ -82,6 +82,15 @@ def record_markdown(record: dict[str, Any]) -> str:
                 for k, v in record["failure_modes"].items()
             ],
         )
+    if record.get("failure_details"):
+        out += ["", "Failures in the environment's own labels:", ""]
+        out += _table(
+            ["label", "episodes", "rate"],
+            [
+                [k, str(v), _f(v / max(record["episodes"] - record["env_errors"], 1))]
+                for k, v in record["failure_details"].items()
+            ],
+        )
     if record["pass_at_k"]:
         ks = list(record["pass_at_k"])
         out += ["", "### pass@k / pass^k", ""]

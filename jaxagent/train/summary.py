@@ -83,12 +83,17 @@ def history_entry(eval_m: dict) -> dict:
     keep = {
         k.split("/", 1)[1]: v
         for k, v in eval_m.items()
-        if k.startswith("eval/") and "/failure/" not in k
+        if k.startswith("eval/") and "/failure/" not in k and "/failure_detail/" not in k
     }
     keep["failure_modes"] = {
         k.split("/failure/", 1)[1]: v
         for k, v in eval_m.items()
         if k.startswith("eval/") and "/failure/" in k
+    }
+    keep["failure_details"] = {
+        k.split("/failure_detail/", 1)[1]: v
+        for k, v in eval_m.items()
+        if k.startswith("eval/") and "/failure_detail/" in k
     }
     return keep
 
@@ -105,6 +110,8 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         "avg_steps_before_rl": round(float(before["avg_steps"]), 3),
         "failure_modes_before_rl": before.get("failure_modes", {}),
         "failure_modes_after_rl": after.get("failure_modes", {}),
+        "failure_details_before_rl": before.get("failure_details", {}),
+        "failure_details_after_rl": after.get("failure_details", {}),
         "env_errors_after_rl": int(after.get("env_errors", 0)),
         "eval_episodes": int(after.get("episodes", 0)),
         "iterations": int(after["iteration"]),
@@ -136,6 +143,15 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         ),
         ("env errors", str(int(before.get("env_errors", 0))), str(int(after.get("env_errors", 0)))),
     ]
+    if before.get("failure_details") or after.get("failure_details"):
+        rows.insert(
+            3,
+            (
+                "failures in detail",
+                _modes(before.get("failure_details", {})),
+                _modes(after.get("failure_details", {})),
+            ),
+        )
     if best:
         rows.append(
             (

@@ -142,7 +142,7 @@ class Trainer:
         self.echo(
             f"[{tag}] {what} success {report.success:.3f} over {report.episodes} "
             f"episodes, avg steps {report.avg_steps:.2f}, env errors {report.env_errors}, "
-            f"failures {report.failure_modes}"
+            f"failures {report.failures_text()}"
         )
         return result.metrics(prefix)
 
