@@ -12,14 +12,18 @@ trained part is the whole model (full) or the adapters (LoRA, plus the frozen ba
 
 Last line: ``{"full": {"ratio": ...}, "lora": {"ratio": ...}}``. Target: full <= 1.3.
 
-Measured (2-core CPU, load 1.6, 85M parameters = 325 MiB fp32): full peak 2153 MiB =
-runtime 311 + 1842 for the run over params+grads+Adam 1299 -> ratio 1.42 (target 1.3, NOT
+Measured (2-core CPU, load 1.6, 85M parameters = 325 MiB fp32): full peak 2144 MiB =
+runtime 312 + 1832 for the run over params+grads+Adam 1299 -> ratio 1.41 (target 1.3, NOT
 met; it was 1.72-1.98 before checkpoints streamed, the eval sampler's weight copy was freed,
-the update was compiled ahead of its call and freed host memory was returned between phases);
-LoRA rank 16 peak 1970 MiB, ratio 4.51 over base + 4 x adapters (368; was 6.9-7.4). The
-update's own working set is 1.065x (XLA memory analysis: 975 MiB donated state + 408 MiB
-temporaries); the rest is ~420 MiB of native memory that is neither a JAX array nor Python heap
-nor returnable by malloc_trim (XLA's data for compiled executables among it).
+the update was compiled ahead of its call and freed host memory was returned between phases).
+At the highest sampled RSS the JAX arrays are 1010 MiB (the train state and the batch) and
+822 MiB besides: the running update's XLA temporaries (planned at 408 MiB: the gradients and
+activations) and ~420 MiB that is neither an array nor Python heap nor returnable by
+malloc_trim (compiled programs: dropping the samplers' executables frees ~80 MiB and
+``jax.clear_caches()`` ~90 more; the rest is heap glibc cannot hand back).
+``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=262144`` gives 1.365-1.38. LoRA rank 16: peak
+1861 MiB, ratio 4.22 over base + 4 x adapters (368; 4.51-4.62 while evaluations merged the
+adapters into a second full copy, 6.9-7.4 before in-place merging).
 """
 
 from __future__ import annotations
@@ -83,8 +87,13 @@ class _Trace:
         self._thread.start()
 
     def _loop(self):
+        import jax
+
         while not self._stop.wait(0.02):
-            self.samples.append((self.time.monotonic() - self.t0, _rss_mib()))
+            # The arrays alive at each sample split the RSS into what the run holds as JAX
+            # arrays (what a device would hold) and everything else.
+            arrays = sum(x.nbytes for x in jax.live_arrays()) / 2**20
+            self.samples.append((self.time.monotonic() - self.t0, _rss_mib(), arrays))
 
     def on_event(self, event: str, duration_s: float, **_):
         if event == "/jax/core/compile/backend_compile_duration":
@@ -107,7 +116,7 @@ class _Trace:
     def phase_peaks(self) -> dict:
         """Peak RSS inside each phase (a sample in two nested phases counts for the inner)."""
         out: dict[str, float] = {}
-        for t, m in self.samples:
+        for t, m, _ in self.samples:
             inner = [p for p in self.phases if p[1] <= t <= p[2]]
             label = min(inner, key=lambda p: p[2] - p[1])[0] if inner else "other"
             out[label] = round(max(out.get(label, 0.0), m), 1)
@@ -117,15 +126,21 @@ class _Trace:
         self._stop.set()
         self._thread.join()
         inside = lambda t: any(a - 0.05 <= t <= b + 0.05 for a, b in self.compiles)  # noqa: E731
-        comp = [m for t, m in self.samples if inside(t)]
-        rest = [m for t, m in self.samples if not inside(t)]
+        comp = [m for t, m, _ in self.samples if inside(t)]
+        rest = [m for t, m, _ in self.samples if not inside(t)]
         return {
             "compile_peak_mib": round(max(comp, default=0.0), 1),
             "outside_compile_peak_mib": round(max(rest, default=0.0), 1),
             "compilations": len(self.compiles),
             "compile_s": round(sum(b - a for a, b in self.compiles), 1),
             "phase_peak_mib": self.phase_peaks(),
+            **self.breakdown(),
         }
+
+    def breakdown(self) -> dict:
+        """The JAX arrays alive at the highest sampled RSS (what a device would hold)."""
+        peak = max(self.samples, key=lambda s: s[1])
+        return {"sampled_peak_mib": round(peak[1], 1), "arrays_at_peak_mib": round(peak[2], 1)}
 
 
 def one(mode: str, out_dir: str) -> dict:
@@ -156,6 +171,7 @@ def one(mode: str, out_dir: str) -> dict:
     else:
         trained = params
     after_build = _rss_mib()
+    update = trainer.update_step  # the ShardedUpdate (its compiled steps), before wrapping
     for obj, name, label in (
         (trainer, "evaluate", "evaluate"),
         (trainer, "iteration", "iteration (sample + update)"),
@@ -167,6 +183,9 @@ def one(mode: str, out_dir: str) -> dict:
     trainer.run()
     peak = _peak_mib()
     split = trace.split_peaks()
+    # What XLA plans for one update step (the compiled program's own accounting).
+    plans = [c.memory_analysis() for c in update._compiled.values()]
+    update_temp = max((p.temp_size_in_bytes for p in plans), default=0) / 2**20
     # full: params + grads + 2 Adam moments; LoRA: the frozen base + 4 x the adapters
     denom = params + 4 * trained if rl.lora.rank else 4 * params
     return {
@@ -181,6 +200,7 @@ def one(mode: str, out_dir: str) -> dict:
         "params_grads_adam_mib": round(denom, 1),
         "after_model_build_mib": round(after_build, 1),
         "ratio_incl_runtime": round(peak / denom, 3),
+        "update_temp_mib": round(update_temp, 1),
     }
 
 
@@ -219,6 +239,13 @@ def main() -> None:
             f"{r['ratio_outside_compile']:.2f}"
         )
         print(f"{mode}: peak RSS by phase (MiB): {r['phase_peak_mib']}")
+        other = r["sampled_peak_mib"] - r["runtime_mib"] - r["arrays_at_peak_mib"]
+        print(
+            f"{mode}: at the highest RSS sampled every 20 ms ({r['sampled_peak_mib']:.0f} MiB): "
+            f"runtime, JAX arrays {r['arrays_at_peak_mib']:.0f} MiB and "
+            f"{other:.0f} MiB besides: the running step's XLA temporaries (planned at "
+            f"{r['update_temp_mib']:.0f} MiB), compiled programs, freed heap the allocator keeps"
+        )
     load = os.getloadavg()[0]
     print(f"load average {load:.1f}")
     print(json.dumps(results))

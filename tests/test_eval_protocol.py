@@ -258,7 +258,10 @@ def test_failure_details_keep_the_web_sites_own_labels():
     metrics = rep.as_metrics("eval")
     assert metrics["eval/failure_detail/dangerous_action"] == want["dangerous_action"]
     assert "in detail" in rep.failures_text() and "dangerous_action" in record_markdown(rec)
-    assert "(dangerous_action)" in next(e for e in eps if e.failure_detail == "dangerous_action").render()
+    assert (
+        "(dangerous_action)"
+        in next(e for e in eps if e.failure_detail == "dangerous_action").render()
+    )
     # environments without detail labels report none
     assert summarize(_one_run()).failure_details == {}
     assert "in detail" not in summarize(_one_run()).failures_text()

@@ -16,7 +16,7 @@ import numpy as np
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.rl.lora import merge_lora
 from jaxagent.rl.recipes import get_recipe
-from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling
+from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling, on_sampling_params
 from jaxagent.train import host_memory
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.roofline import Roofline
@@ -189,3 +189,41 @@ def test_release_frees_buffers_held_by_reference_cycles():
         assert held - _rss_mib() > 200
     finally:
         gc.enable()
+
+
+def test_on_sampling_params_runs_on_the_merged_model_without_a_copy():
+    state = _lora_state()
+    expected = merge_lora(state.frozen_params, state.params, state.lora_alpha, 4)
+    expected = jax.tree.map(lambda x: np.asarray(jnp.copy(x)), expected)
+    leaf = state.frozen_params["layer_0"]["mlp"]["up_proj"]
+    seen = {}
+
+    def fn(params):
+        seen["deleted"] = leaf.is_deleted()  # the base's buffer holds the merged weights now
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
+            np.testing.assert_array_equal(np.asarray(a), b)
+        return "done"
+
+    state, out = on_sampling_params(state, fn)
+    assert out == "done" and seen["deleted"] and state.frozen_params is not None
+
+
+def test_lora_training_evaluates_without_building_a_merged_copy(tmp_path, monkeypatch):
+    """Validation, periodic and final evaluations and the best-validation test of a LoRA run
+    sample from the base merged in place: ``model_params()`` (a merged copy beside the base)
+    is never called."""
+    from jaxagent.train.config import load_config
+    from jaxagent.train.trainer import Trainer
+
+    from test_train import ROOT, TINY
+
+    def no_copy(self):
+        raise AssertionError("model_params() built a merged copy of a LoRA model")
+
+    monkeypatch.setattr(TrainState, "model_params", no_copy)
+    extra = ["rl.lora.rank=4", "rl.lora.alpha=8", "train.iterations=3", "eval.every=2"]
+    extra += ["eval.val_tasks=4", "train.checkpoint_every=1", f"train.out_dir={tmp_path}"]
+    config = load_config(ROOT / "configs/quickstart.yaml", TINY + extra)
+    trainer = Trainer(config, echo=lambda s: None)
+    summary = trainer.run()
+    assert summary["iterations"] == 3 and "success_best_val" in summary

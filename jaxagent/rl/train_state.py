@@ -192,6 +192,15 @@ def begin_sampling(state: TrainState) -> tuple[Any, TrainState]:
     return merged, state.replace(frozen_params=None)
 
 
+def on_sampling_params(state: TrainState, fn) -> tuple[TrainState, Any]:
+    """``(state, fn(params))`` with ``params`` the model's parameters and no second full copy:
+    under LoRA the adapters are merged into the base's own buffers for the call and taken out
+    after (``model_params()`` would build a merged copy beside the base)."""
+    merged, state = begin_sampling(state)
+    out = fn(merged)
+    return end_sampling(state, merged), out
+
+
 def end_sampling(state: TrainState, merged: Any) -> TrainState:
     """The state with its LoRA base back (``merged`` minus the adapters, in place)."""
     if not state.uses_lora:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,12 @@ from jaxagent.agents.rollout import collect_episodes
 from jaxagent.eval.report import summarize
 from jaxagent.rl.prepare import split_bootstrap_values
 from jaxagent.generate.sampler import release_decode_kernels
-from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling
+from jaxagent.rl.train_state import (
+    TrainState,
+    begin_sampling,
+    end_sampling,
+    on_sampling_params,
+)
 from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
@@ -43,7 +48,7 @@ from jaxagent.train.policy import make_logprob_fn, run_optimizer
 from jaxagent.train.run import build_run, eval_key, iteration_tasks, make_runner, sample_keys
 from jaxagent.train.run import val_key
 from jaxagent.train.sft import warm_start
-from jaxagent.train.summary import history_entry
+from jaxagent.train.summary import best_val_record, history_entry
 
 __all__ = ["Trainer", "eval_key", "make_runner", "sample_keys"]
 
@@ -283,11 +288,12 @@ class Trainer:
                 last, periodic = done == cfg.train.iterations, every and done % every == 0
                 val_m = eval_m = None
                 if self.val_tasks and (last or periodic):
-                    val_m = self._validate(state.model_params(), done, extra)
+                    state, val_m = self._on_model(state, lambda p: self._validate(p, done, extra))
                     m.update(val_m)
                 if last or (periodic and not self.val_tasks):
-                    eval_m = self.evaluate(
-                        state.model_params(), f"iter {done}", eval_key(cfg.train.seed, done)
+                    key = eval_key(cfg.train.seed, done)
+                    state, eval_m = self._on_model(
+                        state, lambda p: self.evaluate(p, f"iter {done}", key)
                     )
                     m.update(eval_m)
                     history.append({"iteration": done, **history_entry(eval_m)})
@@ -303,6 +309,7 @@ class Trainer:
                     best = val_m["val/success"] if val_m else eval_m and eval_m["eval/success"]
                     self.checkpointer.save(done, state, self._meta(done, history, extra), best)
         self.checkpointer.wait()
+        state = None  # the best-validation test below restores its own
         if self.val_tasks:
             self._test_best_val(history, extra)
         from jaxagent.train.summary import finish_run
@@ -310,6 +317,13 @@ class Trainer:
         summary = finish_run(self, history, extra, self._wall_s())
         self.close()
         return summary
+
+    def _on_model(self, state: TrainState, fn) -> tuple[TrainState, Any]:
+        """``fn(params)`` on the state's model without a second full copy (LoRA: merged in
+        place, ``on_sampling_params``; a save still streaming the base finishes first)."""
+        if state.uses_lora:
+            self.checkpointer.before_mutation()
+        return on_sampling_params(state, fn)
 
     def _validate(self, params, iteration: int, extra: dict) -> dict:
         """Validation evaluation; appends ``(iteration, success)`` to ``extra["val"]``."""
@@ -322,25 +336,14 @@ class Trainer:
         return val_m
 
     def _test_best_val(self, history: list, extra: dict) -> None:
-        """Test-split success of the checkpoint with the best validation success (ties: the
-        later one), stored in ``extra["best_val"]``; reuses a test evaluation of that
-        iteration when there is one (the start, or the end)."""
-        best = max(extra["val"], key=lambda v: (v["success"], v["iteration"]))
-        it = best["iteration"]
-        done = [h for h in history if h["iteration"] == it]
-        if done:
-            test = done[0]
-        else:
+        """``extra["best_val"]``: the best-validation checkpoint's test figures."""
+
+        def test_at(it: int) -> dict:
             state, _ = self.checkpointer.restore(it, self._state_like())
-            m = self.evaluate(
-                state.model_params(), f"best val iter {it}", eval_key(self.config.train.seed, it)
-            )
-            test = {"iteration": it, **history_entry(m)}
-        extra["best_val"] = {
-            "iteration": it,
-            "val_success": best["success"],
-            "test": {k: v for k, v in test.items() if k != "iteration"},
-        }
+            key = eval_key(self.config.train.seed, it)
+            return self._on_model(state, lambda p: self.evaluate(p, f"best val iter {it}", key))[1]
+
+        extra["best_val"] = best_val_record(history, extra["val"], test_at)
 
     def _start_or_resume(self):
         cfg = self.config
