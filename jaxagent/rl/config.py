@@ -12,7 +12,7 @@
     update     epochs, minibatches and microbatches of one update
 
 Adding an advantage estimator or a policy loss is one pure function (``rl/advantages.py``,
-``rl/losses.py``) and one entry in the table here; a recipe is a preset of these sections
+``rl/losses.py``) and one entry in a table of ``rl/tables.py``; a recipe is a preset of these sections
 (``rl/recipes.py``). All fields are static for jit (they pick branches and shapes).
 
 Validation errors name the dotted key (``loss.clip_eps_low=1.5 must be ...``), so the run
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,9 @@ import jax.numpy as jnp
 from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl import losses as loss_lib
 from jaxagent.rl.kl import KL_ESTIMATORS
+
+# The tables the sections validate against (also importable from here, as before).
+from jaxagent.rl.tables import ADVANTAGE_ESTIMATORS, POLICY_LOSSES  # noqa: F401
 from jaxagent.types import TokenBatch
 
 _DC = dict(frozen=True, kw_only=True, slots=True)
@@ -49,109 +52,6 @@ def _at_least(key: str, value: float, low: float) -> None:
     if value < low:
         raise RLConfigError(f"{key}={value!r} must be >= {low}")
 
-
-# ----------------------------------------------------------------------------- tables
-
-
-class Estimator(NamedTuple):
-    """An advantage estimator.
-
-    ``per_token=False``: ``fn(cfg: AdvantageConfig, rewards [B], group_ids [B], valid [B]) ->
-    [B]`` sequence advantages (broadcast to the row's policy tokens afterwards).
-    ``per_token=True``: ``fn(cfg, batch, token_rewards [B, T], mask [B, T]) -> (advantages
-    [B, T], returns [B, T] or None)``.
-    """
-
-    fn: Callable
-    per_token: bool
-    needs_critic: bool = False
-
-
-def _gae(cfg: "AdvantageConfig", batch: TokenBatch, token_rewards, mask):
-    if batch.values is None:
-        raise ValueError(
-            "TokenBatch.values is None but advantage.estimator='gae' needs critic "
-            "values at sampling time; fill it before the update"
-        )
-    b = mask.shape[0]
-    trunc = (
-        jnp.zeros((b,), jnp.float32)
-        if batch.truncated is None
-        else jnp.asarray(batch.truncated, jnp.float32)
-    )
-    boot = (
-        jnp.zeros((b,), jnp.float32)
-        if batch.bootstrap_value is None
-        else jnp.asarray(batch.bootstrap_value, jnp.float32)
-    )
-    t = jnp.arange(mask.shape[1])
-    last_t = jnp.max(jnp.where(mask > 0, t[None, :], -1), axis=1)
-    last = (t[None, :] == last_t[:, None]).astype(jnp.float32)
-    # A terminated row ends at its last policy token (next value 0); a truncated row is cut
-    # there and bootstraps on the critic's value of the state after the cut.
-    returns, adv = adv_lib.compute_gae(
-        token_rewards,
-        batch.values,
-        last * (1.0 - trunc[:, None]),
-        last * trunc[:, None],
-        boot,
-        cfg.discount,
-        cfg.gae_lambda,
-        mask,
-    )
-    return adv, returns
-
-
-def _given(cfg, batch: TokenBatch, token_rewards, mask):
-    del cfg, token_rewards
-    return jnp.asarray(batch.advantages, jnp.float32) * mask, batch.returns
-
-
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
-    "gae": Estimator(_gae, per_token=True, needs_critic=True),
-    "given": Estimator(_given, per_token=True),
-    "group_normalized": Estimator(
-        lambda c, r, g, v: adv_lib.group_normalized_advantages(r, g, c.std_mode, c.eps, v),
-        per_token=False,
-    ),
-    "leave_one_out": Estimator(
-        lambda c, r, g, v: adv_lib.leave_one_out_advantages(r, g, v), per_token=False
-    ),
-    "batch_mean": Estimator(
-        lambda c, r, g, v: adv_lib.batch_mean_advantages(r, v), per_token=False
-    ),
-}
-
-
-class PolicyLoss(NamedTuple):
-    """``fn(cfg: LossConfig, logp [B, T], log_ratio [B, T], advantages [B, T]) -> (loss [B, T],
-    clipped_low [B, T], clipped_high [B, T])``. ``on_policy``: the gradient is unbiased only
-    when the tokens were sampled from the policy's own distribution (temperature 1, no
-    top-k / top-p), because it uses the behaviour log-probs or the samples' frequencies."""
-
-    fn: Callable
-    on_policy: bool
-
-
-def _ppo(cfg: "LossConfig", logp, log_ratio, adv):
-    del logp
-    return loss_lib.ppo_clip_loss(
-        log_ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high, cfg.clip_lower
-    )
-
-
-def _no_clip(per_tok):
-    zeros = jnp.zeros_like(per_tok)
-    return per_tok, zeros, zeros
-
-
-POLICY_LOSSES: dict[str, PolicyLoss] = {
-    "ppo": PolicyLoss(_ppo, on_policy=True),
-    "reinforce": PolicyLoss(
-        lambda c, lp, lr, a: _no_clip(loss_lib.reinforce_loss(lp, a)), on_policy=True
-    ),
-    "sft": PolicyLoss(lambda c, lp, lr, a: _no_clip(loss_lib.sft_loss(lp)), on_policy=False),
-}
 
 KL_MODES = ("none", "loss", "reward")
 TRUNCATED_MODES = ("keep", "drop")

@@ -3,7 +3,7 @@
 ``compute_advantages(config, batch)`` is jittable and runs inside ``update_step`` by default
 (``make_update_step(..., compute_advantages=True)``); call it yourself and pass
 ``compute_advantages=False`` to use your own estimator. The estimator is looked up by name in
-``jaxagent.rl.config.ADVANTAGE_ESTIMATORS``.
+``jaxagent.rl.tables.ADVANTAGE_ESTIMATORS``.
 """
 
 from __future__ import annotations
