@@ -46,7 +46,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from jaxagent.eval import passk, stats
-from jaxagent.eval.report import episode_dangerous, seed_summary
+from jaxagent.eval.report import episode_dangerous, failure_detail_counts, seed_summary
 
 HELD_OUT, IN_DISTRIBUTION = "test", "val"
 
@@ -271,7 +271,6 @@ def _split_stats(
     n = max(len(ok), 1)
     modes = collections.Counter(ep.failure_mode or "unlabelled" for ep in ok if not ep.success)
     failure_modes = dict(sorted(modes.items(), key=lambda kv: (-kv[1], kv[0])))
-    details = collections.Counter(ep.failure_detail for ep in ok if ep.failure_detail)
     dangerous = collections.Counter(a for ep in ok for a in episode_dangerous(ep))
     violations = sum(1 for ep in ok if episode_dangerous(ep))
     succ = [ep for ep in ok if ep.success]
@@ -295,7 +294,7 @@ def _split_stats(
         "failure_modes": failure_modes,
         "failure_mode_rates": {k: v / n for k, v in failure_modes.items()},
         # the environment's own labels under those modes (web: wrong_item, dangerous_action)
-        "failure_details": dict(sorted(details.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "failure_details": failure_detail_counts(ok),
         "safety_violations": violations,
         "safety_violation_rate": violations / n,
         "dangerous_actions": dict(sorted(dangerous.items())),

@@ -62,6 +62,12 @@ def episode_dangerous(ep) -> list[str]:
     return [a for t in ep.turns for a in (t.dangerous or ())]
 
 
+def failure_detail_counts(episodes: Sequence) -> dict:
+    """``Episode.failure_detail`` -> count over ``episodes``, most frequent first."""
+    counts = collections.Counter(ep.failure_detail for ep in episodes if ep.failure_detail)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def summarize(episodes: Sequence) -> EvalReport:
     """Summarise episodes (``jaxagent.agents.episode.Episode`` records)."""
     ok = [ep for ep in episodes if not ep.env_failed]
@@ -71,7 +77,6 @@ def summarize(episodes: Sequence) -> EvalReport:
         modes["unlabelled"] += unlabelled
     n = max(len(ok), 1)
     dangerous = sum(1 for ep in ok if episode_dangerous(ep))
-    details = collections.Counter(ep.failure_detail for ep in ok if ep.failure_detail)
     return EvalReport(
         episodes=len(episodes),
         env_errors=len(episodes) - len(ok),
@@ -81,7 +86,7 @@ def summarize(episodes: Sequence) -> EvalReport:
         avg_policy_tokens=sum(ep.num_policy_tokens for ep in episodes) / max(len(episodes), 1),
         failure_modes=dict(sorted(modes.items(), key=lambda kv: -kv[1])),
         dangerous_actions=dangerous,
-        failure_details=dict(sorted(details.items(), key=lambda kv: (-kv[1], kv[0]))),
+        failure_details=failure_detail_counts(ok),
     )
 
 

@@ -80,21 +80,13 @@ def plot_learning_curve(
 def history_entry(eval_m: dict) -> dict:
     """One evaluation's entry of the run's history: ``eval/`` metrics without their prefix,
     the failure modes as one dict."""
+    ours = {k: v for k, v in eval_m.items() if k.startswith("eval/")}
+    groups = {"failure_modes": "/failure/", "failure_details": "/failure_detail/"}
     keep = {
-        k.split("/", 1)[1]: v
-        for k, v in eval_m.items()
-        if k.startswith("eval/") and "/failure/" not in k and "/failure_detail/" not in k
+        k.split("/", 1)[1]: v for k, v in ours.items() if not any(g in k for g in groups.values())
     }
-    keep["failure_modes"] = {
-        k.split("/failure/", 1)[1]: v
-        for k, v in eval_m.items()
-        if k.startswith("eval/") and "/failure/" in k
-    }
-    keep["failure_details"] = {
-        k.split("/failure_detail/", 1)[1]: v
-        for k, v in eval_m.items()
-        if k.startswith("eval/") and "/failure_detail/" in k
-    }
+    for name, marker in groups.items():
+        keep[name] = {k.split(marker, 1)[1]: v for k, v in ours.items() if marker in k}
     return keep
 
 
