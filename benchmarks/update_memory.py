@@ -18,6 +18,8 @@ microbatches of 4 sequences, so gradients are accumulated over 2 microbatches):
 
 - loop: LOOP, full fine-tuning: one model copy (no critic, no reference).
 - loop_one_microbatch: the same with a batch of one microbatch (4 sequences): no accumulation.
+- loop_fused: loop_one_microbatch with update.fused_optimizer (two forward + backward
+  passes, the optimiser applied block by block inside the second: no gradient tree).
 - loop_lora: LOOP with LoRA r=16, alpha=32 (ratio against the full model's bytes too).
 - grpo_ref: GRPO with the k3 KL in the loss and the reference model held in the state.
 - ppo_critic: PPO with a separate critic of the same size (value head on its own trunk).
@@ -169,8 +171,25 @@ def main():
             False,
         ),
     )
+    # The same again with the optimiser fused into a second backward pass
+    # (update.fused_optimizer, jaxagent.rl.fused_step): no gradient tree at all.
+    runs.insert(
+        2,
+        (
+            "loop_fused",
+            get_recipe(
+                "loop",
+                lora={"rank": 0},
+                update={"minibatch_size": args.micro, "num_epochs": 1, "fused_optimizer": True},
+            ),
+            apply_fn,
+            params,
+            None,
+            False,
+        ),
+    )
     for name, cfg, fn, p, ref, values in runs:
-        rows = args.micro if name == "loop_one_microbatch" else b
+        rows = args.micro if name in ("loop_one_microbatch", "loop_fused") else b
         r = measure(name, cfg, fn, p, abstract_batch(rows, t, values), ref)
         ratio = r["peak"] / base
         results[name] = {

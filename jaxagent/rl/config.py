@@ -208,9 +208,22 @@ class UpdateConfig:
     # skip the rest of an iteration's optimiser steps once a minibatch's approximate
     # KL(old || new) exceeds this (LOOP / PPO target_kl; jaxagent.rl.guards); 0 = off
     kl_stop: float = 0.0
+    # Two passes per optimiser step: the first measures the loss and the gradient norm, the
+    # second recomputes the gradients and applies the optimiser to each one as the backward
+    # pass produces it, so the whole gradient tree is never in memory (exact: the same
+    # gradients, clip and guards). Costs one more forward + backward per step; needs
+    # microbatch_size = minibatch_size (accumulation keeps every gradient).
+    fused_optimizer: bool = False
 
     def __post_init__(self):
         _at_least("update.num_epochs", self.num_epochs, 1)
+        if self.fused_optimizer and self.microbatch != self.minibatch_size:
+            raise RLConfigError(
+                f"update.fused_optimizer=true with update.microbatch_size={self.microbatch_size} "
+                f"< minibatch_size={self.minibatch_size}: gradient accumulation keeps every "
+                "gradient, which the fused step avoids; set microbatch_size=0 or "
+                "fused_optimizer=false"
+            )
         if not self.kl_stop >= 0:
             raise RLConfigError(
                 f"update.kl_stop={self.kl_stop!r} must be >= 0 (0 turns the KL stop off; "

@@ -31,10 +31,7 @@ def guarded_step(tx, grads, opt_state, params, sums: dict, kl_stop: float, stopp
       (params, opt_state, stopped, metrics) with ``guard/nonfinite`` (1.0 when this step was
       skipped for a non-finite gradient) and ``guard/kl_stopped`` (1.0 when skipped by the stop).
     """
-    finite = jnp.isfinite(sums["optim/grad_norm"]) & jnp.isfinite(sums["loss/total"])
-    if kl_stop > 0:
-        stopped = stopped | (sums["kl/approx_old_new"] > kl_stop)
-    apply = finite & ~stopped
+    apply, stopped, metrics = step_decision(sums, kl_stop, stopped)
 
     def step(operands):
         p, s, g = operands
@@ -44,8 +41,17 @@ def guarded_step(tx, grads, opt_state, params, sums: dict, kl_stop: float, stopp
     params, opt_state = jax.lax.cond(
         apply, step, lambda operands: operands[:2], (params, opt_state, grads)
     )
+    return params, opt_state, stopped, metrics
+
+
+def step_decision(sums: dict, kl_stop: float, stopped):
+    """``(apply, stopped, metrics)``: whether the step goes through (see ``guarded_step``);
+    the fused step (jaxagent.rl.fused_step) decides with it between its two passes."""
+    finite = jnp.isfinite(sums["optim/grad_norm"]) & jnp.isfinite(sums["loss/total"])
+    if kl_stop > 0:
+        stopped = stopped | (sums["kl/approx_old_new"] > kl_stop)
     metrics = {
         "guard/nonfinite": (~finite & ~stopped).astype(jnp.float32),
         "guard/kl_stopped": stopped.astype(jnp.float32),
     }
-    return params, opt_state, stopped, metrics
+    return finite & ~stopped, stopped, metrics

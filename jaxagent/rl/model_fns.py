@@ -47,6 +47,11 @@ class LoraAwareLogprobFn:
     def __call__(self, params, tokens, positions, segment_ids, *args, **kwargs):
         return self.fn(params, tokens, positions, segment_ids, *args, **kwargs)
 
+    @property
+    def block_wrap(self) -> bool:
+        """Whether the function takes ``block_wrap`` (the fused optimiser's block hook)."""
+        return getattr(self.fn, "block_wrap", False)
+
 
 def model_apply_fn(graphdef: Any) -> Callable:
     """``apply_fn(params, tokens, positions, segment_ids) -> (logits, values)`` for a jaxagent
@@ -98,10 +103,14 @@ def model_logprob_fn(
     The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it).
     """
 
-    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
+    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None, block_wrap=None):
         wrap = checkpoint_in_backward if remat else False
         if isinstance(params, LoraParams):
+            if block_wrap is not None:
+                raise ValueError("block_wrap (the fused optimiser) takes full params, not LoRA")
             params, wrap = _lazy_lora(params) if remat else (params.merged(), False)
+        if block_wrap is not None:  # jaxagent.rl.fused_step: each block's own backward
+            wrap = block_wrap
         model = nnx.merge(graphdef, params)
         b, t = tokens.shape
         h, _ = model.hidden(tokens, positions, segment_ids, remat=wrap)
@@ -129,6 +138,7 @@ def model_logprob_fn(
             values,
         )
 
+    logprob_fn.block_wrap = remat
     return LoraAwareLogprobFn(logprob_fn)
 
 

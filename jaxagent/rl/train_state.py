@@ -153,13 +153,15 @@ def clip_by_global_norm_scaled(max_norm: float) -> optax.GradientTransformation:
         del params
         return optax.EmptyState()
 
-    def update_fn(updates, state, params=None):
-        del params
-        norm = optax.global_norm(updates)
+    def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
+        # ``grad_norm``: the norm measured by an earlier pass over the same gradients (the
+        # fused optimiser step, jaxagent.rl.guards): with it no leaf waits for the others.
+        del params, extra_args
+        norm = optax.global_norm(updates) if grad_norm is None else grad_norm
         scale = jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-30))
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 # In-place LoRA merge for sampling: the base's buffers are donated, so base + adapters is

@@ -26,6 +26,7 @@ is the convention ``TokenBatch.values`` must follow too.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Optional
 
@@ -37,7 +38,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxagent.parallel import DEFAULT_RULES, batch_mesh_axes
 from jaxagent.rl import losses as L
-from jaxagent.rl.guards import guarded_step
+from jaxagent.rl.fused_step import ParamPlan, check_elementwise, fused_pass
+from jaxagent.rl.guards import guarded_step, step_decision
 from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.models import token_values
@@ -237,6 +239,19 @@ def make_update_step(
         ),
         has_aux=True,
     )
+    if u.fused_optimizer:
+        if not getattr(logprob_fn, "block_wrap", False):
+            raise ValueError(
+                "update.fused_optimizer needs the model's own log-prob function "
+                "(jaxagent.rl.update.model_logprob_fn with remat), whose blocks it hooks"
+            )
+        fused_tx = optax.with_extra_args_support(tx)
+        check_elementwise(fused_tx)
+
+        def fused_loss(params, micro, num_tokens, num_seqs, hook):
+            lp = functools.partial(logprob_fn, block_wrap=hook)
+            return make_loss_fn(config, lp)(params, micro, num_tokens, num_seqs)
+
     batch_axes = None
     if mesh is not None:
         # The mesh axes the logical 'batch' axis maps to (``rules``, jaxagent.parallel).
@@ -259,6 +274,11 @@ def make_update_step(
             )
         n_mini = b // u.minibatch_size
         n_micro = u.minibatch_size // u.microbatch
+        if u.fused_optimizer and state.lora_rank:
+            raise ValueError(
+                "update.fused_optimizer is for full fine-tuning: LoRA's adapter gradients are "
+                "small already; set fused_optimizer=false or lora.rank=0"
+            )
         lora = (state.lora_alpha, state.lora_rank)
         if config.needs_reference and batch.ref_logprobs is None:
             if state.ref_params is None:
@@ -290,6 +310,8 @@ def make_update_step(
                 return jax.lax.scan(micro_step, init, xs)[0]
 
             first = jax.tree.map(lambda x: x[0], micro)
+            if u.fused_optimizer:  # two passes, no gradient tree (jaxagent.rl.fused_step)
+                return fused_minibatch_step(params, opt_state, stopped, first, num_tokens, num_seqs)
             if n_micro == 1:
                 grads, sums = micro_grad(first)
             elif state.lora_rank:
@@ -307,6 +329,41 @@ def make_update_step(
             # a non-finite loss or gradient (or a KL stop) skips the step, counted in guard/*
             params, opt_state, stopped, guard = guarded_step(
                 tx, grads, opt_state, params, sums, u.kl_stop, stopped
+            )
+            return (params, opt_state, stopped), dict(sums, **guard)
+
+        def fused_minibatch_step(params, opt_state, stopped, mb, num_tokens, num_seqs):
+            loss_of = lambda p, hook: fused_loss(p, mb, num_tokens, num_seqs, hook)
+            plan = ParamPlan(params, opt_state)
+
+            def one_pass(params, opt_state, norm, ok):
+                sums, grad_norm, params, opt_state = fused_pass(
+                    loss_of, fused_tx, plan, params, opt_state, norm, ok
+                )
+                return dict(sums, **{"optim/grad_norm": grad_norm}), params, opt_state
+
+            shapes = jax.eval_shape(
+                lambda: one_pass(params, opt_state, jnp.float32(1.0), jnp.bool_(False))[0]
+            )
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+            # One program run twice (not two unrolled copies: twice the code to compile):
+            # pass 0 measures the loss and the norm, pass 1 steps if the guard lets it.
+            def two_pass(carry, i):
+                params, opt_state, sums, apply, was_stopped, guard = carry
+                norm = sums["optim/grad_norm"]
+                new_sums, params, opt_state = one_pass(params, opt_state, norm, apply & (i == 1))
+                decided = step_decision(new_sums, u.kl_stop, was_stopped)
+                keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), new, old)
+                (sums, apply, stopped_now, guard) = keep(
+                    (new_sums, *decided), (sums, apply, was_stopped, guard)
+                )
+                return (params, opt_state, sums, apply, stopped_now, guard), None
+
+            guard0 = step_decision(zeros, u.kl_stop, stopped)[2]
+            init = (params, opt_state, zeros, jnp.bool_(False), stopped, guard0)
+            (params, opt_state, sums, _, stopped, guard), _ = jax.lax.scan(
+                two_pass, init, jnp.arange(2)
             )
             return (params, opt_state, stopped), dict(sums, **guard)
 
