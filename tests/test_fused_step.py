@@ -139,6 +139,8 @@ def test_fused_step_refuses_what_it_cannot_do_exactly():
         get_recipe(
             "loop", update={"minibatch_size": 8, "microbatch_size": 4, "fused_optimizer": True}
         )
+    with pytest.raises(RLConfigError, match="fused_optimizer=true with lora.rank=16"):
+        get_recipe("loop", lora={"rank": 16}, update={"fused_optimizer": True})
     cfg = _cfg(True)
     fn = model_logprob_fn(graphdef)
     # optax's own clip computes the norm of whatever it is given: a block's, in the fused step

@@ -279,6 +279,12 @@ class RLConfig:
                 f"advantage.estimator={self.advantage.estimator!r} needs critic.enabled=true "
                 "(it bootstraps on values); enable the critic or pick a critic-free estimator"
             )
+        if self.update.fused_optimizer and self.lora.rank:
+            raise RLConfigError(
+                f"update.fused_optimizer=true with lora.rank={self.lora.rank}: the fused step "
+                "is for full fine-tuning (LoRA's adapter gradients are small already); set "
+                "lora.rank=0 or fused_optimizer=false"
+            )
 
     @property
     def needs_reference(self) -> bool:
