@@ -155,7 +155,7 @@ def clip_by_global_norm_scaled(max_norm: float) -> optax.GradientTransformation:
 
     def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
         # ``grad_norm``: the norm measured by an earlier pass over the same gradients (the
-        # fused optimiser step, jaxagent.rl.guards): with it no leaf waits for the others.
+        # fused optimiser step, jaxagent.rl.fused_step): with it no leaf waits for the others.
         del params, extra_args
         norm = optax.global_norm(updates) if grad_norm is None else grad_norm
         scale = jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-30))

@@ -274,11 +274,6 @@ def make_update_step(
             )
         n_mini = b // u.minibatch_size
         n_micro = u.minibatch_size // u.microbatch
-        if u.fused_optimizer and state.lora_rank:
-            raise ValueError(
-                "update.fused_optimizer is for full fine-tuning: LoRA's adapter gradients are "
-                "small already; set fused_optimizer=false or lora.rank=0"
-            )
         lora = (state.lora_alpha, state.lora_rank)
         if config.needs_reference and batch.ref_logprobs is None:
             if state.ref_params is None:
