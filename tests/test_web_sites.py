@@ -368,3 +368,35 @@ def test_search_landing_starts_on_webshops_search_page(site):
             assert set(text.split()) <= vocab, set(text.split()) - vocab
     with pytest.raises(ValueError, match="landing"):
         WebEnvConfig(landing="cart")
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_a_thinking_expert_names_its_button_before_pressing_it(site):
+    """``think: true`` (ReAct's think[...] on WebShop): before the button the expert writes
+    the task's verb and the layout's label for it, the site answers "ok" and changes nothing,
+    and the click that follows presses that label; success and the vocabulary are as without
+    thoughts, and a mistaken press is a mistaken thought (the verb the task does not ask)."""
+    world = WebWorld(site, num_train=10, num_test=60, think=True)
+    env, rng, vocab = WebEnv(), np.random.default_rng(0), set(vocabulary())
+    assert _rate(env, world.tasks("test"), lambda t: ExpertPolicy(t).act) >= 0.95
+    wrong = right = 0
+    for task in world.tasks("test"):
+        obs, acts, last = run_episode(env, task, ExpertPolicy(task, 0.5, rng).act)
+        for text in [task.prompt, *obs, *acts]:
+            assert set(text.split()) <= vocab, set(text.split()) - vocab
+        thoughts = [i for i, a in enumerate(acts) if a.startswith("think")]
+        if not thoughts:
+            continue
+        i = thoughts[0]
+        verb, label = acts[i].split('"')[1].strip().split(" : ")
+        assert obs[i + 1] == "ok"
+        pressed = parse_view(obs[i])  # the page the thought was about
+        ids = {e["text"]: e["id"] for e in pressed["elements"] if e["role"] == "button"}
+        assert acts[i + 1] == f"click ( [{ids[label]}] )"
+        asked = task.data["catalog"]["kind"]
+        if verb == asked:
+            right += 1
+        else:
+            wrong += 1
+            assert last.info["failure_detail"] in ("wrong_action", "dangerous_action")
+    assert right > 20 and 0 < wrong < right, (right, wrong)

@@ -48,6 +48,10 @@ WEB_ACTIONS = {
         "search", "search the site", {"properties": {"query": _STR}, "required": ["query"]}
     ),
     "finish": A.ToolSpec("finish", "end the episode"),
+    # ReAct's think[...]: reasoning written as an action; the page does not change
+    "think": A.ToolSpec(
+        "think", "note a thought", {"properties": {"thought": _STR}, "required": ["thought"]}
+    ),
 }
 USAGE = {
     "click": "click ( id )",
@@ -57,10 +61,11 @@ USAGE = {
     "back": "back ( )",
     "search": 'search ( " words " )',
     "finish": "finish ( )",
+    "think": 'think ( " words " )',
 }
 ERROR_TEXTS = (
     "error : bad syntax , write one action like click ( 3 )",
-    "error : unknown action , use click type select scroll back search finish",
+    "error : unknown action , use click type select scroll back search finish think",
     "error : bad arguments for",
     "error : no element on this page",
     "error : element is not in view , scroll to see it",

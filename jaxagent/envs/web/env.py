@@ -137,6 +137,8 @@ class WebEnv:
             if parsed.kind == A.ErrorKind.EMPTY:
                 return self._finish("gave_up")
             return self._refuse(parsed.message, parsed)
+        if parsed.name == "think":  # a thought changes nothing; ReAct's WebShop answers OK
+            return self._continue("ok", None)
         error = self._apply(parsed)
         if error:
             return self._refuse(error)

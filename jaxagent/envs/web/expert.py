@@ -72,11 +72,16 @@ class ExpertPolicy:
         self.scroll = scroll  # False: never scrolls, searches, pages or submits the form
         self.searched = False
         self.committed = False  # after a mistaken item: buy it anyway (the mistake sticks)
+        self.think = bool(data.get("think", False))
+        self.pending: str | None = None  # the click a thought announced, done next
 
     def _err(self) -> bool:
         return self.q > 0 and self.rng.random() < self.q
 
     def act(self, observation: str) -> str:
+        if self.pending is not None:  # the answer to a thought is "ok", not a page
+            action, self.pending = self.pending, None
+            return action
         view = parse_view(observation)
         handler = getattr(self, f"_{view['page']}", None)
         if handler is None:
@@ -140,12 +145,18 @@ class ExpertPolicy:
         buttons = {e["text"]: e["id"] for e in els if e["role"] == "button"}
         press = self.labels[self.kind]
         if press in buttons:  # the select comes first: set on the way down
+            verb = self.kind
             if self._err():
-                other = self.labels["save" if self.kind == "buy" else "buy"]
-                if other in buttons:
-                    return f"click ( [{buttons[other]}] )"
-                return "finish ( )"
-            return f"click ( [{buttons[press]}] )"
+                verb = "save" if self.kind == "buy" else "buy"
+                if self.labels[verb] not in buttons:
+                    return "finish ( )"
+            click = f"click ( [{buttons[self.labels[verb]]}] )"
+            if not self.think:
+                return click
+            # The thought names the verb the click follows and the label it reads; a
+            # mistaken press is a mistaken thought, which RL can correct.
+            self.pending = click
+            return f'think ( " {verb} : {self.labels[verb]} " )'
         return self._more(view)
 
     def _info(self, view) -> str:

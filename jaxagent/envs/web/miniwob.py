@@ -181,6 +181,8 @@ class MiniWoBEnv:
         name, kw = parsed.name, parsed.kwargs
         if name == "finish":
             return self._end(FailureMode.GAVE_UP.value)
+        if name == "think":
+            return self._continue("ok")
         if name == "scroll":
             step = self.config.viewport if kw["direction"] == "down" else -self.config.viewport
             self._scroll = max(0, min(self._scroll + step, len(self._lines) - 1))

@@ -33,6 +33,9 @@ class WebTasksConfig:
     # The instruction quotes the target's title (see ``domain.instruction``): what a policy
     # must imitate from the expert's demonstrations is then visible to it.
     name_item: bool = False
+    # The expert thinks before it presses a button, as ReAct's WebShop agents do
+    # (``think ( " buy : purchase " )``: the task's verb, then the layout's label for it).
+    think: bool = False
 
     def __post_init__(self):
         for name in ("num_train", "num_test"):
@@ -83,6 +86,7 @@ def make_task(
     split: str,
     n: int,
     name_item: bool = False,
+    think: bool = False,
 ):
     domain = DOMAINS[site]
     catalog = sample_catalog(domain, rng, n)
@@ -91,6 +95,7 @@ def make_task(
         "layout": layout.to_json(),
         "layout_id": layout.fingerprint(),
         "catalog": catalog,
+        "think": think,
     }
     return Task(id=task_id, split=split, prompt=instruction(domain, catalog, name_item), data=data)
 
@@ -113,6 +118,7 @@ def _generate(site: str, config: WebTasksConfig) -> dict[str, tuple[Task, ...]]:
                     split,
                     config.num_items,
                     config.name_item,
+                    config.think,
                 )
             )
         out[split] = tuple(tasks)

@@ -16,7 +16,7 @@ MAX_ELEMENTS = 64  # element ids a page can show ([1] .. [64])
 _FIXED = """task : , ( ) " = - . of lines more end page scroll down up for done score step budget
 over results item form info nothing to buy here find a place stay city any search category
 all no next previous back options price features dollars a night review title finish
-Action Final Observation home the shop booking""".split()
+Action Final Observation home the shop booking ok""".split()
 
 
 def vocabulary() -> list[str]:
