@@ -388,7 +388,7 @@ def test_a_thinking_expert_names_its_button_before_pressing_it(site):
         if not thoughts:
             continue
         i = thoughts[0]
-        verb, label = acts[i].split('"')[1].strip().split(" : ")
+        verb, label = acts[i].split('"')[1].strip().removeprefix("task : ").split(" button ")
         assert obs[i + 1] == "ok"
         pressed = parse_view(obs[i])  # the page the thought was about
         ids = {e["text"]: e["id"] for e in pressed["elements"] if e["role"] == "button"}

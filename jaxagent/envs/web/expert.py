@@ -153,10 +153,11 @@ class ExpertPolicy:
             click = f"click ( [{buttons[self.labels[verb]]}] )"
             if not self.think:
                 return click
-            # The thought names the verb the click follows and the label it reads; a
+            # The thought restates the task's verb after the observation's own "task :" (a
+            # copy an induction head can make) and names the label that verb calls for; a
             # mistaken press is a mistaken thought, which RL can correct.
             self.pending = click
-            return f'think ( " {verb} : {self.labels[verb]} " )'
+            return f'think ( " task : {verb} button {self.labels[verb]} " )'
         return self._more(view)
 
     def _info(self, view) -> str:

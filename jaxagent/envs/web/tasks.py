@@ -34,7 +34,7 @@ class WebTasksConfig:
     # must imitate from the expert's demonstrations is then visible to it.
     name_item: bool = False
     # The expert thinks before it presses a button, as ReAct's WebShop agents do
-    # (``think ( " buy : purchase " )``: the task's verb, then the layout's label for it).
+    # (``think ( " task : buy button purchase " )``: the task's verb, the label it calls for).
     think: bool = False
 
     def __post_init__(self):
