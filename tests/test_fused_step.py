@@ -13,7 +13,12 @@ from jaxagent.rl.config import RLConfigError
 from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.rl.train_state import TrainState, clip_by_global_norm_scaled, make_optimizer
 from jaxagent.rl.update import make_update_step, model_apply_fn
-from test_rl_common import assert_trees_close_f32, copy_tree, on_policy_batch
+from test_rl_common import (
+    assert_trees_close_f32,
+    copy_tree,
+    on_policy_batch,
+    single_and_sharded_update,
+)
 
 LR = 1e-3
 
@@ -155,28 +160,16 @@ def test_fused_step_sharded_equals_single_device():
     """The fused step on 8 simulated devices (data=4 x fsdp=2: the blocks' weights and
     moments split over fsdp inside each block's backward) gives the single-device step's
     moments and metrics, at the bound of tests/test_parallel.py's sharded-update test."""
-    from jaxagent.models import param_logical_axes
-    from jaxagent.parallel import batch_shardings, make_mesh, state_shardings
-
     graphdef, params, batch = _setup()
     cfg = _cfg(True)
     tx = make_optimizer(cfg)
     fn = model_logprob_fn(graphdef)
-    single = TrainState.create(copy_tree(params), cfg, jax.random.key(7), optimizer=tx)
-    single, m1 = make_update_step(cfg, optimizer=tx, logprob_fn=fn)(single, batch)
-
-    mesh = make_mesh(data=4, fsdp=2)
-    state = TrainState.create(copy_tree(params), cfg, jax.random.key(7), optimizer=tx)
-    st_sh = state_shardings(state, mesh, param_logical_axes(graphdef, params), tx)
-    b_sh = batch_shardings(mesh, batch)
-    update = make_update_step(
-        cfg, optimizer=tx, logprob_fn=fn, mesh=mesh, state_sharding=st_sh, batch_sharding=b_sh
-    )
-    state, m8 = update(jax.device_put(state, st_sh), jax.device_put(batch, b_sh))
+    single, m1, state, m8 = single_and_sharded_update(cfg, tx, fn, graphdef, params, batch)
     assert "fsdp" in str(state.params["layer_0"]["mlp"]["up_proj"].sharding.spec)
-    # 16 x 12 token positions per weight gradient plus the 2-layer chain's contractions
-    # (hidden 64, heads 64, intermediate 96, attention 12, head 64, vocabulary 128), x2 for nu
-    n_terms = 2 * (16 * 12 + 2 * (64 + 64 + 96 + 12) + 64 + 128)
+    # As test_rl_vocab_head's mesh test: the 16 x 12 token positions per weight gradient plus
+    # the 2-layer chain's contractions (hidden 64, heads 64, intermediate 96, attention 12,
+    # head 64, vocabulary 128), for each of the 4 optimiser steps, x2 for nu
+    n_terms = 4 * 2 * (16 * 12 + 2 * (64 + 64 + 96 + 12) + 64 + 128)
     assert_trees_close_f32(single.opt_state, state.opt_state, n_terms)
     for k in ("loss/policy", "optim/grad_norm", "entropy/mean"):
         np.testing.assert_allclose(m8[k], m1[k], rtol=1e-5, atol=1e-6)

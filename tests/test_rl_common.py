@@ -117,3 +117,30 @@ def assert_logprob_fns_match(graphdef, params, lean, atol=1e-5):
     for a, b in zip(out_a, out_b):
         np.testing.assert_allclose(np.asarray(b) * m, np.asarray(a) * m, atol=atol)
     assert max_abs_diff(g_a, g_b) <= atol
+
+
+def single_and_sharded_update(config, tx, logprob_fn, graphdef, params, batch, **mesh_shape):
+    """One update step of ``config`` on one device and on a mesh (``data=4, fsdp=2`` unless
+    given), from the same params and RNG: ``(single_state, single_metrics, sharded_state,
+    sharded_metrics)``."""
+    from jaxagent.models import param_logical_axes
+    from jaxagent.parallel import batch_shardings, make_mesh, state_shardings
+    from jaxagent.rl.train_state import TrainState
+    from jaxagent.rl.update import make_update_step
+
+    single = TrainState.create(copy_tree(params), config, jax.random.key(7), optimizer=tx)
+    single, m1 = make_update_step(config, optimizer=tx, logprob_fn=logprob_fn)(single, batch)
+    mesh = make_mesh(**(mesh_shape or dict(data=4, fsdp=2)))
+    state = TrainState.create(copy_tree(params), config, jax.random.key(7), optimizer=tx)
+    st_sh = state_shardings(state, mesh, param_logical_axes(graphdef, params), tx)
+    b_sh = batch_shardings(mesh, batch)
+    update = make_update_step(
+        config,
+        optimizer=tx,
+        logprob_fn=logprob_fn,
+        mesh=mesh,
+        state_sharding=st_sh,
+        batch_sharding=b_sh,
+    )
+    state, m8 = update(jax.device_put(state, st_sh), jax.device_put(batch, b_sh))
+    return single, m1, state, m8

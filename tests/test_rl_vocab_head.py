@@ -143,13 +143,11 @@ def test_lean_update_on_8_device_mesh_equals_single_device():
     # The Trainer's learner pass (block remat, head over loss positions only) sharded over
     # data=4 x fsdp=2: the gathered head rows and the cotangent-ordered remat partition
     # like any other op, and the update matches the single-device one.
-    from jaxagent.models import ModelConfig, init_model, param_logical_axes
-    from jaxagent.parallel import batch_shardings, make_mesh, state_shardings
+    from jaxagent.models import ModelConfig, init_model
     from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn
     from jaxagent.rl.recipes import get_recipe
-    from jaxagent.rl.train_state import TrainState, make_optimizer
-    from jaxagent.rl.update import make_update_step
-    from test_rl_common import assert_trees_close_f32, copy_tree
+    from jaxagent.rl.train_state import make_optimizer
+    from test_rl_common import assert_trees_close_f32, single_and_sharded_update
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
     config = get_recipe(
@@ -163,17 +161,7 @@ def test_lean_update_on_8_device_mesh_equals_single_device():
     tx = make_optimizer(config)
     fn = model_logprob_fn(graphdef, head_chunk=16, vocab_chunk=48, skip_unmasked_chunks=True)
 
-    single = TrainState.create(copy_tree(params), config, jax.random.key(7), optimizer=tx)
-    single, m1 = make_update_step(config, optimizer=tx, logprob_fn=fn)(single, batch)
-
-    mesh = make_mesh(data=4, fsdp=2)
-    state = TrainState.create(copy_tree(params), config, jax.random.key(7), optimizer=tx)
-    st_sh = state_shardings(state, mesh, param_logical_axes(graphdef, params), tx)
-    b_sh = batch_shardings(mesh, batch)
-    update = make_update_step(
-        config, optimizer=tx, logprob_fn=fn, mesh=mesh, state_sharding=st_sh, batch_sharding=b_sh
-    )
-    state, m8 = update(jax.device_put(state, st_sh), jax.device_put(batch, b_sh))
+    single, m1, state, m8 = single_and_sharded_update(config, tx, fn, graphdef, params, batch)
     # Compare what is smooth in the gradient: Adam's moments (mu ~ 0.1 g, nu ~ 0.001 g^2). The
     # parameters are not compared: Adam maps a near-zero gradient entry to a step of about
     # +-lr, so reduction-order noise on another CPU flips whole updates. The bound counts every
