@@ -141,7 +141,7 @@ class BlockHook:
             p_leaves, p_def = jax.tree.flatten(state)
             # the block's leaves and its slice of the moments must line up (both in key order)
             for m in moments:
-                if [x.shape for x in m] != [x.shape for x in p_leaves]:
+                if [a.shape for a in m] != [a.shape for a in p_leaves]:
                     raise ValueError("update.fused_optimizer: a block's params and moments differ")
             new_p, new_m, _ = _step_if(ok, tx, plan, grads, p_leaves, moments, others, norm)
             # the next block's backward waits for this one's update: one block's gradient

@@ -245,8 +245,8 @@ def make_update_step(
                 "update.fused_optimizer needs the model's own log-prob function "
                 "(jaxagent.rl.update.model_logprob_fn with remat), whose blocks it hooks"
             )
+        check_elementwise(tx)
         fused_tx = optax.with_extra_args_support(tx)
-        check_elementwise(fused_tx)
 
         def fused_loss(params, micro, num_tokens, num_seqs, hook):
             lp = functools.partial(logprob_fn, block_wrap=hook)

@@ -65,7 +65,7 @@ USAGE = {
 }
 ERROR_TEXTS = (
     "error : bad syntax , write one action like click ( 3 )",
-    "error : unknown action , use click type select scroll back search finish think",
+    "error : unknown action , use " + " ".join(WEB_ACTIONS),
     "error : bad arguments for",
     "error : no element on this page",
     "error : element is not in view , scroll to see it",
