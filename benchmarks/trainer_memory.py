@@ -10,30 +10,31 @@ trained part is the whole model (full) or the adapters (LoRA, plus the frozen ba
 
     flock /tmp/jaxagent_heavy.lock nice -n 5 python benchmarks/trainer_memory.py
 
-Modes: ``full`` (the default update), ``full_fused`` (``rl.update.fused_optimizer``: the
-optimiser applied block by block inside a second backward pass, no gradient tree) and
-``lora``. Each also prints the update's device memory: the train state plus the step's
-planned XLA temporaries, what an accelerator would hold (no compiled code, no allocator
-leftovers). Last line: ``{"full": {"ratio": ...}, "full_fused": {...}, "lora": {...}}``.
-Target: full <= 1.3.
+Modes: ``full`` (the default update), ``full_lean`` (``train.release_compiled``: compiled
+programs dropped between phases and reloaded from the persistent compilation cache, large
+allocations mapped on their own), ``full_fused`` (``rl.update.fused_optimizer``: the optimiser
+applied block by block inside a second backward pass, no gradient tree), ``lora`` and
+``lora_lean``. Each runs with a fresh compilation cache (the first run's figure). Each also
+prints the update's device memory: the train state plus the step's planned XLA temporaries,
+what an accelerator would hold (no compiled code, no allocator leftovers). Last line:
+``{"full": {"ratio": ...}, "full_lean": {...}, "full_fused": {...}, "lora": {...},
+"lora_lean": {...}}``. Target: full fine-tuning <= 1.3.
 
-Measured (2-core CPU, load 1.6, 85M parameters = 325 MiB fp32): full peak 2144 MiB =
-runtime 312 + 1832 for the run over params+grads+Adam 1299 -> ratio 1.41 (target 1.3, NOT
-met; it was 1.72-1.98 before checkpoints streamed, the eval sampler's weight copy was freed,
-the update was compiled ahead of its call and freed host memory was returned between phases).
-At the highest sampled RSS the JAX arrays are 1010 MiB (the train state and the batch) and
-822 MiB besides: the running update's XLA temporaries (planned at 408 MiB: the gradients and
-activations) and ~420 MiB that is neither an array nor Python heap nor returnable by
-malloc_trim (compiled programs: dropping the samplers' executables frees ~80 MiB and
-``jax.clear_caches()`` ~90 more; the rest is heap glibc cannot hand back).
-``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=262144`` gives 1.365-1.38. LoRA rank 16: peak
-1861 MiB, ratio 4.22 over base + 4 x adapters (368; 4.51-4.62 while evaluations merged the
-adapters into a second full copy, 6.9-7.4 before in-place merging).
+Measured (2-core CPU, load 4.4 from a concurrent training run, 85M parameters = 325 MiB
+fp32, params+grads+Adam 1299 MiB; 2026-12-02):
 
-A later run (load 1.7): full 1.43 (update device ratio 1.06, temporaries 408 MiB);
-full_fused 1.47 (device ratio 0.84, temporaries 119 MiB: the saving is real but the peak
-moves to the next rollout, where the fused update's larger compiled program and its
-compilation's leftover heap outweigh it); lora 3.93 (device ratio 1.23).
+    mode        peak MiB  ratio  run s   update device ratio (temporaries)
+    full          2126    1.41    46     1.06 (408 MiB)
+    full_lean     1943    1.27    62     1.06
+    full_fused    2211    1.48    64     0.84 (119 MiB)
+    lora          1865    4.27    68     1.23  (over base + 4 x adapters, 368 MiB)
+    lora_lean     1393    2.99    72     1.23
+
+Runtime (Python, JAX, the environment) 295 MiB in each, reported apart. The default's peak
+holds 1010 MiB of JAX arrays (state and batch), the update's temporaries and ~420 MiB of
+compiled programs and stranded heap; ``full_lean`` removes most of the last (README, "Devices").
+Wall times are noisy under that load; the ratios are not. Earlier: 1.72-1.98 before checkpoints streamed and freed memory was returned;
+``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=262144`` alone 1.365-1.38; fused + release 1.31.
 """
 
 from __future__ import annotations
@@ -71,10 +72,13 @@ SHAPE = [
     "train.tensorboard=false",
     "train.plot=false",
 ]
+LEAN = "train.release_compiled=true"
 MODES = {
     "full": ["rl.lora.rank=0"],
+    "full_lean": ["rl.lora.rank=0", LEAN],
     "full_fused": ["rl.lora.rank=0", "rl.update.fused_optimizer=true"],
     "lora": ["rl.lora.rank=16"],
+    "lora_lean": ["rl.lora.rank=16", LEAN],
 }
 
 
@@ -106,7 +110,7 @@ class _Trace:
         while not self._stop.wait(0.02):
             # The arrays alive at each sample split the RSS into what the run holds as JAX
             # arrays (what a device would hold) and everything else.
-            arrays = sum(x.nbytes for x in jax.live_arrays()) / 2**20
+            arrays = sum(x.nbytes for x in jax.live_arrays() if not x.is_deleted()) / 2**20
             self.samples.append((self.time.monotonic() - self.t0, _rss_mib(), arrays))
 
     def on_event(self, event: str, duration_s: float, **_):
@@ -194,12 +198,13 @@ def one(mode: str, out_dir: str) -> dict:
         (trainer.checkpointer, "wait", "checkpoint wait"),
     ):
         trace.wrap(obj, name, label)
+    t_run = trace.time.perf_counter()
     trainer.run()
+    run_s = trace.time.perf_counter() - t_run
     peak = _peak_mib()
     split = trace.split_peaks()
     # What XLA plans for one update step (the compiled program's own accounting).
-    plans = [c.memory_analysis() for c in update._compiled.values()]
-    update_temp = max((p.temp_size_in_bytes for p in plans), default=0) / 2**20
+    update_temp = update.temp_bytes / 2**20
     # full: params + grads + 2 Adam moments; LoRA: the frozen base + 4 x the adapters
     denom = params + 4 * trained if rl.lora.rank else 4 * params
     return {
@@ -208,6 +213,7 @@ def one(mode: str, out_dir: str) -> dict:
         "ratio_outside_compile": round((split["outside_compile_peak_mib"] - runtime) / denom, 3),
         **split,
         "peak_mib": round(peak, 1),
+        "run_s": round(run_s, 1),  # the trainer's wall time (compiling and loading included)
         "runtime_mib": round(runtime, 1),
         "params_mib": round(params, 1),
         "trained_mib": round(trained, 2),
@@ -237,7 +243,12 @@ def main() -> None:
                 [sys.executable, __file__, "--one", mode, "--out", tmp],
                 capture_output=True,
                 text=True,
-                env=dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu")),
+                # A fresh compilation cache: the first run's figure, no programs from before.
+                env=dict(
+                    os.environ,
+                    JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
+                    JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, "xla_cache"),
+                ),
             )
         if proc.returncode:
             raise SystemExit(f"{mode} failed:\n{proc.stderr[-3000:]}")
@@ -248,7 +259,7 @@ def main() -> None:
             f"{r['peak_mib'] - r['runtime_mib']:.0f} MiB for the run; params "
             f"{r['params_mib']:.0f} MiB, trained {r['trained_mib']:.1f} MiB; params+grads+Adam "
             f"{r['params_grads_adam_mib']:.0f} MiB -> ratio {r['ratio']:.2f} "
-            f"(incl. runtime {r['ratio_incl_runtime']:.2f})"
+            f"(incl. runtime {r['ratio_incl_runtime']:.2f}); run {r['run_s']:.0f} s"
         )
         print(
             f"{mode}: {r['compilations']} XLA compilations ({r['compile_s']:.0f} s): peak RSS "

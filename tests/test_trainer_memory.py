@@ -227,3 +227,85 @@ def test_lora_training_evaluates_without_building_a_merged_copy(tmp_path, monkey
     trainer = Trainer(config, echo=lambda s: None)
     summary = trainer.run()
     assert summary["iterations"] == 3 and "success_best_val" in summary
+
+
+def test_release_compiled_reloads_programs_from_the_cache_and_changes_no_metric(
+    tmp_path, monkeypatch
+):
+    """``train.release_compiled``: every phase's programs are dropped when it ends, so later
+    iterations load them from the persistent cache (hits, which a run that keeps its programs
+    never needs) and every deterministic metric equals that run's."""
+    from jaxagent.train.config import load_config
+    from jaxagent.train.trainer import Trainer
+
+    from test_train import ROOT, TINY, _by_step
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # unless the user set a dir
+    extra = ["train.iterations=3", "eval.every=0", "eval.val_tasks=0", "sft.enabled=false"]
+    hits: list = []
+    listener = lambda event, **_: hits.append(event) if event.endswith("cache_hits") else None  # noqa: E731
+    jax.monitoring.register_event_listener(listener)
+    per_iteration, runs = {}, {}
+    try:
+        for lean in (False, True):
+            out = tmp_path / f"lean{lean}"
+            overrides = TINY + extra + [f"train.out_dir={out}", f"train.release_compiled={lean}"]
+            trainer = Trainer(load_config(ROOT / "configs/quickstart.yaml", overrides), echo=print)
+            run_iteration = trainer.iteration
+
+            def counted(state, it, run_iteration=run_iteration, lean=lean):
+                before = len(hits)
+                try:
+                    return run_iteration(state, it)
+                finally:
+                    per_iteration.setdefault(lean, []).append(len(hits) - before)
+
+            trainer.iteration = counted
+            trainer.run()
+            assert not lean or not trainer._programs[0]._compiled  # the update's went too
+            trainer.close()
+            runs[lean] = _by_step(out / "metrics.jsonl")
+    finally:
+        jax.monitoring.unregister_event_listener(listener)
+    assert per_iteration[True][1] > 0 and per_iteration[True][2] > 0, per_iteration
+    assert sum(per_iteration[False]) == 0 or jax.config.jax_compilation_cache_dir, per_iteration
+    assert runs[True] == runs[False]
+
+
+_MAPPED_PROBE = """
+import ctypes, os, sys
+from jaxagent.train import host_memory
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+def alloc(n):
+    p = libc.malloc(n)
+    ctypes.memset(p, 1, n)
+    return p
+if sys.argv[1] == "1":
+    assert host_memory.map_large_allocations()
+libc.free(alloc(16 << 20))  # a freed 16 MiB mapping: glibc raises its threshold to 16 MiB
+base = rss()
+big = [alloc(1 << 20) for _ in range(256)]  # 256 MiB in 1 MiB blocks
+held = rss() - base  # resident: the blocks were touched
+for p in big[::2]:  # every other block: holes between live blocks
+    libc.free(p)
+print(held, rss() - base)
+"""
+
+
+def test_large_allocations_are_mapped_and_go_back_at_free():
+    """glibc's adaptive threshold puts 1 MiB buffers in the heap once a 16 MiB block was
+    freed; freed between live ones, they stay resident until a trim. With
+    ``map_large_allocations`` (train.release_compiled) each is its own mapping, gone at free."""
+    import subprocess
+    import sys
+
+    if host_memory._MALLOPT is None:
+        import pytest
+
+        pytest.skip("not glibc")
+    run = lambda mode: subprocess.check_output([sys.executable, "-c", _MAPPED_PROBE, mode])  # noqa: E731
+    (held0, after0), (held1, after1) = (map(int, run(m).split()) for m in ("0", "1"))
+    assert held0 > 200 and held1 > 200  # MiB resident before the frees
+    assert after0 > 240 and after1 < 140, (after0, after1)  # heap holes stay; mappings go

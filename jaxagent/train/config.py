@@ -245,6 +245,9 @@ class TrainSection:
     tensorboard: bool = True  # write TensorBoard event files next to metrics.jsonl
     wandb: bool = False  # also log to Weights & Biases (needs `pip install wandb`)
     plot: bool = True  # write learning_curve.png at the end
+    # Drop compiled programs when their phase ends (sampling, update, evaluation) and reload
+    # them from a persistent XLA cache: on CPU, compiled code shares the heap with the arrays.
+    release_compiled: bool = False
 
     def __post_init__(self):
         _positive("train.iterations", self.iterations, allow_zero=True)

@@ -14,7 +14,13 @@ gradients, activations) *plus* what earlier phases freed but the process still h
 ``release()`` does both; the trainer calls it where a phase's buffers are dead and the next
 phase is about to allocate (before the update, after an evaluation). It costs a full
 collection (tens of milliseconds) and is a no-op for the allocator where glibc is absent.
-``benchmarks/trainer_memory.py`` measures its effect on the peak.
+
+A third holder is compiled code: every program a run compiles (the samplers' prefill and
+decode steps, the update, log-probs) stays in the heap for the life of its jit cache, ~80 MiB
+for the update of an unrolled 12-layer model, and compiling leaves heap behind too. With
+``train.release_compiled`` the trainer drops them when their phase ends
+(``release(compiled=...)``) and JAX's persistent compilation cache (``compile_cache()``)
+brings each back by loading, not compiling. ``benchmarks/trainer_memory.py`` measures both.
 """
 
 from __future__ import annotations
@@ -22,24 +28,90 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import hashlib
+import os
+import platform
+from pathlib import Path
 
-__all__ = ["release"]
+import jax
+
+__all__ = ["compile_cache", "map_large_allocations", "release", "restore"]
 
 
-def _load_trim():
+def _load(symbol: str):
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return getattr(ctypes.CDLL(name or "libc.so.6"), symbol)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return None
 
 
-_TRIM = _load_trim()
+_TRIM, _MALLOPT = _load("malloc_trim"), _load("mallopt")
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 
-def release() -> None:
-    """Collect reference cycles, then return free heap pages to the operating system."""
+def release(compiled: tuple = ()) -> None:
+    """Collect reference cycles, then return free heap pages to the operating system.
+
+    Args:
+      compiled: holders of compiled programs (objects with ``release_compiled()``, e.g.
+        ``ShardedUpdate``); when given, their programs and every jit cache
+        (``jax.clear_caches``) are dropped first.
+    """
+    if compiled:
+        for holder in compiled:
+            holder.release_compiled()
+        jax.clear_caches()
     gc.collect()
     if _TRIM is not None:
         _TRIM(0)
+
+
+def map_large_allocations(threshold: int = 256 << 10) -> bool:
+    """Serve every allocation of ``threshold`` bytes or more by its own mapping, unmapped at
+    ``free``. glibc's default threshold grows to 32 MiB as large blocks are freed, so buffers
+    (compile scratch, rollout buffers) come from the heap and, once freed, stay stranded
+    behind small live blocks that ``malloc_trim`` cannot move: ~70 MiB at the peak of the
+    768 x 12 run (benchmarks/trainer_memory.py). Process-wide and for good (glibc cannot go
+    back to its adaptive threshold); False where the C library is not glibc."""
+    return bool(_MALLOPT is not None and _MALLOPT(_M_MMAP_THRESHOLD, threshold))
+
+
+def _host_key() -> str:
+    """The CPU model and its instruction-set flags: XLA:CPU compiles for the host's ISA and
+    JAX's cache key does not include it, so a cache shared by an AVX-512 machine and one
+    without would hand the second programs it cannot run."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = platform.processor()
+    return hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+
+
+def compile_cache() -> dict:
+    """Turns on JAX's persistent compilation cache for every program (also the fast ones) and
+    returns the settings it replaced (for ``restore``). The directory is the user's own
+    ``jax_compilation_cache_dir`` when set, else ``$XDG_CACHE_HOME/jaxagent/xla/<host>``
+    (bounded at 4 GiB): JAX opens its cache once per process, so it is one stable place."""
+    old = {
+        name: getattr(jax.config, name)
+        for name in (
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    if not jax.config.jax_compilation_cache_dir:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        jax.config.update("jax_compilation_cache_dir", str(base / "jaxagent/xla" / _host_key()))
+        if jax.config.jax_compilation_cache_max_size == -1:
+            jax.config.update("jax_compilation_cache_max_size", 4 << 30)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return old
+
+
+def restore(settings: dict) -> None:
+    """Puts back what ``compile_cache`` replaced (the directory stays: JAX opened it)."""
+    for name, value in settings.items():
+        jax.config.update(name, value)

@@ -192,6 +192,7 @@ class ShardedUpdate:
         self._plain = make() if layout.mesh is None else None
         self._steps: dict = {}
         self._compiled: dict = {}  # argument structure, types and shardings -> compiled step
+        self.temp_bytes = 0  # the largest XLA scratch a compiled step planned (memory report)
 
     def __call__(self, state, batch):
         if self.layout.mesh is None:
@@ -208,6 +209,11 @@ class ShardedUpdate:
             )
         return self._run(self._steps[key], state, self.layout.put_batch(batch, b_sh))
 
+    def release_compiled(self) -> None:
+        """Drops the compiled steps (``train.release_compiled``; the jitted functions' own
+        caches go with ``jax.clear_caches``). ``temp_bytes`` keeps their planned scratch."""
+        self._compiled.clear()
+
     def _run(self, jitted, state, batch):
         """Compiles ahead of the call, so that the compiler's scratch memory is returned
         (``host_memory.release``) before the step allocates its gradients: otherwise a new
@@ -219,6 +225,9 @@ class ShardedUpdate:
         if compiled is None:
             compiled = jitted.lower(state, batch).compile()
             self._compiled[key] = compiled
+            plan = compiled.memory_analysis()  # None where the backend does not plan
+            if plan is not None:
+                self.temp_bytes = max(self.temp_bytes, plan.temp_size_in_bytes)
             host_memory.release()
         return compiled(state, batch)
 

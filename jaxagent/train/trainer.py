@@ -72,6 +72,10 @@ class Trainer:
             self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
         )
         self.checkpointer.refuse_overwrite(config.train.resume, config.run_dir)
+        self._cache_settings = None  # train.release_compiled: set before the first compilation
+        if config.train.release_compiled:
+            self._cache_settings = host_memory.compile_cache()
+            host_memory.map_large_allocations()
         if is_writer():
             (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
         # Other processes build the same tokenizer (deterministic) without writing it.
@@ -112,6 +116,7 @@ class Trainer:
                 logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True),
             ),
         )
+        self._programs = (self.update_step,)  # what holds compiled programs besides jit caches
         self.logprob_fn = make_logprob_fn(self.graphdef)
         self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", self.echo)
         self.logger = (MetricsLogger if is_writer() else NullLogger)(
@@ -141,7 +146,7 @@ class Trainer:
             row_keys=self.row_keys,
         )
         release_decode_kernels()  # the eval sampler's weight copy is not kept between uses
-        host_memory.release()
+        self._release()
         report = result.report
         what = "held-out" if split == "test" else "validation"
         self.echo(
@@ -230,10 +235,12 @@ class Trainer:
         params = None
         state, merged = end_sampling(state, merged), None
         self.checkpointer.before_mutation()  # the update donates the state
-        host_memory.release()  # the rollout's freed buffers go back before the update's peak
+        # The rollout's freed buffers (and, release_compiled, its programs) go back before the
+        # update's peak; the step's gradients, activations and program before the next rollout.
+        self._release()
         state, m = self.update_step(state, batch)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
-        host_memory.release()  # the step's gradients and activations, before the next rollout
+        self._release()
         m.update(data_m)
         if data.dynamic_sampling:
             m.update(drawn.metrics())
@@ -401,7 +408,14 @@ class Trainer:
         """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference."""
         return self.layout.state(self._new_state_unplaced(params), self.optimizer)[0]
 
+    def _release(self) -> None:
+        """Freed buffers (with ``train.release_compiled`` also every compiled program) go back
+        to the OS between phases."""
+        host_memory.release(compiled=self._programs if self._cache_settings is not None else ())
+
     def close(self) -> None:
+        if self._cache_settings is not None:
+            host_memory.restore(self._cache_settings)
         self.checkpointer.close()
         self.logger.close()
         self.built.close()
