@@ -400,3 +400,30 @@ def test_a_thinking_expert_names_its_button_before_pressing_it(site):
             wrong += 1
             assert last.info["failure_detail"] in ("wrong_action", "dangerous_action")
     assert right > 20 and 0 < wrong < right, (right, wrong)
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_every_page_can_open_with_the_task_line_as_on_webshop(site):
+    """``instruction: every``: each page view after an action opens with the task's line (as
+    WebShop shows its instruction on every page), thoughts still answer "ok", the expert's
+    success and actions are unchanged; ``first`` keeps it in the first observation only."""
+    from jaxagent.envs.web.env import WebEnvConfig
+
+    tasks = WebWorld(site, num_train=0, num_test=30, name_item=True, think=True).tasks("test")
+    runs = {}
+    for mode in ("first", "every"):
+        env = WebEnv(WebEnvConfig(landing="search", instruction=mode))
+        runs[mode] = [run_episode(env, t, ExpertPolicy(t).act) for t in tasks]
+    for task, (obs0, acts0, last0), (obs1, acts1, last1) in zip(
+        tasks, runs["first"], runs["every"]
+    ):
+        line = f"task : {task.prompt}"
+        assert acts0 == acts1 and last1.info["success"] and last0.info["success"]
+        assert obs0[0] == obs1[0] and obs0[0].startswith(line + "\n")
+        for o0, o1 in zip(obs0[1:-1], obs1[1:-1]):  # the last is the episode's end
+            if o0 == "ok":
+                assert o1 == "ok"
+            else:
+                assert not o0.startswith("task :") and o1 == f"{line}\n{o0}"
+    with pytest.raises(ValueError, match="instruction"):
+        WebEnvConfig(instruction="always")

@@ -35,6 +35,7 @@ from jaxagent.envs.web.layout import Layout
 from jaxagent.envs.web.site import LANDINGS, Element, Site, initial_state
 
 REWARDS = ("score", "success")
+INSTRUCTIONS = ("first", "every")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,9 @@ class WebEnvConfig:
     max_steps: int = 12  # actions before truncation (the expert needs at most about 8)
     reward: str = "score"  # "score": WebShop's partial credit; "success": 1 for an exact match
     landing: str = "layout"  # "search": start on WebShop's search page (site.LANDINGS)
+    # "every": each page view opens with the task line, as WebShop shows the instruction on
+    # every page; "first": only the first observation carries it (the history keeps it).
+    instruction: str = "first"
 
     def __post_init__(self):
         if self.viewport < 2:
@@ -55,6 +59,10 @@ class WebEnvConfig:
             raise ValueError(f"WebEnvConfig.reward={self.reward!r}; choose one of {REWARDS}")
         if self.landing not in LANDINGS:
             raise ValueError(f"WebEnvConfig.landing={self.landing!r}; choose one of {LANDINGS}")
+        if self.instruction not in INSTRUCTIONS:
+            raise ValueError(
+                f"WebEnvConfig.instruction={self.instruction!r}; choose one of {INSTRUCTIONS}"
+            )
 
 
 def score_purchase(site: Site, want: dict, item_index: int, option: str | None) -> dict:
@@ -112,6 +120,12 @@ class WebEnv:
         }
         return f"task : {task.prompt}\n{self.view()}"
 
+    def _page(self) -> str:
+        """The observation after a page-changing action."""
+        if self.config.instruction == "every":
+            return f"task : {self._task.prompt}\n{self.view()}"
+        return self.view()
+
     def view(self) -> str:
         return render_view(self.site, self._s["state"], self.config.viewport)
 
@@ -145,7 +159,7 @@ class WebEnv:
         end = self._s["state"]["end"]
         if end is not None:
             return self._finish(None)
-        return self._continue(self.view(), None)
+        return self._continue(self._page(), None)
 
     # ------------------------------------------------------------ actions
 
