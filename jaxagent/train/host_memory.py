@@ -89,7 +89,7 @@ def _host_key() -> str:
     return hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
 
 
-def compile_cache() -> dict:
+def compile_cache(echo=print) -> dict:
     """Turns on JAX's persistent compilation cache for every program (also the fast ones) and
     returns the settings it replaced (for ``restore``). The directory is the user's own
     ``jax_compilation_cache_dir`` when set, else ``$XDG_CACHE_HOME/jaxagent/xla/<host>``
@@ -108,6 +108,12 @@ def compile_cache() -> dict:
             jax.config.update("jax_compilation_cache_max_size", 4 << 30)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if jax.process_count() > 1:  # JAX writes cache entries from process 0 only
+        echo(
+            f"[memory] {jax.process_count()} processes share compiled programs through "
+            f"{jax.config.jax_compilation_cache_dir}: on several hosts it must be a directory "
+            "every host sees (jax_compilation_cache_dir), else the others recompile every phase"
+        )
     return old
 
 

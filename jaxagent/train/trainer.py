@@ -74,7 +74,7 @@ class Trainer:
         self.checkpointer.refuse_overwrite(config.train.resume, config.run_dir)
         self._cache_settings = None  # train.release_compiled: set before the first compilation
         if config.train.release_compiled:
-            self._cache_settings = host_memory.compile_cache()
+            self._cache_settings = host_memory.compile_cache(self.echo)
             host_memory.map_large_allocations()
         if is_writer():
             (self.run_dir / "config.yaml").write_text(config_to_yaml(config))
