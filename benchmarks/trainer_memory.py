@@ -30,7 +30,8 @@ fp32, params+grads+Adam 1299 MiB; 2026-12-02):
     lora          1865    4.27    68     1.23  (over base + 4 x adapters, 368 MiB)
     lora_lean     1393    2.99    72     1.23
 
-Runtime (Python, JAX, the environment) 295 MiB in each, reported apart. The default's peak
+Idle machine, the same day, ``--one`` each: full 1.414 (2132 MiB, 26.3 s), full_lean 1.261
+(1933 MiB, 31.9 s). Runtime (Python, JAX, the environment) 295 MiB in each, reported apart. The default's peak
 holds 1010 MiB of JAX arrays (state and batch), the update's temporaries and ~420 MiB of
 compiled programs and stranded heap; ``full_lean`` removes most of the last (README, "Devices").
 Wall times are noisy under that load; the ratios are not. Earlier: 1.72-1.98 before checkpoints streamed and freed memory was returned;
