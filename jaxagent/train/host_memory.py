@@ -38,15 +38,16 @@ import jax
 __all__ = ["compile_cache", "map_large_allocations", "release", "restore"]
 
 
-def _load(symbol: str):
-    name = ctypes.util.find_library("c")
+def _libc():
     try:
-        return getattr(ctypes.CDLL(name or "libc.so.6"), symbol)
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
 
 
-_TRIM, _MALLOPT = _load("malloc_trim"), _load("mallopt")
+_LIBC = _libc()
+# glibc only (musl, macOS lack them): nothing to trim or tune there
+_TRIM, _MALLOPT = (getattr(_LIBC, name, None) for name in ("malloc_trim", "mallopt"))
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 

@@ -118,13 +118,14 @@ class WebEnv:
             "invalid": 0,
             "done": False,
         }
-        return f"task : {task.prompt}\n{self.view()}"
+        return self._with_task(self.view())
+
+    def _with_task(self, view: str) -> str:
+        return f"task : {self._task.prompt}\n{view}"
 
     def _page(self) -> str:
         """The observation after a page-changing action."""
-        if self.config.instruction == "every":
-            return f"task : {self._task.prompt}\n{self.view()}"
-        return self.view()
+        return self._with_task(self.view()) if self.config.instruction == "every" else self.view()
 
     def view(self) -> str:
         return render_view(self.site, self._s["state"], self.config.viewport)
