@@ -2,6 +2,7 @@
 partial-observability bound, WebShop's reward and failure labels, snapshot/restore, the
 closed vocabulary, the registry and every pool backend."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -373,8 +374,8 @@ def test_search_landing_starts_on_webshops_search_page(site):
 @pytest.mark.parametrize("site", SITES)
 def test_a_thinking_expert_names_its_button_before_pressing_it(site):
     """``think: true`` (ReAct's think[...] on WebShop): before the button the expert writes
-    the task's verb and the layout's label for it, the site answers "ok" and changes nothing,
-    and the click that follows presses that label; success and the vocabulary are as without
+    the task's verb, the layout's label for it and the label's id, the site answers "ok" and
+    changes nothing, and the click that follows presses that id; success and the vocabulary are as without
     thoughts, and a mistaken press is a mistaken thought (the verb the task does not ask)."""
     world = WebWorld(site, num_train=10, num_test=60, think=True)
     env, rng, vocab = WebEnv(), np.random.default_rng(0), set(vocabulary())
@@ -388,11 +389,12 @@ def test_a_thinking_expert_names_its_button_before_pressing_it(site):
         if not thoughts:
             continue
         i = thoughts[0]
-        verb, label = acts[i].split('"')[1].strip().removeprefix("task : ").split(" button ")
+        verb, named = acts[i].split('"')[1].strip().removeprefix("task : ").split(" button ")
+        label, eid = named.rsplit(" ", 1)
         assert obs[i + 1] == "ok"
         pressed = parse_view(obs[i])  # the page the thought was about
         ids = {e["text"]: e["id"] for e in pressed["elements"] if e["role"] == "button"}
-        assert acts[i + 1] == f"click ( [{ids[label]}] )"
+        assert eid == f"[{ids[label]}]" and acts[i + 1] == f"click ( {eid} )"
         asked = task.data["catalog"]["kind"]
         if verb == asked:
             right += 1
@@ -427,3 +429,65 @@ def test_every_page_can_open_with_the_task_line_as_on_webshop(site):
                 assert not o0.startswith("task :") and o1 == f"{line}\n{o0}"
     with pytest.raises(ValueError, match="instruction"):
         WebEnvConfig(instruction="always")
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_ids_can_follow_the_text_and_the_expert_reads_either_view(site):
+    """``ids: after`` writes ``button purchase [7]`` for ``[7] button purchase``: the same
+    elements in the same order, the expert takes the same actions and succeeds, and the
+    thought's id is the token that follows its label on the page."""
+    from jaxagent.envs.web.env import WebEnvConfig
+
+    tasks = WebWorld(site, num_train=0, num_test=30, name_item=True, think=True).tasks("test")
+    runs = {
+        ids: [
+            run_episode(WebEnv(WebEnvConfig(landing="search", ids=ids)), t, ExpertPolicy(t).act)
+            for t in tasks
+        ]
+        for ids in ("before", "after")
+    }
+    for (obs0, acts0, last0), (obs1, acts1, last1) in zip(runs["before"], runs["after"]):
+        assert acts0 == acts1 and last0.info["success"] and last1.info["success"]
+        for o0, o1 in zip(obs0, obs1):
+            assert parse_view(o0) == parse_view(o1)
+            assert o0 == o1 or any(line.endswith("]") for line in o1.split("\n"))
+        thought = next(a for a in acts1 if a.startswith("think"))
+        label, eid = thought.split('"')[1].split(" button ")[1].strip().rsplit(" ", 1)
+        assert f" {label} {eid}\n" in "\n".join(obs1)
+    with pytest.raises(ValueError, match="ids"):
+        WebEnvConfig(ids="inside")
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_the_task_verb_occurs_once_in_an_expert_episode(site):
+    """No label, banner, page or other instruction word repeats the task's verb (buy / save,
+    book / hold): before the expert's thought the verb occurs only where the task states it,
+    so which button it calls for is the layout's learned label, not a string match."""
+    tasks = WebWorld(site, num_train=0, num_test=60, think=True).tasks("test")
+    env, verbs = WebEnv(), {t.prompt.split()[0] for t in tasks}
+    assert len(verbs) == 2
+    for task in tasks:
+        obs, acts, _ = run_episode(env, task, ExpertPolicy(task, 0.5).act)
+        words = " ".join(obs + [a for a in acts if not a.startswith("think")]).split()
+        assert sum(w in verbs for w in words) == 1, task.prompt
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_fixed_labels_change_only_the_labels_of_each_layout(site):
+    """``labels: fixed`` gives every layout its site's first buy / save pair and leaves every
+    other field of every layout (and so the train / test split) as ``vary`` draws it."""
+    from jaxagent.envs.web.layout import BUY_LABELS, SAVE_LABELS
+
+    vary = WebWorld(site, train_layouts=30, test_layouts=10)
+    fixed = WebWorld(site, train_layouts=30, test_layouts=10, labels="fixed")
+    for split in ("train", "test"):
+        a, b = vary.layouts(split), fixed.layouts(split)
+        assert len({(x.buy_label, x.save_label) for x in a}) > 1
+        for x, y in zip(a, b, strict=True):
+            assert (y.buy_label, y.save_label) == (BUY_LABELS[site][0], SAVE_LABELS[site][0])
+            assert dataclasses.replace(x, buy_label="", save_label="") == dataclasses.replace(
+                y, buy_label="", save_label=""
+            )
+    fixed.check_disjoint()
+    with pytest.raises(ValueError, match="labels"):
+        WebWorld(site, labels="random")

@@ -47,7 +47,7 @@ SHOP = Domain(
     buy_task="buy a {attr} {category} that is {feature} in size {option} under {budget} dollars",
     save_task=(
         "save a {attr} {category} that is {feature} in size {option} under {budget} dollars "
-        "to the wishlist , do not buy it"
+        ", do not pay"
     ),
     unit="dollars",
     price_range=(10, 150),

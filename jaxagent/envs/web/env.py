@@ -36,6 +36,7 @@ from jaxagent.envs.web.site import LANDINGS, Element, Site, initial_state
 
 REWARDS = ("score", "success")
 INSTRUCTIONS = ("first", "every")
+IDS = ("before", "after")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +50,11 @@ class WebEnvConfig:
     # "every": each page view opens with the task line, as WebShop shows the instruction on
     # every page; "first": only the first observation carries it (the history keeps it).
     instruction: str = "first"
+    # Where a line writes its element's id: "before" (``[7] button purchase``, the
+    # accessibility-tree habit) or "after" (``button purchase [7]``): a left-to-right reader
+    # has then read the label when it reaches the id, so naming the id of a label it has
+    # just written is a copy of the token that followed that label on the page.
+    ids: str = "before"
 
     def __post_init__(self):
         if self.viewport < 2:
@@ -59,6 +65,8 @@ class WebEnvConfig:
             raise ValueError(f"WebEnvConfig.reward={self.reward!r}; choose one of {REWARDS}")
         if self.landing not in LANDINGS:
             raise ValueError(f"WebEnvConfig.landing={self.landing!r}; choose one of {LANDINGS}")
+        if self.ids not in IDS:
+            raise ValueError(f"WebEnvConfig.ids={self.ids!r}; choose one of {IDS}")
         if self.instruction not in INSTRUCTIONS:
             raise ValueError(
                 f"WebEnvConfig.instruction={self.instruction!r}; choose one of {INSTRUCTIONS}"
@@ -85,12 +93,12 @@ def score_purchase(site: Site, want: dict, item_index: int, option: str | None) 
     return {"score": score, "failure_mode": mode}
 
 
-def render_view(site: Site, state: dict, viewport: int) -> str:
+def render_view(site: Site, state: dict, viewport: int, ids: str = "before") -> str:
     elements = site.page(state)
     lo = state["scroll"]
     shown = elements[lo : lo + viewport]
     lines = [f"{state['page']} lines {lo + 1} - {lo + len(shown)} of {len(elements)}"]
-    lines += [e.line() for e in shown]
+    lines += [e.line(ids) for e in shown]
     below = len(elements) - lo - len(shown)
     lines.append(f"scroll down for {below} more" if below > 0 else "end of page")
     return "\n".join(lines)
@@ -128,7 +136,7 @@ class WebEnv:
         return self._with_task(self.view()) if self.config.instruction == "every" else self.view()
 
     def view(self) -> str:
-        return render_view(self.site, self._s["state"], self.config.viewport)
+        return render_view(self.site, self._s["state"], self.config.viewport, self.config.ids)
 
     def visible(self) -> list[Element]:
         state = self._s["state"]

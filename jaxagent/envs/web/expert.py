@@ -24,6 +24,9 @@ from jaxagent.envs.base import StepResult, Task
 from jaxagent.envs.web.domain import DOMAINS
 
 _LINE = re.compile(r"^\[(\d+)\] (\w+) ?(.*)$")
+_LINE_AFTER = re.compile(
+    r"^(link|button|text|searchbox|select) ?(.*?) \[(\d+)\]$"
+)  # WebEnvConfig.ids="after"
 
 
 def parse_view(observation: str) -> dict:
@@ -34,6 +37,8 @@ def parse_view(observation: str) -> dict:
         m = _LINE.match(line)
         if m:
             els.append({"id": int(m.group(1)), "role": m.group(2), "text": m.group(3)})
+        elif m := _LINE_AFTER.match(line):
+            els.append({"id": int(m.group(3)), "role": m.group(1), "text": m.group(2)})
         elif " lines " in line and not page:
             page = line.split(" lines ")[0]
     below = any(line.startswith("scroll down for") for line in lines)
@@ -150,14 +155,15 @@ class ExpertPolicy:
                 verb = "save" if self.kind == "buy" else "buy"
                 if self.labels[verb] not in buttons:
                     return "finish ( )"
-            click = f"click ( [{buttons[self.labels[verb]]}] )"
+            eid = buttons[self.labels[verb]]
+            click = f"click ( [{eid}] )"
             if not self.think:
                 return click
-            # The thought restates the task's verb after the observation's own "task :" (a
-            # copy an induction head can make) and names the label that verb calls for; a
-            # mistaken press is a mistaken thought, which RL can correct.
+            # The thought restates the task's verb after the observation's own "task :", names
+            # the label that verb calls for and the label's id (the press then repeats the id
+            # just written); a mistaken press is a mistaken thought, which RL can correct.
             self.pending = click
-            return f'think ( " task : {verb} button {self.labels[verb]} " )'
+            return f'think ( " task : {verb} button {self.labels[verb]} [{eid}] " )'
         return self._more(view)
 
     def _info(self, view) -> str:

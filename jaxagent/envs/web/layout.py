@@ -20,7 +20,7 @@ NAV_WORDS = ("home", "deals", "help", "account", "orders", "about", "contact", "
 BANNERS = (
     "free delivery today",
     "new season sale",
-    "members save more",
+    "members get more",
     "best prices guaranteed",
     "top rated by guests",
     "secure checkout",
@@ -32,8 +32,18 @@ REVIEWS = (
     "review : not bad",
     "review : exactly as shown",
 )
-BUY_LABELS = {"shop": ("buy now", "purchase", "place order"), "booking": ("book now", "pay now")}
-SAVE_LABELS = {"shop": ("add to wishlist", "save for later"), "booking": ("hold room", "reserve")}
+# No label, banner or instruction word repeats an instruction's verb (buy / save, book / hold):
+# the verb then occurs once in an episode, where the task states it, and which button it
+# calls for is a learned mapping from verb to label, as on real sites, not a string match
+# that a label ("buy now") or a save task's "do not buy" would make ambiguous.
+BUY_LABELS = {
+    "shop": ("purchase", "place order", "check out"),
+    "booking": ("confirm stay", "complete booking"),
+}
+SAVE_LABELS = {
+    "shop": ("add to wishlist", "keep for later"),
+    "booking": ("add to favourites", "remember room"),
+}
 ITEM_PARTS = ("title", "price", "features", "reviews", "option", "buttons")
 PER_PAGE = (4, 6, 100)  # 100: everything on one page
 SORTS = ("price", "name", "shuffle")
@@ -72,7 +82,10 @@ class Layout:
         return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def sample_layout(site: str, rng: np.random.Generator) -> Layout:
+LABELS = ("vary", "fixed")  # button labels drawn per layout, or each site's first pair
+
+
+def sample_layout(site: str, rng: np.random.Generator, labels: str = "vary") -> Layout:
     nav = tuple(str(w) for w in rng.choice(NAV_WORDS, size=int(rng.integers(1, 4)), replace=False))
     banners = tuple(
         str(b) for b in rng.choice(BANNERS, size=int(rng.integers(0, 3)), replace=False)
@@ -81,7 +94,7 @@ def sample_layout(site: str, rng: np.random.Generator) -> Layout:
     parts = [str(p) for p in rng.permutation(["title", "price", "features", "reviews"])]
     parts.insert(int(rng.integers(1, len(parts) + 1)), "option")
     parts.insert(int(rng.integers(parts.index("option") + 1, len(parts) + 1)), "buttons")
-    return Layout(
+    layout = Layout(
         nav=nav,
         banners=banners,
         search=str(rng.choice(["top", "bottom"])),
@@ -96,9 +109,16 @@ def sample_layout(site: str, rng: np.random.Generator) -> Layout:
         save_first=bool(rng.random() < 0.5),
         form_landing=site == "booking" and bool(rng.random() < 0.5),
     )
+    if labels == "fixed":  # drawn all the same: every other field is as "vary" draws it
+        layout = dataclasses.replace(
+            layout, buy_label=BUY_LABELS[site][0], save_label=SAVE_LABELS[site][0]
+        )
+    return layout
 
 
-def layout_pool(site: str, seed: int, num_train: int, num_test: int) -> dict[str, list[Layout]]:
+def layout_pool(
+    site: str, seed: int, num_train: int, num_test: int, labels: str = "vary"
+) -> dict[str, list[Layout]]:
     """Disjoint pools of layouts: ``{"train": [...], "test": [...]}`` from separate streams,
     deduplicated on the whole layout (no test layout equals a train layout)."""
     pools: dict[str, list[Layout]] = {}
@@ -107,7 +127,7 @@ def layout_pool(site: str, seed: int, num_train: int, num_test: int) -> dict[str
         rng = np.random.default_rng([seed, 101, stream])
         pools[split] = []
         while len(pools[split]) < count:
-            layout = sample_layout(site, rng)
+            layout = sample_layout(site, rng, labels)
             if layout.fingerprint() in seen:
                 continue
             seen.add(layout.fingerprint())

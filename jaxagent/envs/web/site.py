@@ -36,14 +36,17 @@ class Element:
     options: tuple[str, ...] = ()  # a select's values
     value: str = ""  # a select's choice / a searchbox's typed text
 
-    def line(self) -> str:
+    def line(self, ids: str = "before") -> str:
+        """``[7] button purchase`` (``ids="before"``) or ``button purchase [7]`` ("after")."""
         if self.role == "select":
             chosen = f" : {self.value}" if self.value else ""
-            return f"[{self.id}] select {self.text}{chosen} options : {' '.join(self.options)}"
-        if self.role == "searchbox":
+            body = f"select {self.text}{chosen} options : {' '.join(self.options)}"
+        elif self.role == "searchbox":
             typed = f" : {self.value}" if self.value else ""
-            return f"[{self.id}] searchbox {self.text}{typed}"
-        return f"[{self.id}] {self.role} {self.text}"
+            body = f"searchbox {self.text}{typed}"
+        else:
+            body = f"{self.role} {self.text}"
+        return f"[{self.id}] {body}" if ids == "before" else f"{body} [{self.id}]"
 
 
 def landing_page(layout: Layout, landing: str = "layout") -> str:
@@ -190,7 +193,7 @@ class Site:
         return [part for name in self.layout.item_parts for part in blocks[name]]
 
     def _info_parts(self, state: dict) -> list[tuple]:
-        return [("text", f"{state['info']} : nothing to buy here")]
+        return [("text", f"{state['info']} : nothing sold here")]
 
     # --------------------------------------------------------------- transitions
 

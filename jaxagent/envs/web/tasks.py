@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxagent.envs.base import Task, check_disjoint_splits
 from jaxagent.envs.web.domain import DOMAINS, instruction, sample_catalog
-from jaxagent.envs.web.layout import layout_pool
+from jaxagent.envs.web.layout import LABELS, layout_pool
 
 SITES = tuple(DOMAINS)
 
@@ -34,8 +34,13 @@ class WebTasksConfig:
     # must imitate from the expert's demonstrations is then visible to it.
     name_item: bool = False
     # The expert thinks before it presses a button, as ReAct's WebShop agents do
-    # (``think ( " task : buy button purchase " )``: the task's verb, the label it calls for).
+    # (``think ( " task : buy button purchase [8] " )``: the task's verb, the label it calls for
+    # and its id).
     think: bool = False
+    # "vary": each layout draws its buy and save labels ("purchase" / "place order" / "check
+    # out", "add to wishlist" / "keep for later"); "fixed": every site shows the first pair,
+    # and layouts differ in everything else (layout.LABELS).
+    labels: str = "vary"
 
     def __post_init__(self):
         for name in ("num_train", "num_test"):
@@ -44,6 +49,8 @@ class WebTasksConfig:
         for name in ("train_layouts", "test_layouts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"WebTasksConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.labels not in LABELS:
+            raise ValueError(f"WebTasksConfig.labels={self.labels!r}; choose one of {LABELS}")
         if not 2 <= self.num_items <= 40:
             raise ValueError(f"WebTasksConfig.num_items={self.num_items} must be in [2, 40]")
 
@@ -71,7 +78,7 @@ class WebWorld:
 
     def layouts(self, split: str):
         c = self.config
-        return layout_pool(self.site, c.seed, c.train_layouts, c.test_layouts)[split]
+        return layout_pool(self.site, c.seed, c.train_layouts, c.test_layouts, c.labels)[split]
 
     def check_disjoint(self) -> None:
         """Raises ``SplitLeakageError`` if a layout serves both splits."""
@@ -102,7 +109,7 @@ def make_task(
 
 @functools.lru_cache(maxsize=8)
 def _generate(site: str, config: WebTasksConfig) -> dict[str, tuple[Task, ...]]:
-    pools = layout_pool(site, config.seed, config.train_layouts, config.test_layouts)
+    pools = layout_pool(site, config.seed, config.train_layouts, config.test_layouts, config.labels)
     out = {}
     for stream, split, count in ((0, "train", config.num_train), (1, "test", config.num_test)):
         rng = np.random.default_rng([config.seed, 202, stream])

@@ -14,7 +14,7 @@ from jaxagent.envs.web.site import ROLES
 MAX_ELEMENTS = 64  # element ids a page can show ([1] .. [64])
 
 _FIXED = """task : , ( ) " = - . of lines more end page scroll down up for done score step budget
-over results item form info nothing to buy here find a place stay city any search category
+over results item form info nothing sold here find a place stay city any search category
 all no next previous back options price features dollars a night review title finish
 Action Final Observation home the shop booking ok""".split()
 
