@@ -46,8 +46,8 @@ SHOP = Domain(
     options=("s", "m", "l", "xl"),
     buy_task="buy a {attr} {category} that is {feature} in size {option} under {budget} dollars",
     save_task=(
-        "save a {attr} {category} that is {feature} in size {option} under {budget} dollars "
-        ", do not pay"
+        "save a {attr} {category} that is {feature} in size {option} under {budget} dollars , "
+        "do not pay"
     ),
     unit="dollars",
     price_range=(10, 150),

@@ -22,11 +22,10 @@ import numpy as np
 
 from jaxagent.envs.base import StepResult, Task
 from jaxagent.envs.web.domain import DOMAINS
+from jaxagent.envs.web.site import ROLES
 
 _LINE = re.compile(r"^\[(\d+)\] (\w+) ?(.*)$")
-_LINE_AFTER = re.compile(
-    r"^(link|button|text|searchbox|select) ?(.*?) \[(\d+)\]$"
-)  # WebEnvConfig.ids="after"
+_LINE_AFTER = re.compile(rf"^({'|'.join(ROLES)}) ?(.*?) \[(\d+)\]$")  # WebEnvConfig.ids="after"
 
 
 def parse_view(observation: str) -> dict:
