@@ -78,21 +78,14 @@ class SandboxConfig:
     # "auto" (strongest available, refuses if none holds), "namespaces" (required),
     # "landlock" / "rlimits" (the unprivileged fallback, required), "unsafe" (rlimits only)
     isolation: str = "auto"
-    # all processes of a job together, through a cgroup where one can be created; without
-    # one memory is bounded by memory_mb x max_processes only. None: 2 x memory_mb, room for
-    # the candidate and its harness (each under RLIMIT_AS memory_mb) plus their page cache, so
-    # a one-process bomb fails fast on RLIMIT_AS with a MemoryError instead of thrashing in
-    # reclaim at the cgroup's limit until the wall clock kills it
+    # all processes of a job together, through a cgroup where one can be created (None:
+    # memory_mb); without one memory is bounded by memory_mb x max_processes only
     job_memory_mb: int | None = None
     cgroup: bool = True  # use a per-worker cgroup where available (False: rlimits only)
     harness_margin_s: float = 0.25  # the harness reports this long before the wall deadline
     # tests mode: limit on one call to the candidate; when exceeded, that test fails as a
     # timeout and a fresh candidate process runs the remaining tests (None: only timeout_s)
     call_timeout_s: float | None = None
-
-    @property
-    def job_memory_limit_mb(self) -> int:
-        return self.job_memory_mb or 2 * self.memory_mb
 
     def __post_init__(self):
         def need(ok, field, value, fix):
@@ -121,7 +114,7 @@ class SandboxConfig:
             self.job_memory_mb is None or self.job_memory_mb >= 64,
             "job_memory_mb",
             self.job_memory_mb,
-            "use None (= 2 x memory_mb) or >= 64",
+            "use None (= memory_mb) or >= 64",
         )
         need(
             self.isolation in ISOLATION_CHOICES,
@@ -276,7 +269,7 @@ class Sandbox:
         uid = self._uid_base + 2 * worker.index
         ns = worker.namespaces
         if cfg.cgroup and worker.index not in self._cgroups:
-            memory = cfg.job_memory_limit_mb << 20
+            memory = (cfg.job_memory_mb or cfg.memory_mb) << 20
             cg, described = _cgroup.create(
                 f"jaxagent-sbx-{self._uid_base:x}-w{worker.index}", memory, cfg.max_processes
             )
