@@ -1,5 +1,6 @@
 """Containment: each attack is reported as the right failure and none reaches this process."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -99,11 +100,15 @@ def test_background_processes_do_not_outlive_the_run(sandbox):
         "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 ** 2))\n",
     ],
 )
-def test_memory_bomb_reports_memory(sandbox, code):
-    r = sandbox.run(code)
-    assert r.status == "memory", r
-    assert "MemoryError" in r.stderr
-    _still_works(sandbox)
+def test_memory_bomb_reports_memory(code):
+    # The chunked bomb writes ~224 MiB before RLIMIT_AS stops it: 0.2 s alone, but late in the
+    # full suite that first touch took over 2 s twice (this VM's fresh pages are slow), and the
+    # 2 s wall clock reported 'timeout'. This test is about the classification, not the speed.
+    with Sandbox(dataclasses.replace(CONFIG, timeout_s=30.0)) as sb:
+        r = sb.run(code)
+        assert r.status == "memory", r
+        assert "MemoryError" in r.stderr
+        _still_works(sb)
 
 
 def test_cannot_write_outside_its_working_directory(sandbox, tmp_path):
