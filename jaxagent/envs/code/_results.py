@@ -98,7 +98,7 @@ def classify(
             **base,
         )
     if rep.get("oom_kills"):  # the job cgroup's limit: all its processes together
-        limit_mb = config.job_memory_mb or config.memory_mb
+        limit_mb = config.job_memory_limit_mb
         code, sig = _decode_wait(rep.get("wait_status"))
         return SandboxResult(
             "memory",

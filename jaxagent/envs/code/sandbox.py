@@ -87,6 +87,11 @@ class SandboxConfig:
     # timeout and a fresh candidate process runs the remaining tests (None: only timeout_s)
     call_timeout_s: float | None = None
 
+    @property
+    def job_memory_limit_mb(self) -> int:
+        """The job cgroup's memory limit: ``job_memory_mb``, or ``memory_mb`` when None."""
+        return self.job_memory_mb or self.memory_mb
+
     def __post_init__(self):
         def need(ok, field, value, fix):
             if not ok:
@@ -269,7 +274,7 @@ class Sandbox:
         uid = self._uid_base + 2 * worker.index
         ns = worker.namespaces
         if cfg.cgroup and worker.index not in self._cgroups:
-            memory = (cfg.job_memory_mb or cfg.memory_mb) << 20
+            memory = cfg.job_memory_limit_mb << 20
             cg, described = _cgroup.create(
                 f"jaxagent-sbx-{self._uid_base:x}-w{worker.index}", memory, cfg.max_processes
             )
