@@ -48,6 +48,13 @@ class EvalReport:
             out[f"{prefix}/failure_detail/{detail}"] = count
         return out
 
+    def describe(self, what: str) -> str:
+        """One line for people: ``held-out success 0.430 over 100 episodes, avg steps ...``."""
+        return (
+            f"{what} success {self.success:.3f} over {self.episodes} episodes, avg steps "
+            f"{self.avg_steps:.2f}, env errors {self.env_errors}, failures {self.failures_text()}"
+        )
+
     def failures_text(self) -> str:
         """``{'wrong_state': 71, ...}``, and the environment's own labels when it gives any."""
         if not self.failure_details:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl.config import ADVANTAGE_ESTIMATORS, RLConfig, truncation_keep
@@ -93,3 +94,16 @@ def split_bootstrap_values(
     lengths = jnp.sum(segment_ids > 0, axis=1)  # [B]
     boot = jnp.take_along_axis(values_ext, lengths[:, None], axis=1)[:, 0]
     return values_ext[:, :-1], jax.lax.stop_gradient(boot.astype(jnp.float32))
+
+
+def with_critic_values(value_fn, params, batch: TokenBatch) -> TokenBatch:
+    """``batch`` with the critic's ``values`` and ``bootstrap_value`` filled (host arrays).
+
+    ``value_fn(params, tokens, positions, segment_ids) -> (logprobs, values)`` runs on the
+    batch padded by one column: the value after each row's last token bootstraps a truncated
+    row (``split_bootstrap_values``).
+    """
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 1)))  # noqa: E731
+    _, values = value_fn(params, pad(batch.tokens), pad(batch.positions), pad(batch.segment_ids))
+    values, boot = split_bootstrap_values(values, batch.segment_ids)
+    return batch.replace(values=np.asarray(values), bootstrap_value=np.asarray(boot))

@@ -19,28 +19,21 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.rollout import collect_episodes
 from jaxagent.eval.report import summarize
-from jaxagent.rl.prepare import split_bootstrap_values
+from jaxagent.rl.prepare import with_critic_values
 from jaxagent.generate.sampler import release_decode_kernels
-from jaxagent.rl.train_state import (
-    TrainState,
-    begin_sampling,
-    end_sampling,
-    on_sampling_params,
-)
+from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling, on_sampling_params
 from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import Checkpointer
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
 from jaxagent.train import host_memory, hosts
-from jaxagent.train.distributed import host_local, is_writer, start_distributed
-from jaxagent.train.distributed import task_shard
+from jaxagent.train.distributed import host_local, is_writer, start_distributed, task_shard
 from jaxagent.train.mesh import DeviceLayout, ShardedUpdate, place
 from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
@@ -147,12 +140,8 @@ class Trainer:
         )
         release_decode_kernels()  # the eval sampler's weight copy is not kept between uses
         self._release()
-        report = result.report
-        what = "held-out" if split == "test" else "validation"
         self.echo(
-            f"[{tag}] {what} success {report.success:.3f} over {report.episodes} "
-            f"episodes, avg steps {report.avg_steps:.2f}, env errors {report.env_errors}, "
-            f"failures {report.failures_text()}"
+            f"[{tag}] " + result.report.describe("held-out" if prefix == "eval" else "validation")
         )
         return result.metrics(prefix)
 
@@ -222,14 +211,8 @@ class Trainer:
         batch = hosts.common_length(batch, self.chat.pad_id)
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
         batch = jax.tree.map(np.asarray, batch)  # placed on the mesh by update_step
-        if self.rl.critic.enabled:
-            # One extra column: the value after each row's last token bootstraps a truncation.
-            pad = lambda x: jnp.pad(x, ((0, 0), (0, 1)))
-            _, values = self.logprob_fn(
-                params, pad(batch.tokens), pad(batch.positions), pad(batch.segment_ids)
-            )
-            values, boot = split_bootstrap_values(values, batch.segment_ids)
-            batch = batch.replace(values=np.asarray(values), bootstrap_value=np.asarray(boot))
+        if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
+            batch = with_critic_values(self.logprob_fn, params, batch)
         # The rollout's extra buffers go before the update allocates gradients and moments.
         release_decode_kernels()
         params = None
