@@ -165,3 +165,42 @@ def test_observation_weight_puts_loss_on_the_other_tokens_of_each_demo():
     np.testing.assert_array_equal(mixed["segment_ids"][0], [1, 1, 1, 1, 1, 2, 2, 2, 0, 0])
     with pytest.raises(Exception, match="observation_weight"):
         load_config("configs/web_quickstart.yaml", ["sft.observation_weight=1.5"])
+
+
+def test_sft_microbatches_give_the_whole_batch_step():
+    # sft.microbatch_size: gradients summed over microbatches that each divide by the whole
+    # batch's loss-token count equal one pass over the batch (token_mean). SGD, so the
+    # parameters after a step compare the gradients themselves (Adam's first step is
+    # lr * sign(g) and would hide a scale error); float32 sums in another order differ by
+    # ~1e-7 relative, the 1e-5 tolerance is far from any missing or doubled microbatch.
+    import jax
+    import optax
+
+    from jaxagent.models import ModelConfig, init_model
+    from jaxagent.train.sft import make_sft_step
+
+    graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
+    rng = np.random.default_rng(0)
+    rows, t = 4, 24
+    tokens = rng.integers(0, 128, (rows, t)).astype(np.int32)
+    segments = np.ones((rows, t), np.int32)
+    segments[:, 14:] = 2
+    segments[1, 20:] = 0  # padding
+    positions = np.concatenate([np.arange(14), np.arange(t - 14)])[None].repeat(rows, 0)
+    # uneven loss tokens per row: a per-microbatch mean would weigh rows differently
+    mask = (rng.random((rows, t)) < np.array([[0.1], [0.3], [0.6], [0.9]])).astype(np.float32)
+    mask *= segments > 0
+    out = {}
+    for micro in (0, 1, 2):
+        step = make_sft_step(graphdef, optax.sgd(1.0), micro)
+        p = jax.tree.map(np.array, params)
+        new, _, loss = step(p, optax.sgd(1.0).init(p), tokens, positions, segments, mask)
+        out[micro] = (float(loss), new)
+    for micro in (1, 2):
+        np.testing.assert_allclose(out[micro][0], out[0][0], rtol=1e-6)
+        diff = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), out[micro][1], out[0][1])
+        assert max(jax.tree.leaves(diff)) < 1e-5
+    moved = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), out[0][1], params)
+    assert max(jax.tree.leaves(moved)) > 1e-3  # the step did move the parameters
+    with pytest.raises(Exception, match="sft.microbatch_size=3 must divide"):
+        load_config("configs/web_quickstart.yaml", ["sft.microbatch_size=3"])

@@ -172,15 +172,16 @@ def test_ppo_with_critic_fits_values():
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_lean_logprob_fn_matches_logits_path():
-    # Block remat + the head over blocks of 3 loss positions (prompt positions skipped) must
-    # give the same log-probs, entropies, values and gradients on the loss tokens as the
-    # plain logits path.
+@pytest.mark.parametrize("remat", [True, False])
+def test_lean_logprob_fn_matches_logits_path(remat):
+    # The head over blocks of 3 loss positions (prompt positions skipped), with or without
+    # block remat (rl.update.remat), must give the same log-probs, entropies, values and
+    # gradients on the loss tokens as the plain logits path.
     from jaxagent.models import ModelConfig, init_model
     from jaxagent.rl.model_fns import model_logprob_fn
 
     graphdef, params = init_model(
         ModelConfig.test(num_layers=2, value_head=True), jax.random.key(0)
     )
-    lean = model_logprob_fn(graphdef, remat=True, head_chunk=3, skip_unmasked_chunks=True)
+    lean = model_logprob_fn(graphdef, remat=remat, head_chunk=3, skip_unmasked_chunks=True)
     assert_logprob_fns_match(graphdef, params, lean)

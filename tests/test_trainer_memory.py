@@ -96,7 +96,7 @@ def test_roofline_arithmetic():
         layers=2,
         attn_width=8,
     )
-    m = roof.iteration(
+    args = dict(
         context_tokens=10,
         sampled_tokens=4,
         decode_steps=5,
@@ -110,6 +110,7 @@ def test_roofline_arithmetic():
         iteration_s=4.0,
         rows=1,
     )
+    m = roof.iteration(**args)
     # sampler: 2*1000*10 + 4*2*8*(10/2)*10 + 2*100*4 = 20000 + 3200 + 800 = 24000 FLOPs in 1 s
     np.testing.assert_allclose(m["time/sample_mfu"], 24000 / 1e9)
     # 5 decode steps x 4000 bytes of weights
@@ -117,6 +118,9 @@ def test_roofline_arithmetic():
     # update: 4 passes x (2*1000*20 + 4*2*8*10*20 + 2*100*4) = 4 * 53600 FLOPs in 2 s
     np.testing.assert_allclose(m["time/update_flop_s"], 4 * 53600 / 2)
     np.testing.assert_allclose(m["time/update_mbu"], 2 * 8 * 4000 / 2 / 1e9)
+    # without block remat (rl.update.remat=false) the backward recomputes nothing: 3 passes
+    plain = roof.iteration(**{**args, "passes": 3})
+    np.testing.assert_allclose(plain["time/update_flop_s"], 3 * 53600 / 2)
     assert m["time/env_wait_frac"] == 0.125
     # from a real model: the embedding is excluded from the matmul weights
     real = Roofline.create(cfg, params)

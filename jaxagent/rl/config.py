@@ -214,6 +214,10 @@ class UpdateConfig:
     # gradients, clip and guards). Costs one more forward + backward per step; needs
     # microbatch_size = minibatch_size (accumulation keeps every gradient).
     fused_optimizer: bool = False
+    # Recompute each block in the backward pass instead of storing its activations (the
+    # trainer's learner pass): memory for one more forward. A small model on CPU is faster
+    # without it (benchmarks/learner_step.py), where activations fit anyway.
+    remat: bool = True
 
     def __post_init__(self):
         _at_least("update.num_epochs", self.num_epochs, 1)

@@ -127,6 +127,9 @@ class SFTSection:
     expert_error_rate: float = 0.3  # share of expert episodes with a mistake
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # sequences per step
+    # rows a forward/backward pass, gradients summed over the step's microbatches (0: the
+    # whole batch): the same step in a smaller working set, faster on CPU for long rows
+    microbatch_size: int = 0
     learning_rate: float = 3e-3  # AdamW peak learning rate (cosine decay)
     only_successful: bool = False  # keep only demonstrations that succeed (RFT-style filter)
     # Weight of the next-token loss on the demonstrations' other tokens (prompt and
@@ -143,6 +146,12 @@ class SFTSection:
         _prob("sft.expert_error_rate", self.expert_error_rate)
         _positive("sft.steps", self.steps, allow_zero=True)
         _positive("sft.batch_size", self.batch_size)
+        _positive("sft.microbatch_size", self.microbatch_size, allow_zero=True)
+        if self.microbatch_size and self.batch_size % self.microbatch_size:
+            raise ConfigError(
+                f"sft.microbatch_size={self.microbatch_size} must divide "
+                f"sft.batch_size={self.batch_size} (or be 0: the whole batch)"
+            )
         _positive("sft.learning_rate", self.learning_rate)
         _prob("sft.observation_weight", self.observation_weight)
 

@@ -11,8 +11,8 @@ wall-clock figures that exact-resume comparisons leave out):
   so FLOPs = 2 x matmul weights x context tokens + attention + the vocabulary head at each
   sampled token; bytes = the weights streamed once per decode step (``rounds x
   max_new_tokens`` steps at most: an upper estimate, decode is memory-bound).
-- update: forward + backward + the block-remat recompute = 4 forward passes over the packed
-  batch per epoch; bytes = per optimiser step the weights read twice (forward, backward),
+- update: forward + backward (2 forward passes' worth) + the block-remat recompute = 4
+  forward passes over the packed batch per epoch, 3 with ``rl.update.remat`` off; bytes = per optimiser step the weights read twice (forward, backward),
   gradients written, Adam's two moments read and written, parameters written.
 - ``time/env_wait_frac``: the share of the iteration the policy waited for environments.
 
@@ -126,6 +126,7 @@ class Roofline:
         loss_tokens: float,
         epochs: int,
         optimizer_steps: int,
+        passes: int = 4,
         update_s: float,
         env_s: float,
         iteration_s: float,
@@ -135,7 +136,7 @@ class Roofline:
         s_flops = self.forward_flops(context_tokens, ctx, sampled_tokens)
         s_bytes = decode_steps * self.param_bytes
         width = batch_tokens / max(rows, 1)
-        u_flops = 4 * epochs * self.forward_flops(batch_tokens, width / 2, loss_tokens)
+        u_flops = passes * epochs * self.forward_flops(batch_tokens, width / 2, loss_tokens)
         u_bytes = optimizer_steps * 8 * self.param_bytes
         gs, us = max(generate_s, 1e-9), max(update_s, 1e-9)
         return {
@@ -150,10 +151,11 @@ class Roofline:
 
 
 def iteration_metrics(
-    roof: Roofline, batch, stats, metrics: dict, *, max_new_tokens: int, epochs: int
+    roof: Roofline, batch, stats, metrics: dict, *, max_new_tokens: int, update
 ) -> dict:
     """``Roofline.iteration`` from what the trainer has after an iteration: the packed
-    ``batch`` (numpy), the rollout ``stats`` and the step's ``metrics`` (times, steps)."""
+    ``batch`` (numpy), the rollout ``stats``, the step's ``metrics`` (times, steps) and the
+    recipe's ``update`` section (epochs, remat)."""
     rows, width = batch.tokens.shape
     return roof.iteration(
         context_tokens=float(np.sum(np.asarray(batch.segment_ids) != 0)),
@@ -162,8 +164,9 @@ def iteration_metrics(
         generate_s=float(stats.generate_s),
         batch_tokens=float(rows * width),
         loss_tokens=float(np.sum(np.asarray(batch.loss_mask))),
-        epochs=epochs,
-        optimizer_steps=int(metrics.get("optim/steps", epochs)),
+        epochs=update.num_epochs,
+        optimizer_steps=int(metrics.get("optim/steps", update.num_epochs)),
+        passes=4 if update.remat else 3,
         update_s=float(metrics["time/update_s"]),
         env_s=float(stats.env_s),
         iteration_s=float(metrics["time/iteration_s"]),

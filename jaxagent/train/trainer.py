@@ -98,16 +98,14 @@ class Trainer:
         self.roofline = Roofline.create(run.model_config, run.params, devices)
         self._rows_multiple = hosts.check_config(config, self.layout.batch_devices)
         self.row_keys = config.rollout.row_keys or jax.process_count() > 1
-        # The memory-lean learner pass (block remat; the vocabulary head only over positions
-        # that carry loss): the function benchmarks/update_memory.py measures.
+        # The memory-lean learner pass (block remat unless rl.update.remat is off; the
+        # vocabulary head only over positions that carry loss): benchmarks/update_memory.py.
+        lean = model_logprob_fn(
+            self.graphdef, remat=self.rl.update.remat, skip_unmasked_chunks=True
+        )
         self.update_step = ShardedUpdate(
             self.layout,
-            functools.partial(
-                make_update_step,
-                self.rl,
-                optimizer=self.optimizer,
-                logprob_fn=model_logprob_fn(self.graphdef, skip_unmasked_chunks=True),
-            ),
+            functools.partial(make_update_step, self.rl, optimizer=self.optimizer, logprob_fn=lean),
         )
         self._programs = (self.update_step,)  # what holds compiled programs besides jit caches
         self.logprob_fn = make_logprob_fn(self.graphdef)
@@ -242,7 +240,7 @@ class Trainer:
                 stats,
                 m,
                 max_new_tokens=r.max_new_tokens,
-                epochs=self.rl.update.num_epochs,
+                update=self.rl.update,
             )
         )
         return state, m
