@@ -70,9 +70,14 @@ class RLDataSection:
     overlong_penalty: float = 0.0  # the factor (0: off; DAPO: 1.0)
     overlong_max_len: int = 0  # L_max in policy tokens; 0 = max_turns * max_new_tokens
     overlong_cache_len: int = 4096  # L_cache (DAPO: 4096 of L_max 20480)
+    # The learner batch's length is rounded up to a multiple of this (at most the model's
+    # context less rollout.max_new_tokens). Each new length compiles the update again, so
+    # coarser buckets trade some padding for fewer compiles.
+    length_multiple: int = 32
 
     def __post_init__(self):
         _positive("rl.data.max_sampling_rounds", self.max_sampling_rounds)
+        _positive("rl.data.length_multiple", self.length_multiple)
         _positive("rl.data.overlong_penalty", self.overlong_penalty, allow_zero=True)
         _positive("rl.data.overlong_max_len", self.overlong_max_len, allow_zero=True)
         _positive("rl.data.overlong_cache_len", self.overlong_cache_len, allow_zero=True)

@@ -202,7 +202,7 @@ class Trainer:
             eps,
             pad_id=self.chat.pad_id,
             max_len=self.max_len,
-            length_multiple=32,
+            length_multiple=data.length_multiple,
             rows=len(mine) * per_task,
             rows_multiple=self._rows_multiple,
         )
