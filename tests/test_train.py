@@ -43,6 +43,9 @@ TINY = [
     "sft.num_demos=8",
     "sft.steps=3",
     "sft.batch_size=2",
+    "sft.microbatch_size=1",  # the learner options of small models on CPU (web quickstart)
+    "rl.update.remat=false",
+    "rl.data.length_multiple=40",
     "eval.num_tasks=4",
     "eval.every=2",
     "eval.val_tasks=4",
@@ -113,6 +116,9 @@ def test_resume_after_sigkill_continues_exactly(runs):
         assert ref[step]["tokens/policy"] > 0  # the update really trained on samples
         assert resumed[step] == ref[step], step
     assert "eval/success" in ref[4] and resumed[4]["eval/success"] == ref[4]["eval/success"]
+    # rl.data.length_multiple=40: batch lengths are multiples of 40 or the cap (160 - 8
+    # new tokens); with the default 32 none below the cap would be.
+    assert {ref[s]["batch/len"] for s in (1, 2, 3, 4)} <= {40, 80, 120, 152}
     # The final JSON line of the resumed run reports the same results.
     last = json.loads(stdout.strip().splitlines()[-1])
     assert last["success_after_rl"] == summary["success_after_rl"]
