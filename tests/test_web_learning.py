@@ -21,6 +21,7 @@ SHRINK = [
     "rollout.samples_per_task=2",
     "rollout.max_turns=3",
     "rl.update.minibatch_size=4",
+    "rl.update.microbatch_size=2",  # the recipe accumulates over microbatches (8 of 32)
     "sft.num_demos=4",
     "sft.steps=2",
     "sft.batch_size=2",
