@@ -12,8 +12,9 @@ wall-clock figures that exact-resume comparisons leave out):
   sampled token; bytes = the weights streamed once per decode step (``rounds x
   max_new_tokens`` steps at most: an upper estimate, decode is memory-bound).
 - update: forward + backward (2 forward passes' worth) + the block-remat recompute = 4
-  forward passes over the packed batch per epoch, 3 with ``rl.update.remat`` off; bytes = per optimiser step the weights read twice (forward, backward),
-  gradients written, Adam's two moments read and written, parameters written.
+  forward passes over the packed batch per epoch, 3 with ``rl.update.remat`` off; bytes =
+  per optimiser step the weights read twice (forward, backward), gradients written, Adam's
+  two moments read and written, parameters written.
 - ``time/env_wait_frac``: the share of the iteration the policy waited for environments.
 
 Fractions of peak are MFU (model FLOPs utilisation) and MBU (bandwidth utilisation).

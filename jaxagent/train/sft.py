@@ -136,7 +136,7 @@ def make_sft_step(
     the batch's microbatches: the same loss and gradient as one pass, in a smaller working
     set. On CPU the attention's [rows, heads, T, T] scores of 8 rows of 640 tokens overflow
     the caches; 2 rows at a time make the same step ~1.3x faster
-    (``benchmarks/bench_sft_step.py``).
+    (``benchmarks/learner_step.py``).
     """
 
     def loss_fn(params, tokens, positions, segment_ids, loss_mask, num_tokens):
