@@ -88,7 +88,6 @@ SHRINK = [
     "rl.update.minibatch_size=4",
     "rl.update.microbatch_size=0",  # a recipe's own (web: 8) need not divide 4
     "rl.data.max_sampling_rounds=2",
-    "sft.microbatch_size=0",
     "sft.num_demos=4",
     "sft.steps=2",
     "sft.batch_size=2",
