@@ -14,7 +14,7 @@ Every 5 s a thread samples the resident memory of the trainer process and the pr
 set size of its pool workers (they fork from one fork server and share its pages: their RSS
 would count them once per worker), and each iteration records its peak resident memory
 (Linux ``VmHWM``), which does not depend on where in the iteration a sample falls. The
-trainer runs with its default memory settings (``jaxagent.train.host_memory``). At the end:
+trainer runs with its default memory settings (``jaxagent.perf.host_memory``). At the end:
 ``soak.png`` (memory and throughput over time), ``soak.json`` (with fits of the per-iteration
 peaks and of the memory after the last XLA compilation), and one JSON line with minutes, iterations, episodes in (asked for) and out (returned, whatever their
 termination), faults injected vs recovered (a hang recovered = a pool timeout, a crash = a

@@ -16,7 +16,7 @@ COUNT_ARENAS = """
 import ctypes, os, re, sys, tempfile, threading
 
 if sys.argv[1] == "limit":
-    from jaxagent.train import host_memory
+    from jaxagent.perf import host_memory
 
     assert host_memory.limit_arenas()
 

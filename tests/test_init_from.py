@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxagent.agents.chat import TemplateChat
-from jaxagent.cli import main
+from jaxagent.cli.main import main
 from jaxagent.envs.registry import get_env_spec
 from jaxagent.models import load_hf
 from jaxagent.train.chatml_corpus import chatml_corpus

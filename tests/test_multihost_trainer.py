@@ -28,7 +28,7 @@ from jaxagent.train.metrics_log import read_jsonl
 from test_mesh_trainer import NONDETERMINISTIC, TINY, assert_same_run
 
 ROOT = Path(__file__).parent.parent
-RUN = "import sys; from jaxagent.cli import main; sys.exit(main(sys.argv[1:]))"
+RUN = "import sys; from jaxagent.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _free_port() -> int:

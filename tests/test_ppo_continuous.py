@@ -8,12 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from jaxagent.rl.classic.ppo_continuous import PPOConfig, PPOLearner
-from jaxagent.rl.classic.ppo_losses import Minibatch, ppo_loss, rollout_gae
-from jaxagent.rl.classic.ppo_networks import NumpyPolicy, gaussian_logprob, init_networks
-from jaxagent.rl.classic.ppo_normalize import RewardScaler, RunningMoments, update_moments
-from jaxagent.train.config import ConfigError
-from jaxagent.train.ppo_continuous import load_ppo_config
+from jaxagent.learners.ppo_continuous.update import PPOConfig, PPOLearner
+from jaxagent.learners.ppo_continuous.losses import Minibatch, ppo_loss, rollout_gae
+from jaxagent.learners.ppo_continuous.networks import NumpyPolicy, gaussian_logprob, init_networks
+from jaxagent.learners.ppo_continuous.normalize import RewardScaler, RunningMoments, update_moments
+from jaxagent.errors import ConfigError
+from jaxagent.learners.ppo_continuous.train import load_ppo_config
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs/ppo_halfcheetah.yaml"
 
@@ -191,7 +191,7 @@ def test_update_is_one_jitted_call_that_moves_params_and_keeps_shapes():
     state = learner.init(jax.random.key(0))
     before = jax.device_get(state.params)
     rng = np.random.default_rng(0)
-    from jaxagent.rl.classic.ppo_continuous import Rollout
+    from jaxagent.learners.ppo_continuous.update import Rollout
 
     T, N = 16, 2
     rollout = Rollout(

@@ -105,7 +105,7 @@ DRIVER = textwrap.dedent(
             fire()
 
         T.Checkpointer.save = saving
-    from jaxagent.cli import main
+    from jaxagent.cli.main import main
     sys.exit(main(argv))
     """
 )

@@ -21,7 +21,7 @@ from typing import Callable
 
 import jax
 
-from jaxagent.train.validate import ConfigError
+from jaxagent.errors import ConfigError
 
 # Unknown ids in prompts and observations: above this fraction the run is refused, below it
 # the unknown words are listed as a warning (an observation may quote rare text verbatim).
