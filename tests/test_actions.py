@@ -6,10 +6,11 @@ import random
 import pytest
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ParsedAction, ToolSpec
 from jaxagent.envs.base import FailureMode
 
 TOOLS = [
-    A.ToolSpec(
+    ToolSpec(
         "mul",
         "a times b",
         {
@@ -18,7 +19,7 @@ TOOLS = [
             "required": ["a", "b"],
         },
     ),
-    A.ToolSpec(
+    ToolSpec(
         "price",
         "price of a stock",
         {
@@ -29,7 +30,7 @@ TOOLS = [
             "required": ["item"],
         },
     ),
-    A.ToolSpec(
+    ToolSpec(
         "send",
         "send a message",
         {
@@ -59,7 +60,7 @@ TOOLS = [
 )
 def test_three_syntaxes_give_the_same_call(text):
     parsed = A.resolve_action(text, TOOLS)
-    assert isinstance(parsed, A.ParsedAction), parsed
+    assert isinstance(parsed, ParsedAction), parsed
     assert [(c.name, dict(c.kwargs)) for c in parsed.calls] == [("mul", {"a": 6, "b": 7})]
 
 
@@ -78,148 +79,148 @@ def test_react_thought_final_and_lists():
 
 # (text, ErrorKind, FailureMode, words the message must contain, the argument named)
 MALFORMED = [
-    ("", A.ErrorKind.EMPTY, FailureMode.GAVE_UP, ["empty", "Action:"], None),
-    ("   \n", A.ErrorKind.EMPTY, FailureMode.GAVE_UP, ["empty"], None),
+    ("", ErrorKind.EMPTY, FailureMode.GAVE_UP, ["empty", "Action:"], None),
+    ("   \n", ErrorKind.EMPTY, FailureMode.GAVE_UP, ["empty"], None),
     (
         "the answer is five",
-        A.ErrorKind.NO_ACTION,
+        ErrorKind.NO_ACTION,
         FailureMode.INVALID_SYNTAX,
         ["no 'Action:'", "Final:"],
         None,
     ),
-    ("Thought: hmm", A.ErrorKind.NO_ACTION, FailureMode.INVALID_SYNTAX, ["no 'Action:'"], None),
+    ("Thought: hmm", ErrorKind.NO_ACTION, FailureMode.INVALID_SYNTAX, ["no 'Action:'"], None),
     (
         "Action: mul(a=1, b=2)\nFinal: 2",
-        A.ErrorKind.ACTION_AND_FINAL,
+        ErrorKind.ACTION_AND_FINAL,
         FailureMode.INVALID_SYNTAX,
         ["both"],
         None,
     ),
-    ("Action:", A.ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX, ["followed by nothing"], None),
+    ("Action:", ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX, ["followed by nothing"], None),
     (
         "Action: mul(a=1, b=2",
-        A.ErrorKind.PYTHON_SYNTAX,
+        ErrorKind.PYTHON_SYNTAX,
         FailureMode.INVALID_SYNTAX,
         ["not valid syntax", "never closed"],
         None,
     ),
     (
         "Action: 3 + 4",
-        A.ErrorKind.NOT_A_CALL,
+        ErrorKind.NOT_A_CALL,
         FailureMode.INVALID_SYNTAX,
         ["not a tool call"],
         None,
     ),
     (
         "Action: x = mul(a=1, b=2)",
-        A.ErrorKind.NOT_A_CALL,
+        ErrorKind.NOT_A_CALL,
         FailureMode.INVALID_SYNTAX,
         ["statement"],
         None,
     ),
     (
         "Action: mul(a=__import__('os').getcwd(), b=2)",
-        A.ErrorKind.NON_LITERAL_ARGUMENT,
+        ErrorKind.NON_LITERAL_ARGUMENT,
         FailureMode.INVALID_SYNTAX,
         ["'a'", "not a literal"],
         "a",
     ),
     (
         "Action: mul(a=x, b=2)",
-        A.ErrorKind.NON_LITERAL_ARGUMENT,
+        ErrorKind.NON_LITERAL_ARGUMENT,
         FailureMode.INVALID_SYNTAX,
         ["not a literal"],
         "a",
     ),
     (
         "Action: mul(**kw)",
-        A.ErrorKind.NON_LITERAL_ARGUMENT,
+        ErrorKind.NON_LITERAL_ARGUMENT,
         FailureMode.INVALID_SYNTAX,
         ["name each argument"],
         None,
     ),
     (
         '{"name": "mul", "arguments": {"a": 1,',
-        A.ErrorKind.JSON_SYNTAX,
+        ErrorKind.JSON_SYNTAX,
         FailureMode.INVALID_SYNTAX,
         ["JSON", "does not parse"],
         None,
     ),
     (
         '{"name": "mul", "arguments": "{a: 1}"}',
-        A.ErrorKind.JSON_SYNTAX,
+        ErrorKind.JSON_SYNTAX,
         FailureMode.INVALID_SYNTAX,
         ['"arguments" string of mul'],
         None,
     ),
-    ('{"tool": "mul"}', A.ErrorKind.JSON_SHAPE, FailureMode.INVALID_SYNTAX, ['"name"'], None),
+    ('{"tool": "mul"}', ErrorKind.JSON_SHAPE, FailureMode.INVALID_SYNTAX, ['"name"'], None),
     (
         '{"name": "mul", "arguments": [1, 2]}',
-        A.ErrorKind.JSON_SHAPE,
+        ErrorKind.JSON_SHAPE,
         FailureMode.INVALID_SYNTAX,
         ["must be a JSON object"],
         None,
     ),
-    ("[]", A.ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX, ["no call"], None),
+    ("[]", ErrorKind.NOT_A_CALL, FailureMode.INVALID_SYNTAX, ["no call"], None),
     (
         "Action: mult(a=1, b=2)",
-        A.ErrorKind.UNKNOWN_TOOL,
+        ErrorKind.UNKNOWN_TOOL,
         FailureMode.UNKNOWN_TOOL,
         ["unknown tool 'mult'", "Did you mean mul", "Available tools: mul, price, send"],
         None,
     ),
     (
         "Action: mul(1, 2, 3)",
-        A.ErrorKind.TOO_MANY_POSITIONAL,
+        ErrorKind.TOO_MANY_POSITIONAL,
         FailureMode.BAD_ARGUMENTS,
         ["takes 2", "got 3", "mul(a: integer, b: integer)"],
         None,
     ),
     (
         "Action: mul(1, a=2)",
-        A.ErrorKind.DUPLICATE_ARGUMENT,
+        ErrorKind.DUPLICATE_ARGUMENT,
         FailureMode.BAD_ARGUMENTS,
         ["'a'", "both by position and by name"],
         "a",
     ),
     (
         "Action: mul(a=1, a=2)",
-        A.ErrorKind.DUPLICATE_ARGUMENT,
+        ErrorKind.DUPLICATE_ARGUMENT,
         FailureMode.BAD_ARGUMENTS,
         ["'a' twice"],
         "a",
     ),
     (
         "Action: mul(a=1)",
-        A.ErrorKind.INVALID_ARGUMENTS,
+        ErrorKind.INVALID_ARGUMENTS,
         FailureMode.BAD_ARGUMENTS,
         ["missing required argument 'b'", "Expected: mul(a: integer, b: integer)"],
         "b",
     ),
     (
         "Action: mul(a='6', b=7)",
-        A.ErrorKind.INVALID_ARGUMENTS,
+        ErrorKind.INVALID_ARGUMENTS,
         FailureMode.BAD_ARGUMENTS,
         ["argument 'a' must be of type integer", '"6"'],
         "a",
     ),
     (
         "Action: mul(a=1, b=2, c=3)",
-        A.ErrorKind.INVALID_ARGUMENTS,
+        ErrorKind.INVALID_ARGUMENTS,
         FailureMode.BAD_ARGUMENTS,
         ["unexpected argument 'c'", "known arguments: a, b"],
         "c",
     ),
     (
         'Action: price(item="zeta")',
-        A.ErrorKind.INVALID_ARGUMENTS,
+        ErrorKind.INVALID_ARGUMENTS,
         FailureMode.BAD_ARGUMENTS,
         ['argument \'item\' must be one of "acme", "bolt"', '"zeta"'],
         "item",
     ),
     (
         'Action: send(to="bob", tags=["a", 3])',
-        A.ErrorKind.INVALID_ARGUMENTS,
+        ErrorKind.INVALID_ARGUMENTS,
         FailureMode.BAD_ARGUMENTS,
         ["argument 'tags'[1] must be of type string"],
         "tags",
@@ -234,7 +235,7 @@ MALFORMED = [
 )
 def test_malformed_call_gives_readable_error(text, kind, mode, phrases, argument):
     result = A.resolve_action(text, TOOLS)
-    assert isinstance(result, A.ActionError), result
+    assert isinstance(result, ActionError), result
     assert result.kind == kind
     assert result.failure_mode == mode
     for phrase in phrases:
@@ -244,7 +245,7 @@ def test_malformed_call_gives_readable_error(text, kind, mode, phrases, argument
 
 
 def test_every_error_kind_is_covered():
-    assert {m[1] for m in MALFORMED} == set(A.ErrorKind)
+    assert {m[1] for m in MALFORMED} == set(ErrorKind)
 
 
 def test_parser_never_raises_on_garbage():
@@ -255,13 +256,13 @@ def test_parser_never_raises_on_garbage():
     texts += [good[:i] for i in range(len(good))] + ["(" * 500 + ")" * 500, "1" * 5000]
     for text in texts:
         result = A.resolve_action(text, TOOLS)
-        assert isinstance(result, (A.ParsedAction, A.ActionError))
+        assert isinstance(result, (ParsedAction, ActionError))
 
 
 def test_nothing_is_evaluated(tmp_path):
     marker = tmp_path / "pwned"
     text = f"Action: mul(a=open({str(marker)!r}, 'w').write('x'), b=1)"
-    assert isinstance(A.resolve_action(text, TOOLS), A.ActionError)
+    assert isinstance(A.resolve_action(text, TOOLS), ActionError)
     assert not marker.exists()
 
 
@@ -280,7 +281,7 @@ def test_tool_spec_schema_normalisation_and_errors():
         },
         "response": {"type": "dict", "properties": {}},
     }
-    spec = A.ToolSpec.from_json(bfcl_style)
+    spec = ToolSpec.from_json(bfcl_style)
     assert spec.parameters["type"] == "object"
     assert spec.parameters["properties"]["ratio"]["type"] == "number"
     assert spec.parameters["properties"]["pair"]["type"] == "array"
@@ -290,17 +291,17 @@ def test_tool_spec_schema_normalisation_and_errors():
     assert spec.signature() == "move(src: string, ratio?: number, pair?: array)"
     assert A.validate_arguments(spec, {"src": "a", "ratio": 2}) is None  # int is a number
     with pytest.raises(ValueError, match="must be an identifier"):
-        A.ToolSpec("bad name")
+        ToolSpec("bad name")
     with pytest.raises(ValueError, match="object schema"):
-        A.ToolSpec("x", parameters={"type": "string"})
+        ToolSpec("x", parameters={"type": "string"})
     with pytest.raises(Exception, match="not valid"):
-        A.ToolSpec("x", parameters={"type": "object", "properties": {"a": {"type": 3}}})
+        ToolSpec("x", parameters={"type": "object", "properties": {"a": {"type": 3}}})
     with pytest.raises(ValueError, match="duplicate tool name 'mul'"):
         A.tool_table(TOOLS + TOOLS[:1])
 
 
 def test_param_order_override_for_positional_binding():
-    spec = A.ToolSpec(
+    spec = ToolSpec(
         "diff",
         parameters={"properties": {"x": {"type": "string"}, "y": {"type": "string"}}},
         param_order=("y", "x"),

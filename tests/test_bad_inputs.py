@@ -329,7 +329,7 @@ def test_bad_input_exits_2_with_one_line_naming_it(case, tmp_path, capsys):
 
 
 def _tools():
-    from jaxagent.envs.actions import ToolSpec
+    from jaxagent.envs.tool_spec import ToolSpec
 
     return [
         ToolSpec(
@@ -366,7 +366,8 @@ TOOL_CASES = {
 
 @pytest.mark.parametrize("case", list(TOOL_CASES))
 def test_bad_tool_call_names_the_argument_value_and_fix(case):
-    from jaxagent.envs.actions import ActionError, resolve_action
+    from jaxagent.envs.actions import resolve_action
+    from jaxagent.envs.tool_spec import ActionError
 
     text, needles = TOOL_CASES[case]
     result = resolve_action(text, _tools())

@@ -224,7 +224,7 @@ def test_export_config_reads_the_same_in_transformers_4_and_5_forms(tmp_path, ro
     v5 = {
         k: v for k, v in written.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")
     }
-    from jaxagent.models.hf import config_from_hf
+    from jaxagent.models.hf_config import config_from_hf
 
     assert config_from_hf(v4) == config_from_hf(v5) == config
     reread = transformers.AutoConfig.from_pretrained(out)

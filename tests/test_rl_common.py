@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.models import ModelConfig, init_model
-from jaxagent.rl.losses import token_logprobs_and_entropy
+from jaxagent.models import token_logprobs_and_entropy
 from jaxagent.rl.update import model_apply_fn
 from jaxagent.types import TokenBatch
 

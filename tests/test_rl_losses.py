@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxagent.rl import kl as K
+from jaxagent.models import token_logprobs_and_entropy
 from jaxagent.rl import losses as L
 from jaxagent.rl.config import LossConfig, KLConfig, RLConfig, RLConfigError, UpdateConfig
 from jaxagent.rl.recipes import default_samples_per_task, get_recipe, recipe_names
@@ -27,7 +28,7 @@ def test_token_logprobs_and_entropy_match_numpy():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
     tokens = rng.integers(0, 7, size=(2, 5))
-    lp, ent = jax.jit(L.token_logprobs_and_entropy)(logits, tokens)
+    lp, ent = jax.jit(token_logprobs_and_entropy)(logits, tokens)
     ls = np_log_softmax(logits.astype(np.float64))
     ref_lp = np.zeros((2, 5))
     ref_ent = np.zeros((2, 5))

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxagent.rl.losses import aggregation_denominators, token_logprobs_and_entropy
+from jaxagent.models import token_logprobs_and_entropy
+from jaxagent.rl.losses import aggregation_denominators
 from jaxagent.rl.lora import lora_param_count
 from jaxagent.rl.prepare import compute_advantages
 from jaxagent.rl.recipes import get_recipe

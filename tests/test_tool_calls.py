@@ -3,10 +3,11 @@
 import pytest
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ParsedAction, ToolSpec
 from jaxagent.envs import tool_calls as T
 
 TOOLS = [
-    A.ToolSpec(
+    ToolSpec(
         "price",
         parameters={
             "type": "object",
@@ -14,7 +15,7 @@ TOOLS = [
             "required": ["item"],
         },
     ),
-    A.ToolSpec(
+    ToolSpec(
         "mul",
         parameters={
             "type": "object",
@@ -26,7 +27,7 @@ TOOLS = [
 
 
 def _calls(result):
-    assert isinstance(result, A.ParsedAction), result
+    assert isinstance(result, ParsedAction), result
     return [(c.name, dict(c.kwargs)) for c in result.calls]
 
 
@@ -107,7 +108,7 @@ def test_mistral_v3_list_and_v11_args():
 def test_malformed_native_calls_give_readable_error_kinds(syntax, text, kind, needle):
     for s in ("auto", syntax):
         out = A.parse_action(text, s)
-        assert isinstance(out, A.ActionError), (s, out)
+        assert isinstance(out, ActionError), (s, out)
         assert out.kind.value == kind and needle in out.message, (s, out.message)
         assert out.failure_mode.value == "invalid_syntax"
 
@@ -122,24 +123,24 @@ def test_malformed_native_calls_give_readable_error_kinds(syntax, text, kind, ne
 )
 def test_unknown_tool_and_bad_arguments_like_every_syntax(text):
     out = A.resolve_action(text, TOOLS)
-    assert isinstance(out, A.ActionError) and out.kind == A.ErrorKind.UNKNOWN_TOOL
+    assert isinstance(out, ActionError) and out.kind == ErrorKind.UNKNOWN_TOOL
     assert "Did you mean price?" in out.message and out.failure_mode.value == "unknown_tool"
     bad = A.resolve_action(
         '<tool_call>{"name": "mul", "arguments": {"a": "x", "b": 1}}</tool_call>', TOOLS
     )
-    assert bad.kind == A.ErrorKind.INVALID_ARGUMENTS and bad.argument == "a"
+    assert bad.kind == ErrorKind.INVALID_ARGUMENTS and bad.argument == "a"
     assert "must be of type number" in bad.message
 
 
 def test_plain_text_is_the_final_answer_only_in_an_explicit_native_syntax():
     assert A.parse_action("the answer is 36", "hermes").final == "the answer is 36"
     assert A.parse_action("Final: 36", "mistral").final == "36"
-    assert A.parse_action("   ", "llama3").kind == A.ErrorKind.EMPTY
-    assert A.parse_action("the answer is 36").kind == A.ErrorKind.NO_ACTION  # auto: unchanged
+    assert A.parse_action("   ", "llama3").kind == ErrorKind.EMPTY
+    assert A.parse_action("the answer is 36").kind == ErrorKind.NO_ACTION  # auto: unchanged
     # "react" never reads native markers: a <tool_call> is not Python.
     assert A.parse_action('<tool_call>{"name": "x"}</tool_call>', "react").kind in (
-        A.ErrorKind.PYTHON_SYNTAX,
-        A.ErrorKind.NO_ACTION,
+        ErrorKind.PYTHON_SYNTAX,
+        ErrorKind.NO_ACTION,
     )
     with pytest.raises(ValueError, match="choose one of"):
         A.parse_action("x", "harmony")
@@ -151,11 +152,11 @@ def test_render_round_trips_and_demonstrations_convert(syntax):
     text = T.render_calls(calls, syntax)
     assert _calls(A.parse_action(text, syntax)) == calls
     assert _calls(A.parse_action(text)) == calls  # auto detects it
-    demo = T.to_native('Action : price ( item = " acme " )', syntax)
+    demo = A.to_native('Action : price ( item = " acme " )', syntax)
     assert _calls(A.resolve_action(demo, TOOLS, syntax)) == [("price", {"item": "acme"})]
     # Final answers and deliberate mistakes stay as the demonstrator wrote them.
-    assert T.to_native("Final : 36", syntax) == "Final : 36"
-    assert T.to_native("Action : price ( item = ", syntax) == "Action : price ( item = "
+    assert A.to_native("Final : 36", syntax) == "Final : 36"
+    assert A.to_native("Action : price ( item = ", syntax) == "Action : price ( item = "
 
 
 def test_syntax_of_template():

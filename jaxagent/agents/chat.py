@@ -49,7 +49,8 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 from jaxagent.envs.base import Task
-from jaxagent.envs.tool_calls import syntax_of_template, to_native
+from jaxagent.envs.actions import to_native
+from jaxagent.envs.tool_calls import syntax_of_template
 
 PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"

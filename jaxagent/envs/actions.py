@@ -27,22 +27,25 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import jsonschema
 
-from jaxagent.envs.tool_spec import (  # noqa: F401 (the public names live here too)
+from jaxagent.envs.tool_calls import (
+    NATIVE,
+    SYNTAX_HINT,
+    clip,
+    parse_json_calls,
+    parse_native,
+    render_calls,
+)
+from jaxagent.envs.tool_spec import (
     ActionError,
     ErrorKind,
     ParsedAction,
     ParseResult,
     ToolCall,
     ToolSpec,
-    normalize_schema,
 )
 
 
 _REACT_KEY = re.compile(r"^\s*(Thought|Action|Final Answer|Final)\s*:\s?", re.I | re.M)
-_SYNTAX_HINT = (
-    'write one call like  Action: tool_name(arg="value")  or  Final: <answer>; '
-    'JSON calls look like {"name": "tool_name", "arguments": {"arg": "value"}}'
-)
 
 
 def parse_action(text: str, syntax: str = "auto") -> ParseResult:
@@ -56,9 +59,7 @@ def parse_action(text: str, syntax: str = "auto") -> ParseResult:
     Returns a ``ParsedAction`` or an ``ActionError``; never raises on any input string.
     """
     if not isinstance(text, str) or not text.strip():
-        return ActionError(ErrorKind.EMPTY, "error: the action is empty. " + _SYNTAX_HINT)
-    from jaxagent.envs.tool_calls import parse_native  # local: tool_calls imports this module
-
+        return ActionError(ErrorKind.EMPTY, "error: the action is empty. " + SYNTAX_HINT)
     native = parse_native(text, syntax)
     if native is not None:
         return native
@@ -67,8 +68,8 @@ def parse_action(text: str, syntax: str = "auto") -> ParseResult:
         if not re.search(r"[(\[{]", text):
             return ActionError(
                 ErrorKind.NO_ACTION,
-                f"error: {_clip(text)!r} holds no 'Action:', no 'Final:' and no "
-                "tool call. " + _SYNTAX_HINT,
+                f"error: {clip(text)!r} holds no 'Action:', no 'Final:' and no "
+                "tool call. " + SYNTAX_HINT,
             )
         return _parse_calls(text.strip(), thought=None)
     thought = sections["thought"].strip() if "thought" in sections else None
@@ -85,12 +86,12 @@ def parse_action(text: str, syntax: str = "auto") -> ParseResult:
         body = sections["action"].strip()
         if not body:
             return ActionError(
-                ErrorKind.NOT_A_CALL, "error: 'Action:' is followed by nothing. " + _SYNTAX_HINT
+                ErrorKind.NOT_A_CALL, "error: 'Action:' is followed by nothing. " + SYNTAX_HINT
             )
         return _parse_calls(body, thought=thought)
     return ActionError(
         ErrorKind.NO_ACTION,
-        "error: found a 'Thought:' but no 'Action:' or 'Final:'. " + _SYNTAX_HINT,
+        "error: found a 'Thought:' but no 'Action:' or 'Final:'. " + SYNTAX_HINT,
     )
 
 
@@ -108,54 +109,8 @@ def _react_sections(text: str) -> dict[str, str] | None:
 
 def _parse_calls(body: str, thought: str | None) -> ParseResult:
     if body[0] in "{[" and not re.match(r"^\[\s*[A-Za-z_]", body):
-        return _parse_json_calls(body, thought)
+        return parse_json_calls(body, thought)
     return _parse_python_calls(body, thought)
-
-
-def _parse_json_calls(body: str, thought: str | None) -> ParseResult:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as err:
-        return ActionError(
-            ErrorKind.JSON_SYNTAX,
-            f"error: the JSON call does not parse ({err.msg} at line {err.lineno} "
-            f"column {err.colno}). " + _SYNTAX_HINT,
-        )
-    items = data if isinstance(data, list) else [data]
-    calls = []
-    for item in items:
-        if isinstance(item, Mapping) and isinstance(item.get("function"), Mapping):
-            item = item["function"]
-        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
-            return ActionError(
-                ErrorKind.JSON_SHAPE,
-                'error: a JSON call must be an object with a string "name" and an '
-                f'object "arguments"; got {_clip(json.dumps(item))}',
-            )
-        args = item.get("arguments", item.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as err:
-                return ActionError(
-                    ErrorKind.JSON_SYNTAX,
-                    f'error: the "arguments" string of {item["name"]} is not valid '
-                    f"JSON ({err.msg}).",
-                    tool=item["name"],
-                )
-        if not isinstance(args, Mapping):
-            return ActionError(
-                ErrorKind.JSON_SHAPE,
-                f'error: "arguments" of {item["name"]} must be a JSON object of '
-                f"named arguments, got {type(args).__name__}",
-                tool=item["name"],
-            )
-        calls.append(ToolCall(item["name"], dict(args), (), json.dumps(item)))
-    if not calls:
-        return ActionError(
-            ErrorKind.NOT_A_CALL, "error: the JSON list holds no call. " + _SYNTAX_HINT
-        )
-    return ParsedAction(calls=tuple(calls), thought=thought)
 
 
 def _parse_python_calls(body: str, thought: str | None) -> ParseResult:
@@ -165,20 +120,19 @@ def _parse_python_calls(body: str, thought: str | None) -> ParseResult:
         return ActionError(
             ErrorKind.PYTHON_SYNTAX,
             f"error: the call is not valid syntax ({err.msg}, column "
-            f"{err.offset}): {_clip(body)}. " + _SYNTAX_HINT,
+            f"{err.offset}): {clip(body)}. " + SYNTAX_HINT,
         )
     nodes: list[ast.AST] = []
     for stmt in module.body:
         if not isinstance(stmt, ast.Expr):
             return ActionError(
                 ErrorKind.NOT_A_CALL,
-                f"error: {_clip(ast.unparse(stmt))} is a statement, not a tool "
-                "call. " + _SYNTAX_HINT,
+                f"error: {clip(ast.unparse(stmt))} is a statement, not a tool call. " + SYNTAX_HINT,
             )
         value = stmt.value
         nodes.extend(value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value])
     if not nodes:
-        return ActionError(ErrorKind.NOT_A_CALL, "error: no call found. " + _SYNTAX_HINT)
+        return ActionError(ErrorKind.NOT_A_CALL, "error: no call found. " + SYNTAX_HINT)
     calls = []
     for node in nodes:
         call = _call_from_node(node)
@@ -192,7 +146,7 @@ def _call_from_node(node: ast.AST) -> ToolCall | ActionError:
     src = ast.unparse(node)
     if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
         return ActionError(
-            ErrorKind.NOT_A_CALL, f"error: {_clip(src)} is not a tool call. " + _SYNTAX_HINT
+            ErrorKind.NOT_A_CALL, f"error: {clip(src)} is not a tool call. " + SYNTAX_HINT
         )
     name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
     args, kwargs = [], {}
@@ -236,18 +190,13 @@ def _literal(node: ast.AST) -> Any:
 def _non_literal(name: str, where: str, node: ast.AST, arg: str | None = None) -> ActionError:
     return ActionError(
         ErrorKind.NON_LITERAL_ARGUMENT,
-        f"error: {where} of {name} is {_clip(ast.unparse(node))}, which is not a "
+        f"error: {where} of {name} is {clip(ast.unparse(node))}, which is not a "
         "literal. Arguments must be plain values (numbers, quoted strings, "
         "lists, dicts, True/False/None); expressions and variables are not "
         "evaluated.",
         tool=name,
         argument=arg,
     )
-
-
-def _clip(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def tool_table(tools: Mapping[str, ToolSpec] | Sequence[ToolSpec]) -> dict[str, ToolSpec]:
@@ -325,7 +274,7 @@ def _describe(
     path = list(err.absolute_path)
     arg = str(path[0]) if path else None
     where = "argument " + repr(arg) + "".join(f"[{p!r}]" for p in path[1:])
-    got = _clip(json.dumps(err.instance, default=repr), 40)
+    got = clip(json.dumps(err.instance, default=repr), 40)
     if err.validator == "type":
         return arg, f"{where} must be of type {err.validator_value}, got {got}"
     if err.validator == "enum":
@@ -369,3 +318,23 @@ def unknown_tool_error(name: str, names: Iterable[str]) -> ActionError:
         f"error: unknown tool {name!r}.{hint} Available tools: {listing}",
         tool=name,
     )
+
+
+def to_native(text: str, syntax: str) -> str:
+    """A demonstrator's action (ReAct / Python-call / JSON text) in the native ``syntax``.
+
+    Well-formed calls with named arguments are rewritten (string values stripped: the
+    word-level demonstrators pad quotes with spaces); a final answer, a malformed action (a
+    demonstrator's deliberate mistake) or a call with positional arguments stays as written,
+    so the environment judges the same action either way.
+    """
+    if syntax not in NATIVE:
+        return text
+    parsed = parse_action(text)
+    if isinstance(parsed, ActionError) or parsed.is_final or any(c.args for c in parsed.calls):
+        return text
+    calls = [
+        (c.name, {k: v.strip() if isinstance(v, str) else v for k, v in c.kwargs.items()})
+        for c in parsed.calls
+    ]
+    return render_calls(calls, syntax)

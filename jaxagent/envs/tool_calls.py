@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ParsedAction, ParseResult, ToolCall
 
 SYNTAXES = ("auto", "react", "hermes", "llama3", "mistral")
 NATIVE = ("hermes", "llama3", "mistral")
@@ -44,6 +44,12 @@ _HINT = {
     "llama3": 'write {"name": "tool_name", "parameters": {"arg": "value"}}',
     "mistral": 'write [TOOL_CALLS][{"name": "tool_name", "arguments": {"arg": "value"}}]',
 }
+
+
+SYNTAX_HINT = (
+    'write one call like  Action: tool_name(arg="value")  or  Final: <answer>; '
+    'JSON calls look like {"name": "tool_name", "arguments": {"arg": "value"}}'
+)
 
 
 def check_syntax(syntax: str) -> str:
@@ -80,7 +86,7 @@ def syntax_of_template(template: str | None) -> str:
     return "react"
 
 
-def parse_native(text: str, syntax: str = "auto") -> A.ParseResult | None:
+def parse_native(text: str, syntax: str = "auto") -> ParseResult | None:
     """Parses a native tool call; None when ``text`` is not one (auto: no marker)."""
     check_syntax(syntax)
     if syntax == "react":
@@ -99,25 +105,25 @@ def parse_native(text: str, syntax: str = "auto") -> A.ParseResult | None:
     return _parse_llama3(text)
 
 
-def _final(text: str, syntax: str) -> A.ParseResult:
+def _final(text: str, syntax: str) -> ParseResult | None:
     """Plain text in an explicit native syntax: the final answer (``Final:`` stripped)."""
     body = text.strip()
     if not body:
-        return A.ActionError(A.ErrorKind.EMPTY, "error: the answer is empty. " + _HINT[syntax])
+        return ActionError(ErrorKind.EMPTY, "error: the answer is empty. " + _HINT[syntax])
     if re.match(r"^\s*(final answer|final)\s*:", body, re.I):
-        return A.parse_action(body)
-    return A.ParsedAction(final=body)
+        return None  # a ReAct final answer: ``actions.parse_action`` reads it
+    return ParsedAction(final=body)
 
 
-def _syntax_error(message: str, syntax: str) -> A.ActionError:
-    return A.ActionError(A.ErrorKind.JSON_SYNTAX, f"error: {message}. {_HINT[syntax]}")
+def _syntax_error(message: str, syntax: str) -> ActionError:
+    return ActionError(ErrorKind.JSON_SYNTAX, f"error: {message}. {_HINT[syntax]}")
 
 
-def _parse_hermes(text: str) -> A.ParseResult:
+def _parse_hermes(text: str) -> ParseResult:
     if _OPEN not in text and _CLOSE not in text:
         return _final(text, "hermes")
     thought = text.split(_OPEN, 1)[0].strip() or None
-    calls: list[A.ToolCall] = []
+    calls: list[ToolCall] = []
     rest = text
     while True:
         start, stop = rest.find(_OPEN), rest.find(_CLOSE)
@@ -128,85 +134,83 @@ def _parse_hermes(text: str) -> A.ParseResult:
         stop = rest.find(_CLOSE, start)
         if stop < 0:
             return _syntax_error(
-                f"the <tool_call> tag is not closed: {A._clip(rest[start:])!r}", "hermes"
+                f"the <tool_call> tag is not closed: {clip(rest[start:])!r}", "hermes"
             )
         body = rest[start + len(_OPEN) : stop].strip()
         if not body:
-            return A.ActionError(
-                A.ErrorKind.NOT_A_CALL, "error: an empty <tool_call> block. " + _HINT["hermes"]
+            return ActionError(
+                ErrorKind.NOT_A_CALL, "error: an empty <tool_call> block. " + _HINT["hermes"]
             )
         parsed = _json_calls(body, "hermes")
-        if isinstance(parsed, A.ActionError):
+        if isinstance(parsed, ActionError):
             return parsed
         calls.extend(parsed)
         rest = rest[stop + len(_CLOSE) :]
     if rest.strip():
-        return A.ActionError(
-            A.ErrorKind.NOT_A_CALL,
-            f"error: text after the last </tool_call>: {A._clip(rest)!r}; end the turn "
+        return ActionError(
+            ErrorKind.NOT_A_CALL,
+            f"error: text after the last </tool_call>: {clip(rest)!r}; end the turn "
             "after the tool calls. " + _HINT["hermes"],
         )
-    return A.ParsedAction(calls=tuple(calls), thought=thought)
+    return ParsedAction(calls=tuple(calls), thought=thought)
 
 
-def _parse_llama3(text: str) -> A.ParseResult:
+def _parse_llama3(text: str) -> ParseResult:
     body = text.strip()
     if body.startswith(_PYTHON_TAG):
         body = body[len(_PYTHON_TAG) :].strip()
     elif not body.startswith("{"):
         return _final(text, "llama3")
     if not body:
-        return A.ActionError(A.ErrorKind.NOT_A_CALL, "error: no call found. " + _HINT["llama3"])
-    calls: list[A.ToolCall] = []
+        return ActionError(ErrorKind.NOT_A_CALL, "error: no call found. " + _HINT["llama3"])
+    calls: list[ToolCall] = []
     for piece in _split_top_level(body, ";"):
         parsed = _json_calls(piece, "llama3")
-        if isinstance(parsed, A.ActionError):
+        if isinstance(parsed, ActionError):
             return parsed
         calls.extend(parsed)
-    return A.ParsedAction(calls=tuple(calls))
+    return ParsedAction(calls=tuple(calls))
 
 
-def _parse_mistral(text: str) -> A.ParseResult:
+def _parse_mistral(text: str) -> ParseResult:
     thought, body = text.split(_MISTRAL, 1)
     body = body.strip()
     if not body:
-        return A.ActionError(
-            A.ErrorKind.NOT_A_CALL,
+        return ActionError(
+            ErrorKind.NOT_A_CALL,
             "error: [TOOL_CALLS] is followed by nothing. " + _HINT["mistral"],
         )
-    calls: list[A.ToolCall] = []
+    calls: list[ToolCall] = []
     if body[0] in "[{":
         parsed = _json_calls(body, "mistral")
-        if isinstance(parsed, A.ActionError):
+        if isinstance(parsed, ActionError):
             return parsed
         calls.extend(parsed)
     else:  # v11+: name[ARGS]{json}[TOOL_CALLS]name[ARGS]{json} ...
         for piece in body.split(_MISTRAL):
             name, sep, args = piece.partition(_ARGS)
             if not sep:
-                return _syntax_error(f"[TOOL_CALLS]{A._clip(piece)} has no [ARGS]", "mistral")
+                return _syntax_error(f"[TOOL_CALLS]{clip(piece)} has no [ARGS]", "mistral")
             doc = f'{{"name": {json.dumps(name.strip())}, "arguments": {args.strip() or "{}"}}}'
             parsed = _json_calls(doc, "mistral", shown=args.strip())
-            if isinstance(parsed, A.ActionError):
+            if isinstance(parsed, ActionError):
                 return parsed
             calls.extend(parsed)
-    return A.ParsedAction(calls=tuple(calls), thought=thought.strip() or None)
+    return ParsedAction(calls=tuple(calls), thought=thought.strip() or None)
 
 
-def _json_calls(
-    body: str, syntax: str, shown: str | None = None
-) -> list[A.ToolCall] | A.ActionError:
+def _json_calls(body: str, syntax: str, shown: str | None = None) -> list[ToolCall] | ActionError:
     """The calls of one JSON body (an object or a list), via ``actions``' JSON rules."""
     try:
         json.loads(body)
     except json.JSONDecodeError as err:
         return _syntax_error(
             f"the tool call's JSON does not parse ({err.msg} at column {err.colno}): "
-            f"{A._clip(shown if shown is not None else body)!r}",
+            f"{clip(shown if shown is not None else body)!r}",
             syntax,
         )
-    parsed = A._parse_json_calls(body, thought=None)
-    if isinstance(parsed, A.ActionError):
+    parsed = parse_json_calls(body, thought=None)
+    if isinstance(parsed, ActionError):
         return parsed
     return list(parsed.calls)
 
@@ -245,21 +249,54 @@ def render_calls(calls: Sequence[tuple[str, Mapping[str, Any]]], syntax: str) ->
     raise ValueError(f"render_calls: syntax={syntax!r} is not native; choose one of {NATIVE}")
 
 
-def to_native(text: str, syntax: str) -> str:
-    """A demonstrator's action (ReAct / Python-call / JSON text) in the native ``syntax``.
+def parse_json_calls(body: str, thought: str | None) -> ParseResult:
+    """The calls of a JSON object or list (OpenAI's ``{"function": ...}`` wrapper accepted;
+    ``arguments`` or Llama's ``parameters``, as an object or a JSON string)."""
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as err:
+        return ActionError(
+            ErrorKind.JSON_SYNTAX,
+            f"error: the JSON call does not parse ({err.msg} at line {err.lineno} "
+            f"column {err.colno}). " + SYNTAX_HINT,
+        )
+    items = data if isinstance(data, list) else [data]
+    calls = []
+    for item in items:
+        if isinstance(item, Mapping) and isinstance(item.get("function"), Mapping):
+            item = item["function"]
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            return ActionError(
+                ErrorKind.JSON_SHAPE,
+                'error: a JSON call must be an object with a string "name" and an '
+                f'object "arguments"; got {clip(json.dumps(item))}',
+            )
+        args = item.get("arguments", item.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as err:
+                return ActionError(
+                    ErrorKind.JSON_SYNTAX,
+                    f'error: the "arguments" string of {item["name"]} is not valid '
+                    f"JSON ({err.msg}).",
+                    tool=item["name"],
+                )
+        if not isinstance(args, Mapping):
+            return ActionError(
+                ErrorKind.JSON_SHAPE,
+                f'error: "arguments" of {item["name"]} must be a JSON object of '
+                f"named arguments, got {type(args).__name__}",
+                tool=item["name"],
+            )
+        calls.append(ToolCall(item["name"], dict(args), (), json.dumps(item)))
+    if not calls:
+        return ActionError(
+            ErrorKind.NOT_A_CALL, "error: the JSON list holds no call. " + SYNTAX_HINT
+        )
+    return ParsedAction(calls=tuple(calls), thought=thought)
 
-    Well-formed calls with named arguments are rewritten (string values stripped: the
-    word-level demonstrators pad quotes with spaces); a final answer, a malformed action (a
-    demonstrator's deliberate mistake) or a call with positional arguments stays as written,
-    so the environment judges the same action either way.
-    """
-    if syntax not in NATIVE:
-        return text
-    parsed = A.parse_action(text)
-    if isinstance(parsed, A.ActionError) or parsed.is_final or any(c.args for c in parsed.calls):
-        return text
-    calls = [
-        (c.name, {k: v.strip() if isinstance(v, str) else v for k, v in c.kwargs.items()})
-        for c in parsed.calls
-    ]
-    return render_calls(calls, syntax)
+
+def clip(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -20,8 +20,7 @@ from safetensors.flax import save_file
 
 from jaxagent.models.api import Params, abstract_graphdef, model_config
 from jaxagent.models.config import ModelConfig
-from jaxagent.models.hf_config import (  # noqa: F401  (part of this module's API)
-    SUPPORTED_MODEL_TYPES,
+from jaxagent.models.hf_config import (
     _add_legacy_keys,
     config_from_hf,
     config_to_hf,

@@ -33,7 +33,7 @@ from jaxagent.rl import losses as loss_lib
 from jaxagent.rl.kl import KL_ESTIMATORS
 
 # The tables the sections validate against (also importable from here, as before).
-from jaxagent.rl.tables import ADVANTAGE_ESTIMATORS, POLICY_LOSSES  # noqa: F401
+from jaxagent.rl.tables import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from jaxagent.types import TokenBatch
 
 _DC = dict(frozen=True, kw_only=True, slots=True)

@@ -17,7 +17,6 @@ from typing import Literal, Optional
 import jax
 import jax.numpy as jnp
 
-from jaxagent.models import token_logprobs_and_entropy  # noqa: F401 (re-exported)
 from jaxagent.rl.kl import LOG_RATIO_CLIP
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"]
@@ -26,13 +25,6 @@ RatioLevel = Literal["token", "turn", "trajectory"]
 RATIO_LEVELS = ("token", "turn", "trajectory")
 ClipLower = Literal["subtract", "reciprocal"]
 CLIP_LOWERS = ("subtract", "reciprocal")
-
-
-# ----------------------------------------------------------------------------- log-probs
-
-
-# The aligned log-probs (and entropies) of full logits are the models' own definition, kept
-# in one place: ``jaxagent.models.token_logprobs_and_entropy`` (re-exported here).
 
 
 # ----------------------------------------------------------------------------- aggregation

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxagent.rl.lora import LoraParams, merge_lora, path_name
-from jaxagent.rl.losses import token_logprobs_and_entropy
+from jaxagent.models import token_logprobs_and_entropy
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
 LogprobFn = Callable[..., tuple[jax.Array, jax.Array, Optional[jax.Array]]]

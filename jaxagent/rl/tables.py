@@ -3,21 +3,20 @@ names against them; ``rl/prepare.py`` and ``rl/update.py`` call the entries).
 
 ``ADVANTAGE_ESTIMATORS``: ``advantage.estimator`` -> an ``Estimator``; ``POLICY_LOSSES``:
 ``loss.policy`` -> a ``PolicyLoss``. Each entry wraps a pure function of ``rl/advantages.py``
-or ``rl/losses.py`` with the section config it reads.
+or ``rl/losses.py`` with the section config it reads (``rl.config.AdvantageConfig`` /
+``LossConfig``; this module does not import them: ``rl.config`` validates names against
+these tables).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 
 from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl import losses as loss_lib
 from jaxagent.types import TokenBatch
-
-if TYPE_CHECKING:
-    from jaxagent.rl.config import AdvantageConfig, LossConfig
 
 __all__ = ["ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "Estimator", "PolicyLoss"]
 
@@ -36,7 +35,7 @@ class Estimator(NamedTuple):
     needs_critic: bool = False
 
 
-def _gae(cfg: "AdvantageConfig", batch: TokenBatch, token_rewards, mask):
+def _gae(cfg, batch: TokenBatch, token_rewards, mask):
     if batch.values is None:
         raise ValueError(
             "TokenBatch.values is None but advantage.estimator='gae' needs critic "
@@ -102,7 +101,7 @@ class PolicyLoss(NamedTuple):
     on_policy: bool
 
 
-def _ppo(cfg: "LossConfig", logp, log_ratio, adv):
+def _ppo(cfg, logp, log_ratio, adv):
     del logp
     return loss_lib.ppo_clip_loss(
         log_ratio, adv, cfg.clip_eps_low, cfg.clip_eps_high, cfg.clip_lower

@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxagent.agents.task_tools import tools_of_env
 from jaxagent.envs.registry import EnvSpec
-from jaxagent.envs.tool_calls import to_native
+from jaxagent.envs.actions import to_native
 from jaxagent.train.tokenizer import build_chatml_tokenizer
 
 

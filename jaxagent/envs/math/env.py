@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ToolSpec
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination, env_error_info
 from jaxagent.envs.math import checker
 from jaxagent.envs.math.calc import CalcError, evaluate, format_value
 from jaxagent.envs.rewards import reward_terms
 
 VARIANTS = ("answer", "tool")
-CALC = A.ToolSpec(
+CALC = ToolSpec(
     name="calc",
     description="exact arithmetic: + - * / and parentheses",
     parameters={
@@ -73,8 +74,8 @@ class MathEnv:
         if self.config.variant == "answer":
             return self._finish(action)
         parsed = A.parse_action(action)
-        if isinstance(parsed, A.ActionError):
-            if parsed.kind == A.ErrorKind.EMPTY:
+        if isinstance(parsed, ActionError):
+            if parsed.kind == ErrorKind.EMPTY:
                 return self._finish("")
             return self._continue("error : bad syntax", FailureMode.INVALID_SYNTAX)
         if parsed.is_final:
@@ -82,7 +83,7 @@ class MathEnv:
         if len(parsed.calls) != 1 or parsed.calls[0].name != "calc":
             return self._continue("error : unknown tool", FailureMode.UNKNOWN_TOOL)
         bound = A.bind_call(parsed.calls[0], CALC)
-        if isinstance(bound, A.ActionError):
+        if isinstance(bound, ActionError):
             return self._continue("error : bad argument expr", FailureMode.BAD_ARGUMENTS)
         try:
             value = format_value(evaluate(bound.kwargs["expr"]))

@@ -17,25 +17,26 @@ import dataclasses
 import re
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ToolCall, ToolSpec
 from jaxagent.envs.base import FailureMode
 
 _INT = {"type": "integer", "minimum": 0}
 _STR = {"type": "string"}
 WEB_ACTIONS = {
-    "click": A.ToolSpec(
+    "click": ToolSpec(
         "click", "click an element", {"properties": {"id": _INT}, "required": ["id"]}
     ),
-    "type": A.ToolSpec(
+    "type": ToolSpec(
         "type",
         "type text into a text box",
         {"properties": {"id": _INT, "text": _STR}, "required": ["id", "text"]},
     ),
-    "select": A.ToolSpec(
+    "select": ToolSpec(
         "select",
         "choose an option of a select",
         {"properties": {"id": _INT, "option": _STR}, "required": ["id", "option"]},
     ),
-    "scroll": A.ToolSpec(
+    "scroll": ToolSpec(
         "scroll",
         "move the view",
         {
@@ -43,13 +44,13 @@ WEB_ACTIONS = {
             "required": ["direction"],
         },
     ),
-    "back": A.ToolSpec("back", "go to the previous page"),
-    "search": A.ToolSpec(
+    "back": ToolSpec("back", "go to the previous page"),
+    "search": ToolSpec(
         "search", "search the site", {"properties": {"query": _STR}, "required": ["query"]}
     ),
-    "finish": A.ToolSpec("finish", "end the episode"),
+    "finish": ToolSpec("finish", "end the episode"),
     # ReAct's think[...]: reasoning written as an action; the page does not change
-    "think": A.ToolSpec(
+    "think": ToolSpec(
         "think", "note a thought", {"properties": {"thought": _STR}, "required": ["thought"]}
     ),
 }
@@ -99,36 +100,36 @@ class WebAction:
         return f"{self.name} ( {args} )" if args else f"{self.name} ( )"
 
 
-def parse_web_action(text: str) -> WebAction | A.ActionError:
+def parse_web_action(text: str) -> WebAction | ActionError:
     """One web action from the agent's text, or an ``ActionError`` with a short message.
 
     ``Final : ...`` counts as ``finish()``; an empty action is giving up (``ErrorKind.EMPTY``).
     """
     text = _BRACKET_ID.sub(r"\1\2", _BARE_SCROLL.sub(r'scroll("\1")', text))
     parsed = A.parse_action(text)
-    if isinstance(parsed, A.ActionError):
-        if parsed.kind == A.ErrorKind.EMPTY:
+    if isinstance(parsed, ActionError):
+        if parsed.kind == ErrorKind.EMPTY:
             return parsed
-        return A.ActionError(parsed.kind, ERROR_TEXTS[0])
+        return ActionError(parsed.kind, ERROR_TEXTS[0])
     if parsed.is_final:
         return WebAction("finish", {})
     if len(parsed.calls) != 1:
-        return A.ActionError(A.ErrorKind.NOT_A_CALL, ERROR_TEXTS[0])
+        return ActionError(ErrorKind.NOT_A_CALL, ERROR_TEXTS[0])
     call = parsed.calls[0]
     spec = WEB_ACTIONS.get(call.name)
     if spec is None:
-        return A.ActionError(A.ErrorKind.UNKNOWN_TOOL, ERROR_TEXTS[1], tool=call.name)
+        return ActionError(ErrorKind.UNKNOWN_TOOL, ERROR_TEXTS[1], tool=call.name)
     strip = lambda v: v.strip() if isinstance(v, str) else v  # noqa: E731 (word detokenizer)
-    call = A.ToolCall(
+    call = ToolCall(
         call.name,
         {k: strip(v) for k, v in call.kwargs.items()},
         tuple(strip(v) for v in call.args),
         call.text,
     )
     bound = A.bind_call(call, spec)
-    if isinstance(bound, A.ActionError):
+    if isinstance(bound, ActionError):
         message = f"{ERROR_TEXTS[2]} {call.name} , write {USAGE[call.name]}"
-        return A.ActionError(bound.kind, message, tool=call.name, argument=bound.argument)
+        return ActionError(bound.kind, message, tool=call.name, argument=bound.argument)
     return WebAction(call.name, dict(bound.kwargs))
 
 
@@ -150,7 +151,7 @@ FAILURE_OF_DETAIL = {
 }
 
 
-def failure_fields(detail: str | None, parse_error: A.ActionError | None = None) -> dict:
+def failure_fields(detail: str | None, parse_error: ActionError | None = None) -> dict:
     """``failure_mode`` (a FailureMode value) and ``failure_detail`` (the site's label) for an
     info dict; a parse error keeps its own kind (invalid_syntax, unknown_tool, ...)."""
     if detail is None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind
 from jaxagent.envs.base import StepResult, Task, Termination
 from jaxagent.envs.rewards import reward_terms
 from jaxagent.envs.web.actions import ERROR_TEXTS, WebAction, failure_fields, parse_web_action
@@ -156,8 +156,8 @@ class WebEnv:
             raise RuntimeError("WebEnv.step called before reset() or after the episode ended")
         self._s["steps"] += 1
         parsed = parse_web_action(action)
-        if isinstance(parsed, A.ActionError):
-            if parsed.kind == A.ErrorKind.EMPTY:
+        if isinstance(parsed, ActionError):
+            if parsed.kind == ErrorKind.EMPTY:
                 return self._finish("gave_up")
             return self._refuse(parsed.message, parsed)
         if parsed.name == "think":  # a thought changes nothing; ReAct's WebShop answers OK
@@ -263,12 +263,12 @@ class WebEnv:
 
     # ------------------------------------------------------------ endings
 
-    def _refuse(self, message: str, parse_error: A.ActionError | None = None) -> StepResult:
+    def _refuse(self, message: str, parse_error: ActionError | None = None) -> StepResult:
         self._s["invalid"] += 1
         return self._continue(f"{message}\n{self.view()}", "refused_action", parse_error)
 
     def _continue(
-        self, obs: str, mode: str | None, parse_error: A.ActionError | None = None
+        self, obs: str, mode: str | None, parse_error: ActionError | None = None
     ) -> StepResult:
         if self._s["steps"] >= self.config.max_steps:
             return self._finish("invalid_action" if mode else "step_budget", truncated=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination, env_error_info
 from jaxagent.envs.rewards import reward_terms
 from jaxagent.envs.web.actions import ERROR_TEXTS, failure_fields, parse_web_action
@@ -174,8 +174,8 @@ class MiniWoBEnv:
 
     def _step(self, action: str) -> StepResult:
         parsed = parse_web_action(action)
-        if isinstance(parsed, A.ActionError):
-            if parsed.kind == A.ErrorKind.EMPTY:
+        if isinstance(parsed, ActionError):
+            if parsed.kind == ErrorKind.EMPTY:
                 return self._end(FailureMode.GAVE_UP.value)
             return self._continue(parsed.message)
         name, kw = parsed.name, parsed.kwargs

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ToolCall, ToolSpec
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination, env_error_info
 from jaxagent.envs.robot.manipulation import scene as S
 from jaxagent.envs.robot.manipulation.skills import DIRECTIONS, Safety, Skills, reachable
@@ -31,18 +32,18 @@ _CUPS = [o for o in S.PALETTE_OBJECTS if o.endswith(" cup")]
 TOOLS = {
     t.name: t
     for t in (
-        A.ToolSpec("look", "describe the scene"),
-        A.ToolSpec(
+        ToolSpec("look", "describe the scene"),
+        ToolSpec(
             "move_to",
             "move the gripper above an object",
             {"properties": {"object": _OBJ}, "required": ["object"]},
         ),
-        A.ToolSpec(
+        ToolSpec(
             "grasp",
             "grasp the object the gripper is at",
             {"properties": {"object": _OBJ}, "required": ["object"]},
         ),
-        A.ToolSpec(
+        ToolSpec(
             "place",
             "put the held object on the tray or in a cup",
             {
@@ -53,12 +54,12 @@ TOOLS = {
                 "required": ["object", "location"],
             },
         ),
-        A.ToolSpec(
+        ToolSpec(
             "pour",
             "tip the held cup over another cup",
             {"properties": {"source": _OBJ, "target": _OBJ}, "required": ["source", "target"]},
         ),
-        A.ToolSpec(
+        ToolSpec(
             "push",
             "push an object 10 cm",
             {
@@ -143,8 +144,8 @@ class ManipulationEnv:
             raise RuntimeError("ManipulationEnv.step before reset() or after the episode ended")
         self._steps += 1
         parsed = A.parse_action(action)
-        if isinstance(parsed, A.ActionError):
-            if parsed.kind == A.ErrorKind.EMPTY:
+        if isinstance(parsed, ActionError):
+            if parsed.kind == ErrorKind.EMPTY:
                 return self._finish(FailureMode.GAVE_UP)
             return self._continue("error : bad syntax", parsed.failure_mode)
         if parsed.is_final:
@@ -155,14 +156,14 @@ class ManipulationEnv:
         spec = TOOLS.get(call.name)
         if spec is None:
             return self._continue(f"error : unknown tool {call.name}", FailureMode.UNKNOWN_TOOL)
-        call = A.ToolCall(
+        call = ToolCall(
             call.name,
             {k: v.strip() if isinstance(v, str) else v for k, v in call.kwargs.items()},
             tuple(v.strip() if isinstance(v, str) else v for v in call.args),
             call.text,
         )
         bound = A.bind_call(call, spec)
-        if isinstance(bound, A.ActionError):
+        if isinstance(bound, ActionError):
             return self._continue(f"error : bad arguments for {call.name}", bound.failure_mode)
         absent = [
             v

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jaxagent.envs.actions import ToolSpec
+from jaxagent.envs.tool_spec import ToolSpec
 from jaxagent.envs.base import Task
 
 INSTALL_HINT = (

@@ -24,6 +24,7 @@ import dataclasses
 import json
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ParsedAction, ToolCall, ToolSpec
 from jaxagent.envs.base import (
     FailureMode,
     StepResult,
@@ -145,7 +146,7 @@ class BFCLEnv:
             return f"environment error while loading {task.id}: {self._setup_error}"
         return self._tools_text(self._tools) + "\n\n" + self._user_text(0)
 
-    def _tools_text(self, tools: dict[str, A.ToolSpec], header="Available tools") -> str:
+    def _tools_text(self, tools: dict[str, ToolSpec], header="Available tools") -> str:
         if self.config.tool_format == "json":
             lines = [json.dumps(s.to_json_schema()) for s in tools.values()]
         else:
@@ -169,14 +170,14 @@ class BFCLEnv:
             )
         try:
             parsed = A.parse_action(action)
-            ends_turn = (isinstance(parsed, A.ParsedAction) and parsed.is_final) or (
-                isinstance(parsed, A.ActionError)
-                and parsed.kind in (A.ErrorKind.EMPTY, A.ErrorKind.NO_ACTION)
+            ends_turn = (isinstance(parsed, ParsedAction) and parsed.is_final) or (
+                isinstance(parsed, ActionError)
+                and parsed.kind in (ErrorKind.EMPTY, ErrorKind.NO_ACTION)
             )
             if ends_turn:
                 return self._end_turn()
             self._turn_steps += 1
-            if isinstance(parsed, A.ActionError):
+            if isinstance(parsed, ActionError):
                 obs, mode, process, dangerous = parsed.message, parsed.failure_mode, 0.0, []
             else:
                 obs, mode, process, dangerous = self._run_calls(parsed.calls)
@@ -212,9 +213,9 @@ class BFCLEnv:
                 continue
             bound = A.bind_call(call, spec)
             note = ""
-            if isinstance(bound, A.ActionError):
+            if isinstance(bound, ActionError):
                 modes.append(bound.failure_mode)
-                if self.config.strict_schema or bound.kind != A.ErrorKind.INVALID_ARGUMENTS:
+                if self.config.strict_schema or bound.kind != ErrorKind.INVALID_ARGUMENTS:
                     lines.append(bound.message)
                     continue
                 note = f"  [schema: {bound.message}]"
@@ -227,9 +228,9 @@ class BFCLEnv:
             if _tool_error(result):
                 modes.append(FailureMode.TOOL_ERROR)
             if spec.dangerous and call.name not in asked:
-                dangerous.append(A.ToolCall(call.name, kwargs).render())
+                dangerous.append(ToolCall(call.name, kwargs).render())
             shown = truncate_observation(result, self.config.max_result_chars)
-            lines.append(f"{A.ToolCall(call.name, kwargs).render()} -> {shown}{note}")
+            lines.append(f"{ToolCall(call.name, kwargs).render()} -> {shown}{note}")
         mode = min(modes, key=_SEVERITY.index) if modes else None
         process = min((_LADDER.get(m, 1.0) for m in modes), default=1.0)
         return "\n".join(lines), mode, process, dangerous

@@ -14,8 +14,8 @@ from jaxagent.envs.tools.quickstart.expert import (
     random_action,
     run_episode,
     success_rate,
-    system_prompt,
 )
+from jaxagent.envs.tools.quickstart.world import system_prompt
 from jaxagent.envs.tools.quickstart.tasks import (
     LEVELS,
     QuickstartConfig,

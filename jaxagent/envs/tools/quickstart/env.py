@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any
 
 from jaxagent.envs import actions as A
+from jaxagent.envs.tool_spec import ActionError, ErrorKind, ToolCall
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination, env_error_info
 from jaxagent.envs.rewards import RewardMix, episode_reward, process_score, reward_terms
 from jaxagent.envs.tools.quickstart import world as W
@@ -107,30 +108,30 @@ class QuickstartEnv:
             )
         self._steps += 1
         parsed = A.parse_action(action)
-        if isinstance(parsed, A.ActionError):
-            if parsed.kind == A.ErrorKind.EMPTY:
+        if isinstance(parsed, ActionError):
+            if parsed.kind == ErrorKind.EMPTY:
                 return self._finish(None, FailureMode.GAVE_UP, process=0.0)
             return self._error_step(parsed)
         if parsed.is_final:
             return self._finish(parsed.final, None, process=1.0)
         if len(parsed.calls) != 1:
             return self._error_step(
-                A.ActionError(A.ErrorKind.NOT_A_CALL, "error: write one call per action")
+                ActionError(ErrorKind.NOT_A_CALL, "error: write one call per action")
             )
         return self._call_step(parsed.calls[0])
 
-    def _call_step(self, call: A.ToolCall) -> StepResult:
+    def _call_step(self, call: ToolCall) -> StepResult:
         spec = self._tools.get(call.name)
         if spec is None:
             return self._error_step(A.unknown_tool_error(call.name, self._tools))
-        call = A.ToolCall(
+        call = ToolCall(
             call.name,
             {k: _strip_strings(v) for k, v in call.kwargs.items()},
             tuple(_strip_strings(v) for v in call.args),
             call.text,
         )
         bound = A.bind_call(call, spec)
-        if isinstance(bound, A.ActionError):
+        if isinstance(bound, ActionError):
             return self._error_step(bound)
         try:
             result, self._state, is_error = W.execute(self._state, call.name, bound.kwargs)
@@ -146,7 +147,7 @@ class QuickstartEnv:
         mode = FailureMode.TOOL_ERROR if is_error else None
         return self._continue(f"Observation : {result}", mode, process=1.0, dangerous=dangerous)
 
-    def _error_step(self, error: A.ActionError) -> StepResult:
+    def _error_step(self, error: ActionError) -> StepResult:
         text = self._compact(error) if self.config.compact_errors else error.message
         mode = error.failure_mode
         process = process_score(
@@ -156,7 +157,7 @@ class QuickstartEnv:
         )
         return self._continue(f"Observation : {text}", mode, process=process)
 
-    def _compact(self, error: A.ActionError) -> str:
+    def _compact(self, error: ActionError) -> str:
         vocab = _vocab()
         if error.failure_mode == FailureMode.UNKNOWN_TOOL:
             name = error.tool if error.tool in vocab else ""

@@ -19,7 +19,6 @@ from jaxagent.envs.base import StepResult, Task
 from jaxagent.envs.tools.quickstart import tasks as T
 from jaxagent.envs.tools.quickstart import world as W
 from jaxagent.envs.tools.quickstart.env import QuickstartEnv
-from jaxagent.envs.tools.quickstart.world import system_prompt  # noqa: F401 (re-export)
 
 _WRONG_TOOL = {"price": "quote", "quote": "price", "add": "mul", "mul": "add"}
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxagent.envs.actions import ToolSpec
+from jaxagent.envs.tool_spec import ToolSpec
 
 ITEMS = ("acme", "bolt", "cora", "dune", "echo", "flux")  # stocks
 CITIES = ("oslo", "lima", "rome", "cairo", "tokyo", "paris")
