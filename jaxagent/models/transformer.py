@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxagent.models.blockwise import BLOCK, Segments, attend_blockwise
 from jaxagent.models.cache import KVCache, write_slots
 from jaxagent.models.config import ModelConfig
 from jaxagent.models.rope import apply_rope, rope_cos_sin
@@ -171,8 +172,11 @@ class Attention(nnx.Module):
             values = cache_v.at[rows, :, slots].set(v.astype(cache_v.dtype), mode="drop")
             new_kv = (keys, values)
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
-        attend_fn = attend if cache_kv is None else attend_cache
-        out = attend_fn(q, keys.astype(x.dtype), values.astype(x.dtype), mask)
+        keys, values = keys.astype(x.dtype), values.astype(x.dtype)
+        if isinstance(mask, Segments):
+            out = attend_blockwise(q, keys, values, mask.ids)
+        else:
+            out = (attend if cache_kv is None else attend_cache)(q, keys, values, mask)
         # [B, T, H*hd] @ [H*hd, D]: both reshapes are free, so the (large) kernel is read in
         # place every step instead of being transposed to fit a 3-index contraction.
         out = out.reshape(b, t, cfg.num_heads * cfg.head_dim)
@@ -272,7 +276,8 @@ class Transformer(nnx.Module):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
         Without a cache, query t attends key s when s <= t and both share a nonzero segment
-        id (causal, packed, padding-aware). With a cache, the chunk's real tokens are
+        id (causal, packed, padding-aware); rows longer than ``blockwise.BLOCK`` tokens are
+        attended tile by tile, so attention memory grows linearly with their length. With a cache, the chunk's real tokens are
         appended at each row's own length and attend to everything stored before them.
         ``fused`` (from ``fused_weights``, computed once outside a decode loop) replaces the
         separate q/k/v and gate/up matmuls by one each; results are the same. ``remat``
@@ -283,7 +288,10 @@ class Transformer(nnx.Module):
         cfg = self.config
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
         cos, sin = rope_cos_sin(cfg, positions)
-        if cache is None:
+        if cache is None and tokens.shape[1] > BLOCK:
+            # Long rows: tile by tile (``blockwise``), no [T, T] scores or mask in memory.
+            mask, slots = Segments(segment_ids), None
+        elif cache is None:
             t = tokens.shape[1]
             causal = jnp.arange(t)[None, :, None] >= jnp.arange(t)[None, None, :]
             same = segment_ids[:, :, None] == segment_ids[:, None, :]

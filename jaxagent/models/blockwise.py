@@ -1,0 +1,184 @@
+"""Blockwise (flash) attention for training: temporaries linear in sequence length.
+
+``attend`` in ``transformer.py`` materialises the [B, K, G, T, S] score tensor, and autodiff
+keeps it (and the probabilities) for the backward pass: 4x memory per doubling of the
+sequence. This module computes the same causal, packed, padding-aware attention one
+(query block, key block) tile at a time with an online softmax (Dao et al. 2022,
+"FlashAttention", arXiv 2205.14135; Rabe & Staats 2021, arXiv 2112.05682), and its backward
+pass recomputes each tile's probabilities from the saved row log-sum-exp (FlashAttention-2,
+arXiv 2307.08691, Algorithm 2) instead of storing them. Key blocks entirely above the causal
+diagonal are skipped in both passes.
+
+The mask is rebuilt per tile from the segment ids (query t sees key s when s <= t, both share
+a segment and the segment is not 0), so no [T, S] mask exists either. Rows of padding
+(segment 0) see no key; their output is the mean of the visited values rather than of all
+values as in ``attend`` — every caller ignores padding outputs, and their cotangents are
+zero, so gradients agree.
+
+Pure JAX: it runs on every backend; accumulation is in float32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# The same large finite negative as ``transformer._MASK_VALUE``: a row whose first visited
+# block is fully masked keeps a finite running maximum, and exp(mask - real max) is 0.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+# Sequences up to this length use the reference ``attend`` (one tile would cover them).
+BLOCK = 512
+
+
+class Segments(NamedTuple):
+    """The attention mask of a packed, causal batch given by its segment ids [B, T] (0 =
+    padding): what the no-cache forward passes instead of a [B, T, T] boolean mask."""
+
+    ids: jax.Array
+
+
+def block_size(length: int, block: int = BLOCK) -> int:
+    """The tile length for ``length`` tokens: ``block`` halved until it divides ``length``
+    (batch widths are multiples of a bucket width, so this stays large)."""
+    b = block
+    while length % b:
+        b //= 2
+    return max(b, 1)
+
+
+def _tile_mask(seg_q, seg_k, q0, k0):
+    """[B, bq, bk] bool: causal by index, same nonzero segment."""
+    pos_q = q0 + jnp.arange(seg_q.shape[1])
+    pos_k = k0 + jnp.arange(seg_k.shape[1])
+    causal = pos_k[None, None, :] <= pos_q[None, :, None]
+    same = seg_q[:, :, None] == seg_k[:, None, :]
+    return causal & same & (seg_k[:, None, :] != 0)
+
+
+def _slice_t(x, start, size, axis):
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
+
+
+def _forward(q, keys, values, seg, bq, bk):
+    """Output [B, K, G, T, hd] (float32) and row log-sum-exp [B, K, G, T]."""
+    b, t, k, g, hd = q.shape
+    nq = t // bq
+
+    def q_block(i):
+        q0 = i * bq
+        qi = _slice_t(q, q0, bq, 1)  # [B, bq, K, G, hd]
+        seg_q = _slice_t(seg, q0, bq, 1)
+
+        def body(j, carry):
+            o, m, l = carry
+            k0 = j * bk
+            kj, vj = _slice_t(keys, k0, bk, 2), _slice_t(values, k0, bk, 2)
+            s = jnp.einsum("bqkgh,bksh->bkgqs", qi, kj, preferred_element_type=jnp.float32)
+            mask = _tile_mask(seg_q, _slice_t(seg, k0, bk, 1), q0, k0)
+            s = jnp.where(mask[:, None, None], s, _MASK_VALUE)
+            m_new = jnp.maximum(m, s.max(-1))
+            p = jnp.exp(s - m_new[..., None])
+            corr = jnp.exp(m - m_new)
+            l = l * corr + p.sum(-1)
+            pv = jnp.einsum(
+                "bkgqs,bksh->bkgqh", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32
+            )
+            return o * corr[..., None] + pv, m_new, l
+
+        init = (
+            jnp.zeros((b, k, g, bq, hd), jnp.float32),
+            jnp.full((b, k, g, bq), _MASK_VALUE, jnp.float32),
+            jnp.zeros((b, k, g, bq), jnp.float32),
+        )
+        last = (q0 + bq + bk - 1) // bk  # key blocks that hold any s <= t
+        o, m, l = jax.lax.fori_loop(0, last, body, init)
+        return o / l[..., None], m + jnp.log(l)
+
+    out, lse = jax.lax.map(q_block, jnp.arange(nq))  # [nq, B, K, G, bq, (hd)]
+    out = jnp.moveaxis(out, 0, 3).reshape(b, k, g, t, hd)
+    lse = jnp.moveaxis(lse, 0, 3).reshape(b, k, g, t)
+    return out, lse
+
+
+def _backward(q, keys, values, seg, out, lse, d_out, bq, bk):
+    """Cotangents of q [B, T, K, G, hd], keys and values [B, K, S, hd]."""
+    b, t, k, g, hd = q.shape
+    nq, nk = t // bq, t // bk
+    # D_t = sum_h dO * O: the softmax backward's row term (FlashAttention-2, line 19).
+    delta = jnp.sum(d_out * out, axis=-1)  # [B, K, G, T]
+
+    def k_block(dq, j):
+        k0 = j * bk
+        kj, vj = _slice_t(keys, k0, bk, 2), _slice_t(values, k0, bk, 2)
+        seg_k = _slice_t(seg, k0, bk, 1)
+
+        def body(i, carry):
+            dk, dv, dq = carry
+            q0 = i * bq
+            qi = _slice_t(q, q0, bq, 1)
+            s = jnp.einsum("bqkgh,bksh->bkgqs", qi, kj, preferred_element_type=jnp.float32)
+            mask = _tile_mask(_slice_t(seg, q0, bq, 1), seg_k, q0, k0)
+            s = jnp.where(mask[:, None, None], s, _MASK_VALUE)
+            p = jnp.exp(s - _slice_t(lse, q0, bq, 3)[..., None])  # [B, K, G, bq, bk]
+            do_i = _slice_t(d_out, q0, bq, 3)  # [B, K, G, bq, hd]
+            dv = dv + jnp.einsum("bkgqs,bkgqh->bksh", p, do_i)
+            dp = jnp.einsum("bkgqh,bksh->bkgqs", do_i, vj.astype(jnp.float32))
+            ds = p * (dp - _slice_t(delta, q0, bq, 3)[..., None])
+            dk = dk + jnp.einsum("bkgqs,bqkgh->bksh", ds, qi.astype(jnp.float32))
+            dq_i = jnp.einsum("bkgqs,bksh->bqkgh", ds, kj.astype(jnp.float32))
+            dq = jax.lax.dynamic_update_slice_in_dim(dq, _slice_t(dq, q0, bq, 1) + dq_i, q0, axis=1)
+            return dk, dv, dq
+
+        zeros = jnp.zeros((b, k, bk, hd), jnp.float32)
+        first = k0 // bq  # query blocks that hold any t >= s
+        dk, dv, dq = jax.lax.fori_loop(first, nq, body, (zeros, zeros, dq))
+        return dq, (dk, dv)
+
+    dq0 = jnp.zeros(q.shape, jnp.float32)
+    dq, (dk, dv) = jax.lax.scan(k_block, dq0, jnp.arange(nk))  # dk, dv: [nk, B, K, bk, hd]
+    dk = jnp.moveaxis(dk, 0, 2).reshape(b, k, t, hd)
+    dv = jnp.moveaxis(dv, 0, 2).reshape(b, k, t, hd)
+    return dq.astype(q.dtype), dk.astype(keys.dtype), dv.astype(values.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attention(q, keys, values, seg, bq, bk):
+    return _forward(q, keys, values, seg, bq, bk)[0]
+
+
+def _attention_fwd(q, keys, values, seg, bq, bk):
+    out, lse = _forward(q, keys, values, seg, bq, bk)
+    return out, (q, keys, values, seg, out, lse)
+
+
+def _attention_bwd(bq, bk, residuals, d_out):
+    q, keys, values, seg, out, lse = residuals
+    dq, dk, dv = _backward(q, keys, values, seg, out, lse, d_out.astype(jnp.float32), bq, bk)
+    return dq, dk, dv, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attend_blockwise(
+    q: jax.Array, keys: jax.Array, values: jax.Array, segment_ids: jax.Array, block: int = BLOCK
+) -> jax.Array:
+    """``transformer.attend`` for the no-cache (training) pass, tile by tile.
+
+    Args:
+      q: [B, T, K, G, hd] queries, already scaled by hd**-0.5.
+      keys, values: [B, K, T, hd].
+      segment_ids: [B, T] int, 0 = padding (the mask: causal within a nonzero segment).
+
+    Returns:
+      [B, T, K, G, hd] in ``values``' dtype.
+    """
+    t = q.shape[1]
+    size = block_size(t, block)
+    seg = segment_ids.astype(jnp.int32)
+    out = _attention(q, keys, values, seg, size, size)  # [B, K, G, T, hd] float32
+    return out.transpose(0, 3, 1, 2, 4).astype(values.dtype)
