@@ -136,7 +136,8 @@ def param_logical_axes(graphdef: nnx.GraphDef, params: Params) -> Params:
     model = nnx.merge(graphdef, params)
     out: Params = {}
     for path, var in nnx.to_flat_state(nnx.state(model)):
-        axes = tuple(var.get_metadata().get("logical_axes", (None,) * var[...].ndim))
+        meta = var.get_metadata()  # params may be abstract (ShapeDtypeStruct): no var[...]
+        axes = tuple(meta["logical_axes"] if "logical_axes" in meta else (None,) * len(var.shape))
         node = out
         for key in path[:-1]:
             node = node.setdefault(str(key), {})

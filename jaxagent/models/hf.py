@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from safetensors import safe_open
 from safetensors.flax import save_file
@@ -95,6 +96,56 @@ def _to_hf(x: jax.Array, kind: str, hf_shape: tuple) -> jax.Array:
     return x.reshape(hf_shape)
 
 
+def _hf_slices(index: tuple, kind: str, target_shape: tuple, hf_shape: tuple) -> tuple:
+    """The HF tensor's slices that hold ``target[index]`` (one device's shard): a shard of a
+    jaxagent parameter is a rectangle of its HF tensor for every layout kind, as long as the
+    head_dim axis of a projection is whole (its logical axis is never sharded)."""
+    idx = tuple(
+        range(n)[i] if isinstance(i, slice) else range(i, i + 1)
+        for i, n in zip(index, target_shape)
+    )
+
+    def span(r: range, unit: int = 1) -> slice:
+        return slice(r.start * unit, r.stop * unit)
+
+    def whole(r: range, n: int) -> bool:
+        return r.start == 0 and r.stop == n
+
+    if kind == "transpose":  # target [a, b] = hf [b, a]
+        return (span(idx[1]), span(idx[0]))
+    if kind == "in_proj":  # target [D, N, hd] = hf [N*hd, D].T
+        hd = target_shape[2]
+        if not whole(idx[2], hd):
+            raise ValueError("load_hf: a shard splits head_dim; shard the heads axis instead")
+        return (span(idx[1], hd), span(idx[0]))
+    if kind == "out_proj":  # target [H, hd, D] = hf [D, H*hd].T
+        hd = target_shape[1]
+        if not whole(idx[1], hd):
+            raise ValueError("load_hf: a shard splits head_dim; shard the heads axis instead")
+        return (span(idx[2]), span(idx[0], hd))
+    if kind == "bias":  # target [N, hd] = hf [N*hd]
+        hd = target_shape[1]
+        if not whole(idx[1], hd):
+            raise ValueError("load_hf: a shard splits head_dim; shard the heads axis instead")
+        return (span(idx[0], hd),)
+    return tuple(span(r) for r in idx)  # "same"
+
+
+def _read_shard(handle, name: str, kind: str, target_shape: tuple, hf_shape: tuple, dtype):
+    """``make_array_from_callback``'s reader: one device's shard, read as a slice of the
+    safetensors file (never the whole tensor), laid out and cast on the host."""
+
+    def read(index):
+        index = tuple(index) + (slice(None),) * (len(target_shape) - len(index))
+        part = handle.get_slice(name)[_hf_slices(index, kind, target_shape, hf_shape)]
+        shape = tuple(len(range(n)[i]) for i, n in zip(index, target_shape))
+        if kind in ("transpose", "in_proj", "out_proj"):
+            part = part.T
+        return np.asarray(part).astype(dtype).reshape(shape)
+
+    return read
+
+
 def _get(tree: Params, path: tuple[str, ...]):
     for key in path:
         tree = tree[key]
@@ -143,6 +194,7 @@ def load_hf(
     value_head: Optional[bool] = None,
     key: Optional[jax.Array] = None,
     kv_cache_dtype: str = "",
+    shardings: Optional[Callable[[ModelConfig], Any]] = None,
 ):
     """Load a local HF Llama / Qwen2 checkpoint.
 
@@ -154,6 +206,12 @@ def load_hf(
       kv_cache_dtype: the sampler's KV-cache dtype ("" = dtype).
       value_head: add a value head. None: only if ``value_head.safetensors`` exists. A head
         requested but absent is initialised (zero bias, small random kernel from ``key``).
+      shardings: ``config -> pytree of jax.sharding.Sharding`` shaped like the params (the
+        device layout's, computed from the config this function reads). Then every
+        parameter is born sharded: each process reads from the safetensors files only the
+        slices its own devices hold (``jax.make_array_from_callback``), laid out and cast
+        per slice, so no device and no host ever holds a whole tensor. None: whole tensors
+        on the default device.
 
     Returns:
       (config, graphdef, params).
@@ -195,19 +253,30 @@ def load_hf(
         by_file.setdefault(files[name], []).append(name)
     graphdef = abstract_graphdef(config)
     expected = _abstract_params(config)
+    placement = None if shardings is None else shardings(config)
     for file, names in by_file.items():
-        with safe_open(file, framework="flax") as fh:
+        framework = "flax" if placement is None else "numpy"
+        with safe_open(file, framework=framework) as fh:
             for name in names:
                 target, hf_shape, kind = layout[name]
-                x = fh.get_tensor(name)
-                if tuple(x.shape) != tuple(hf_shape):
+                stored = tuple(fh.get_slice(name).get_shape())
+                if stored != tuple(hf_shape):
                     raise ValueError(
-                        f"load_hf: tensor {name} in {file} has shape {tuple(x.shape)}, "
+                        f"load_hf: tensor {name} in {file} has shape {stored}, "
                         f"expected {tuple(hf_shape)} from config.json"
                     )
-                _set(params, target, _to_jax(x, kind, _get(expected, target).shape).astype(pdt))
+                shape = _get(expected, target).shape
+                if placement is None:
+                    x = _to_jax(fh.get_tensor(name), kind, shape).astype(pdt)
+                else:
+                    reader = _read_shard(fh, name, kind, shape, hf_shape, pdt)
+                    x = jax.make_array_from_callback(shape, _get(placement, target), reader)
+                _set(params, target, x)
     if config.value_head:
         _load_value_head(config, params, vh_path if has_vh else None, key)
+        if placement is not None:
+            for leaf in ("value_kernel", "value_bias"):
+                params[leaf] = jax.device_put(params[leaf], placement[leaf])
     return config, graphdef, params
 
 
