@@ -262,7 +262,7 @@ def test_shop_runs_through_every_pool_backend(backend):
         runner.close()
 
 
-def test_registry_options_and_the_health_check_json_line(capsys):
+def test_registry_options_and_the_check_json_line(capsys):
     from jaxagent.envs.registry import EnvOptionsError, get_env_spec
     from jaxagent.cli.main import main
 
