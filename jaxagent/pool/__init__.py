@@ -14,7 +14,8 @@ from jaxagent.pool.collate import Collated, collate, pick_bucket
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.episodes import EpisodeEnd, EpisodeRun, run_episodes
 from jaxagent.pool.health import Health
-from jaxagent.pool.pool import EnvPool, PoolStep, episode_seed
+from jaxagent.pool.pool import EnvPool
+from jaxagent.pool.steps import EnvReply, episode_seed
 
 __all__ = [
     "ArrayBatch",
@@ -23,11 +24,11 @@ __all__ = [
     "Collated",
     "DevicePrefetcher",
     "EnvPool",
+    "EnvReply",
     "EpisodeEnd",
     "EpisodeRun",
     "Health",
     "PoolConfig",
-    "PoolStep",
     "collate",
     "episode_seed",
     "pick_bucket",

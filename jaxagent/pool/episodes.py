@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxagent.envs.base import Task
-from jaxagent.pool.steps import PoolStep
+from jaxagent.pool.steps import EnvReply
 
 Policy = Callable[[str], str]  # observation -> action text
 
@@ -31,7 +31,7 @@ class EpisodeEnd:
     """One finished episode: its task, its final answer, and the steps it took."""
 
     task: Task
-    final: PoolStep
+    final: EnvReply
     steps: int
 
     @property
