@@ -208,7 +208,7 @@ def test_check_cli():
     # the ground truth acted out through the pool succeeds, and fails without its last
     # state-changing call
     assert report["expert_success"] == 1.0 and report["env_errors"] == 0 and report["ok"]
-    assert report["drop_failed"] == report["drop_tested"] > 0
+    assert report["drop_failed"] == report["drop_tested"] > 0 and report["failed_checks"] == []
     missing = _cli(block_bfcl=True)
     assert missing.returncode == 2
     assert "pip install --no-deps bfcl-eval" in missing.stderr

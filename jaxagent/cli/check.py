@@ -16,8 +16,8 @@ The last line on stdout is one JSON object: ``suite``, ``tasks``, ``expert_succe
 when the suite has no expert), ``random_success``, ``env_errors`` (episodes the env failed in
 the clean runs), throughput, ``faults`` when asked, the suite's own figures
 (``EnvSpec.check_extras``) and ``ok``. Exit status 0 when the check held (every episode out,
-no env error, the expert above the baseline, and with ``--faults`` the counters matching),
-1 when it did not, 2 on bad input.
+no env error, the expert above the baseline, with ``--faults`` the counters matching, and no
+``failed_checks`` among the suite's figures), 1 when it did not, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -246,6 +246,8 @@ def run_check(args) -> dict[str, Any]:
         ok = ok and report.ok
     if spec.check_extras is not None:
         record.update(spec.check_extras(tasks, runs))
+        # A suite's own condition (bfcl: every entry fails without its state-changing call).
+        ok = ok and not record.get("failed_checks")
     record["ok"] = bool(ok)
     return record
 

@@ -73,7 +73,8 @@ class EnvSpec:
     the suite has none). ``check_extras(tasks, runs)`` adds the suite's own figures to the
     check's JSON line; ``runs`` maps a policy name ("expert", "random") to its run through the
     pool, whose ``episodes`` each have ``task``, ``final`` (the last reply: ``observation``,
-    ``reward``, ``done``, ``info``) and ``steps``. ``task_group(task)`` names a task's kind
+    ``reward``, ``done``, ``info``) and ``steps``; a non-empty ``"failed_checks"`` list among
+    them fails the check. ``task_group(task)`` names a task's kind
     (level, layout, MiniWoB task): the check reports success per group.
     """
 

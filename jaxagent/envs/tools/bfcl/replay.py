@@ -144,10 +144,14 @@ class GroundTruthExpert:
 def drop_check(tasks, runs) -> dict[str, Any]:
     """Each entry with a state-changing call replayed without its last one: BFCL's state
     checker must then fail it (otherwise the entry cannot tell a right episode from one that
-    skipped the work). ``drop_failed == drop_tested`` holds."""
-    del runs
+    skipped the work). ``failed_checks`` names every entry whose ground truth failed through
+    the pool or that still succeeds without the call."""
+    errors = [
+        f"{e.task.id}: the ground truth failed ({e.final.info.get('failure_mode')})"
+        for e in (runs["expert"].episodes if "expert" in runs else ())
+        if not e.success
+    ]
     tested = failed = 0
-    errors = []
     for task in tasks:
         entry = task.data
         changing = state_changing_calls(entry)
@@ -158,4 +162,4 @@ def drop_check(tasks, runs) -> dict[str, Any]:
         failed += not dropped["success"]
         if dropped["success"]:
             errors.append(f"{entry['id']}: still succeeds without call {changing[-1]}")
-    return {"drop_tested": tested, "drop_failed": failed, "drop_errors": errors[:10]}
+    return {"drop_tested": tested, "drop_failed": failed, "failed_checks": errors[:10]}
