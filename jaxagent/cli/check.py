@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -264,9 +263,3 @@ def cmd_check(args) -> int:
     record = run_check(args)
     print(json.dumps(record), flush=True)
     return 0 if record["ok"] else 1
-
-
-if __name__ == "__main__":  # pragma: no cover - the jaxagent command is the entry point
-    from jaxagent.cli.main import main
-
-    sys.exit(main(["check", *sys.argv[1:]]))
