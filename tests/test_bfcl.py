@@ -194,28 +194,22 @@ def test_truncation_marker_and_source_splits():
 def _cli(*args, block_bfcl=False):
     prelude = "import sys; sys.modules['bfcl_eval'] = None; " if block_bfcl else "import sys; "
     code = (
-        prelude + f"sys.argv = ['bfcl'] + {list(args)!r}; import runpy; "
-        "runpy.run_module('jaxagent.envs.tools.bfcl', run_name='__main__')"
+        prelude + "from jaxagent.cli.main import main; "
+        f"sys.exit(main(['check', 'bfcl', *{list(args)!r}]))"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
 
-def test_health_check_cli():
-    listing = _cli("--list")
-    assert listing.returncode == 0
-    assert any(
-        line.split()[:2] == ["multi_turn_base", "200"] for line in listing.stdout.splitlines()
-    )
-    check = _cli("--check", "multi_turn_miss_func", "--limit", "5")
+def test_check_cli():
+    check = _cli("category=multi_turn_miss_func", "--tasks", "5", "--backend", "thread")
     assert check.returncode == 0, check.stderr
     report = json.loads(check.stdout.strip().splitlines()[-1])
-    assert report == {
-        "category": "multi_turn_miss_func",
-        "tasks": 5,
-        "ground_truth_success": 1.0,
-        "errors": [],
-    }
-    for args in (("--list",), ("--check", "multi_turn_base")):
-        missing = _cli(*args, block_bfcl=True)
-        assert missing.returncode == 2
-        assert "pip install --no-deps bfcl-eval" in missing.stderr
+    assert report["suite"] == "bfcl" and report["tasks"] == 5
+    # the ground truth acted out through the pool succeeds, and fails without its last
+    # state-changing call
+    assert report["expert_success"] == 1.0 and report["env_errors"] == 0 and report["ok"]
+    assert report["drop_failed"] == report["drop_tested"] > 0 and report["failed_checks"] == []
+    missing = _cli(block_bfcl=True)
+    assert missing.returncode == 2
+    assert "pip install --no-deps bfcl-eval" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1

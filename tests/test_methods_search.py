@@ -197,3 +197,66 @@ def test_best_of_n_with_env_checker_and_with_a_judge(chat):
     assert all(e.info["method"]["verifier"] == "ClaimJudge" for e in judged)
     # the judge cannot see the world: it keeps some failures the checker would not
     assert sum(e.success for e in judged) <= sum(e.success for e in eps)
+
+
+class CrashyForkWorld(SnapshotForkWorld):
+    """``left`` from the root raises: a broken branch, not a broken run."""
+
+    def step(self, action):
+        if self.node == "root" and "left" in action:
+            raise RuntimeError("the left door is broken")
+        return super().step(action)
+
+
+def test_dfsdt_steps_through_a_runner_a_crash_ends_the_branch_not_the_search(chat):
+    task = Task("fork", "test", "find the goal")
+    spec = _spec(chat, CrashyForkWorld)
+    ep = DFSDT(CrashyForkWorld, ScriptedProposer(_left_first), max_children=2).run(
+        None, None, [task], samples_per_task=1, spec=spec, key=jax.random.key(0)
+    )[0]
+    # the crashed branch is abandoned (the runner restarts its env) and the search restores
+    # the root into the fresh env, then finds the goal on the right
+    assert ep.success and [t.action for t in ep.turns] == ["right", "left"]
+    assert ep.info["method"]["env_steps"] == 3 and ep.info["method"]["restores"] == 1
+
+
+def test_dfsdt_path_is_recorded_by_the_driver_with_its_observation_cut(chat):
+    task = Task("fork", "test", "find the goal")
+    budget = Budget(max_turns=6, max_new_tokens=64, max_total_tokens=4096, max_observation_chars=60)
+    spec = RolloutSpec(chat, "", budget, InlineRunner(WordyForkWorld))
+    seen = []
+
+    def propose(task, history, first_obs):
+        seen.append(first_obs)
+        return _left_first(task, history, first_obs)
+
+    ep = DFSDT(WordyForkWorld, ScriptedProposer(propose), max_children=2).run(
+        None, None, [task], samples_per_task=1, spec=spec, key=jax.random.key(0)
+    )[0]
+    ref, _ = collect_episodes(
+        ExpertTurnPolicy(lambda t, e, r: _Path(["right", "left"]), chat, error_rate=0.0, seed=0),
+        None,
+        [task],
+        samples_per_task=1,
+        spec=spec,
+        key=jax.random.key(0),
+    )
+    # the same tokens, mask and cut observations as the driver's own episode of that path
+    assert ep.tokens == ref[0].tokens and ep.loss_mask == ref[0].loss_mask
+    assert [t.observation for t in ep.turns] == [t.observation for t in ref[0].turns]
+    assert len(ep.first_observation) <= 60 < len(WordyForkWorld().reset(task))  # cut
+    assert set(seen) == {ep.first_observation}  # the proposer reads the cut text too
+
+
+class WordyForkWorld(SnapshotForkWorld):
+    def reset(self, task):
+        super().reset(task)
+        return "task : find the goal " + "a " * 60
+
+
+class _Path:
+    def __init__(self, actions):
+        self.actions = list(actions)
+
+    def act(self, observation):
+        return self.actions.pop(0)

@@ -305,22 +305,43 @@ def _scripted_policy(obs):
     return f"call {int(obs.split()[1])}" if obs.startswith("result") else "call 0"
 
 
-def test_health_check_passes_and_flags_timeouts_sized_below_the_env_latency():
-    from jaxagent.pool.health_check import run_health_check
+def test_fault_check_passes_and_flags_timeouts_sized_below_the_env_latency():
+    from jaxagent.cli.check import fault_check
+
+    def policy(task):
+        return _scripted_policy
 
     tasks = [Task(f"t{i}", "train", "p") for i in range(48)]
     cfg = PoolConfig(num_envs=8, step_timeout_s=1.0, reset_timeout_s=1.0, backoff_s=0.0)
     faults = FaultConfig(hang=0.1, crash=0.05, corrupt=0.05, seed=4, hang_s=20.0)
-    report = run_health_check(FakeToolEnvFactory(), tasks, _scripted_policy, cfg, faults)
-    assert report.ok, report.summary()
+    report = fault_check(FakeToolEnvFactory(), tasks, policy, cfg, faults)
+    assert report.ok, report.figures()
     assert report.episodes_out == 48 and report.env_error_episodes > 0
-    assert all(r.reward == 1.0 for r in report.finals if not r.env_error)
+    assert sum(report.injected.values()) > 0
     # "slow" calls (0.3 s) against a 0.1 s timeout: timeouts no injected hang explains.
     slow = FaultConfig(slow=0.2, slow_s=0.3, seed=4)
     tight = PoolConfig(num_envs=8, step_timeout_s=0.1, reset_timeout_s=0.1, max_retries=0)
-    bad = run_health_check(FakeToolEnvFactory(), tasks[:16], _scripted_policy, tight, slow)
+    bad = fault_check(FakeToolEnvFactory(), tasks[:16], policy, tight, slow)
     assert not bad.ok and not bad.counters_match and bad.health["timeouts"] > 0
-    assert "FAILED" in bad.summary()
+    assert bad.figures()["ok"] is False
+
+
+def test_run_episodes_runs_every_task_once_refilling_free_envs():
+    from jaxagent.pool import run_episodes
+
+    tasks = [Task(f"t{i}", "train", "p") for i in range(10)]
+    made = []
+
+    def make_policy(task):
+        made.append(task.id)
+        return _scripted_policy
+
+    with EnvPool(FakeToolEnvFactory(), PoolConfig(num_envs=3)) as pool:
+        run = run_episodes(pool, tasks, make_policy)
+    assert sorted(e.task.id for e in run.episodes) == sorted(t.id for t in tasks)
+    assert sorted(made) == sorted(t.id for t in tasks)  # one policy per episode
+    assert all(e.final.done and e.final.reward == 1.0 for e in run.episodes)
+    assert run.env_steps == sum(e.steps for e in run.episodes) > len(tasks)
 
 
 def test_env_fn_that_kills_its_worker_is_bounded_not_a_restart_storm():

@@ -219,11 +219,12 @@ def test_dangerous_actions_are_marked(world):
     assert env.state["calendar"]["mon"] == []
 
 
-def test_health_check_cli(capsys):
-    from jaxagent.envs.tools.quickstart.__main__ import main
+def test_check_cli(capsys):
+    from jaxagent.cli.main import main
 
-    assert main(["--split", "test"]) == 0
+    assert main(["check", "quickstart", "--backend", "thread"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["tasks"] == 200 and report["success"]["expert_0%"] == 1.0
-    assert abs(report["success"]["expert_30%"] - 0.7) < 0.1
-    assert report["success"]["random"] <= 0.02 and report["success"]["empty"] == 0.0
+    assert report["tasks"] == 200 and report["expert_success"] == 1.0 and report["ok"]
+    assert abs(report["expert_30pct_success"] - 0.7) < 0.1
+    assert report["random_success"] <= 0.02 and report["env_errors"] == 0
+    assert set(report["per_group"]["expert"]) == set(Q.LEVELS)

@@ -14,7 +14,7 @@ def make_quickstart_env(env_id):
 
 
 def _drive(pool, tasks, make_policy):
-    """Runs every task once through the pool; returns {task id: last PoolStep}."""
+    """Runs every task once through the pool; returns {task id: last EnvReply}."""
     policies, running, todo, done = {}, {}, list(tasks), {}
     free = list(range(pool.num_envs))
     while todo or running:

@@ -16,7 +16,7 @@ from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.evaluate import Evaluation, evaluate
 from jaxagent.agents.expert import ExpertTurnPolicy
 from jaxagent.agents.rollout import Budget, RolloutSpec, RolloutStats, collect_episodes
-from jaxagent.agents.runner import EnvReply, InlineRunner
+from jaxagent.agents.runner import InlineRunner
 from jaxagent.agents.sampling import ReferenceSampler
 from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy
 
@@ -24,7 +24,6 @@ __all__ = [
     "Budget",
     "Chat",
     "ChatFormat",
-    "EnvReply",
     "Episode",
     "Evaluation",
     "ExpertTurnPolicy",

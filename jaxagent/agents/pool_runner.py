@@ -3,24 +3,15 @@
 One pool env per episode slot (the pool grows when a batch has more episodes than it has
 envs). Every call sends to all given slots and receives until each has answered; the pool's
 timeouts, restarts and reset retries turn hangs, crashes and corrupt returns into answers with
-``info["termination"] == "env_error"``, which become ``EnvReply.error``. Nothing is lost.
+``info["termination"] == "env_error"`` (``EnvReply.error`` set). Nothing is lost.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from jaxagent.agents.runner import EnvReply
-from jaxagent.envs.base import Task, env_error_message
-from jaxagent.pool import EnvPool, PoolConfig, PoolStep
-
-
-def _reply(step: PoolStep) -> EnvReply:
-    if step.env_error:
-        return EnvReply(
-            step.observation, 0.0, True, dict(step.info), error=env_error_message(step.info)
-        )
-    return EnvReply(step.observation, float(step.reward), bool(step.done), dict(step.info))
+from jaxagent.envs.base import Task
+from jaxagent.pool import EnvPool, EnvReply, PoolConfig
 
 
 class PoolRunner:
@@ -53,7 +44,7 @@ class PoolRunner:
         while len(got) < len(want):
             for step in pool.recv(min_batch=len(want) - len(got)):
                 if step.env_id in want:
-                    got[step.env_id] = _reply(step)
+                    got[step.env_id] = step
         return [got[s] for s in slots]
 
     def reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> list[EnvReply]:

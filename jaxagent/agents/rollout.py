@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 
 from jaxagent.agents.episode import Episode, Turn
-from jaxagent.agents.runner import EnvReply, EnvRunner
+from jaxagent.agents.runner import EnvRunner
+from jaxagent.pool.steps import EnvReply
 from jaxagent.agents.chat import Chat
 from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import (

@@ -3,8 +3,9 @@
 The driver talks to a runner with two batched calls, ``reset(slots, tasks)`` and
 ``step(slots, actions)``, one reply per slot. A runner never raises for an environment's
 failure: a crash, a hang past the timeout, a corrupt return or a failure the environment
-reports itself (``info["termination"] == "env_error"``) comes back as an ``EnvReply`` with
-``error`` set, and the driver ends that episode with ``Termination.ENV_ERROR``.
+reports itself (``info["termination"] == "env_error"``) comes back as an ``EnvReply``
+(``jaxagent.pool.steps``, the record the pool answers with too) with ``error`` set, and the
+driver ends that episode with ``Termination.ENV_ERROR``.
 
 ``InlineRunner`` calls the environments in the caller's thread (fast, for tests and
 instantaneous worlds). ``PoolRunner`` (in ``jaxagent.agents.pool_runner``) drives the
@@ -13,26 +14,11 @@ host-side ``EnvPool`` with its timeouts, restarts and fault injection.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from jaxagent.envs.base import StepResult, Task, TextEnv, env_error_message, is_env_error
-
-
-@dataclasses.dataclass
-class EnvReply:
-    """One environment answer; ``error`` is set when the environment itself failed."""
-
-    observation: str
-    reward: float = 0.0
-    done: bool = False
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-    error: Optional[str] = None
-
-    @classmethod
-    def failed(cls, message: str) -> "EnvReply":
-        return cls(observation="", reward=0.0, done=True, info={}, error=message)
+from jaxagent.envs.base import Task, TextEnv
+from jaxagent.pool.steps import EnvReply, step_reply, validate_answer
 
 
 class EnvRunner(Protocol):
@@ -47,21 +33,6 @@ class EnvRunner(Protocol):
     def health(self) -> dict[str, float]: ...
 
     def close(self) -> None: ...
-
-
-def _check_result(result: Any) -> EnvReply:
-    if not isinstance(result, StepResult) or not isinstance(result.observation, str):
-        return EnvReply.failed(f"corrupt step result of type {type(result).__name__}")
-    try:
-        reward = float(result.reward)
-    except (TypeError, ValueError):
-        return EnvReply.failed(f"corrupt reward {result.reward!r}")
-    if reward != reward:  # NaN
-        return EnvReply.failed("corrupt reward nan")
-    info = dict(result.info or {})
-    if is_env_error(info):  # the env caught its own failure (world exception, sandbox error)
-        return EnvReply(result.observation, 0.0, True, info, error=env_error_message(info))
-    return EnvReply(result.observation, reward, bool(result.done), info)
 
 
 class InlineRunner:
@@ -84,20 +55,35 @@ class InlineRunner:
             self._envs[slot] = self._factory()
         return self._envs[slot]
 
-    def _call(self, slot: int, fn: Callable[[TextEnv], Any], reset: bool) -> EnvReply:
+    def env(self, slot: int) -> TextEnv:
+        """The slot's environment instance (built on first use), e.g. to ask what it can do."""
+        return self._env(slot)
+
+    def snapshot(self, slot: int) -> Any:
+        """The slot's environment state (``jaxagent.envs.base.SnapshotEnv``): tree search
+        (DFSDT) restores it to try another branch. In-process envs only: a pool worker's
+        state stays in its process."""
+        return self._env(slot).snapshot()
+
+    def restore(self, slot: int, state: Any) -> None:
+        self._env(slot).restore(state)
+
+    def _call(self, slot: int, fn: Callable[[TextEnv], Any], kind: str) -> EnvReply:
         self._counters["calls"] += 1
         start = time.perf_counter()
         try:
             out = fn(self._env(slot))
-            if reset:
-                if not isinstance(out, str):
-                    raise TypeError(f"reset returned {type(out).__name__}, expected str")
-                reply = EnvReply(out)
+            problem = validate_answer(kind, out)  # the pool's check, so both backends agree
+            if problem:
+                reply = EnvReply.failed("corrupt", problem, env_id=slot)
+            elif kind == "reset":
+                reply = EnvReply(out, env_id=slot, kind="reset")
             else:
-                reply = _check_result(out)
+                reply = step_reply(out, env_id=slot)
         except Exception as exc:  # an env failure must never end the rollout
-            reply = EnvReply.failed(f"{type(exc).__name__}: {exc}")
-        self._latencies.append(time.perf_counter() - start)
+            reply = EnvReply.failed("exception", f"{type(exc).__name__}: {exc}", env_id=slot)
+        reply.latency_s = time.perf_counter() - start
+        self._latencies.append(reply.latency_s)
         if reply.error is not None:
             self._counters["errors"] += 1
             self._counters["env_error_episodes"] += 1
@@ -114,10 +100,10 @@ class InlineRunner:
             pass
 
     def reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> list[EnvReply]:
-        return [self._call(s, lambda e, t=t: e.reset(t), True) for s, t in zip(slots, tasks)]
+        return [self._call(s, lambda e, t=t: e.reset(t), "reset") for s, t in zip(slots, tasks)]
 
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvReply]:
-        return [self._call(s, lambda e, a=a: e.step(a), False) for s, a in zip(slots, actions)]
+        return [self._call(s, lambda e, a=a: e.step(a), "step") for s, a in zip(slots, actions)]
 
     def health(self) -> dict[str, float]:
         lat = sorted(self._latencies) or [0.0]

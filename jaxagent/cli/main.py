@@ -8,6 +8,7 @@
   jaxagent rollout CONFIG [--checkpoint RUN_DIR] --n N      print N episodes readably
       [--render DIR]                                        (and save their frames as PNG/GIF)
   jaxagent export --checkpoint RUN_DIR --out HF_DIR         write a Hugging Face directory
+  jaxagent check SUITE [--faults] [--tasks N] [--seeds N]   check a suite through the pool
 
 Configs are YAML overlays on ``jaxagent.train.config.Config``; ``key=value`` overrides use
 dotted keys (``rl.optim.learning_rate=3e-4``, ``train.seed=1``). Every input error (a
@@ -182,6 +183,12 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_check(args) -> int:
+    from jaxagent.cli.check import cmd_check
+
+    return cmd_check(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="jaxagent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -241,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a Hugging Face model directory")
     ex.add_argument("--checkpoint", required=True, help="a run directory written by train")
     ex.add_argument("--out", required=True, help="output directory")
+    from jaxagent.cli.check import add_parser as add_check
+
+    add_check(sub)
     for p in (ev, ro, ex):
         p.add_argument(
             "--step",
@@ -294,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": _cmd_eval,
         "rollout": _cmd_rollout,
         "export": _cmd_export,
+        "check": _cmd_check,
     }
     try:
         return handlers[args.command](args)

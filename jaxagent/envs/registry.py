@@ -68,7 +68,14 @@ class EnvSpec:
     rebuilds it by name in a worker otherwise). ``vocabulary`` lists the suite's closed
     vocabulary (word-level tokenizers), when it has one. ``make_expert(task, error_rate, rng)``
     returns an object with ``act(observation) -> action text`` (SFT warm-starts), when it has
-    one.
+    one. ``make_random(task, rng)`` returns the suite's baseline policy, an object with the
+    same ``act``: the floor ``jaxagent check`` compares the expert with (an empty action when
+    the suite has none). ``check_extras(tasks, runs)`` adds the suite's own figures to the
+    check's JSON line; ``runs`` maps a policy name ("expert", "random") to its run through the
+    pool, whose ``episodes`` each have ``task``, ``final`` (the last reply: ``observation``,
+    ``reward``, ``done``, ``info``) and ``steps``; a non-empty ``"failed_checks"`` list among
+    them fails the check. ``task_group(task)`` names a task's kind
+    (level, layout, MiniWoB task): the check reports success per group.
     """
 
     name: str
@@ -77,6 +84,9 @@ class EnvSpec:
     system_prompt: str
     vocabulary: Optional[Callable[[], list[str]]] = None
     make_expert: Optional[Callable[[Task, float, Any], Any]] = None
+    make_random: Optional[Callable[[Task, Any], Any]] = None
+    check_extras: Optional[Callable[[list[Task], Mapping[str, Any]], dict]] = None
+    task_group: Optional[Callable[[Task], str]] = None
 
 
 @dataclasses.dataclass(frozen=True)

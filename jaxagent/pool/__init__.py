@@ -3,7 +3,8 @@
 ``EnvPool`` for text environments (its workers run on a backend from
 ``jaxagent.pool.backends``: threads or processes), ``AsyncEnvPool`` for asyncio code,
 ``ArrayEnvPool`` for batched array environments (MuJoCo), ``collate`` to pad token lists to
-bucketed shapes, and ``DevicePrefetcher`` (imports JAX lazily) for double-buffered transfer in
+bucketed shapes, ``run_episodes`` (every task to its end, one policy per episode), and
+``DevicePrefetcher`` (imports JAX lazily) for double-buffered transfer in
 user loops.
 """
 
@@ -11,9 +12,10 @@ from jaxagent.pool.aio import AsyncEnvPool
 from jaxagent.pool.array_pool import ArrayBatch, ArrayEnvPool
 from jaxagent.pool.collate import Collated, collate, pick_bucket
 from jaxagent.pool.config import PoolConfig
+from jaxagent.pool.episodes import EpisodeEnd, EpisodeRun, run_episodes
 from jaxagent.pool.health import Health
-from jaxagent.pool.health_check import HealthReport, run_health_check
-from jaxagent.pool.pool import EnvPool, PoolStep, episode_seed
+from jaxagent.pool.pool import EnvPool
+from jaxagent.pool.steps import EnvReply, episode_seed
 
 __all__ = [
     "ArrayBatch",
@@ -22,14 +24,15 @@ __all__ = [
     "Collated",
     "DevicePrefetcher",
     "EnvPool",
+    "EnvReply",
+    "EpisodeEnd",
+    "EpisodeRun",
     "Health",
-    "HealthReport",
     "PoolConfig",
-    "PoolStep",
     "collate",
     "episode_seed",
     "pick_bucket",
-    "run_health_check",
+    "run_episodes",
 ]
 
 

@@ -19,7 +19,8 @@ import asyncio
 import threading
 
 from jaxagent.envs.base import Task
-from jaxagent.pool.pool import EnvPool, PoolStep
+from jaxagent.pool.pool import EnvPool
+from jaxagent.pool.steps import EnvReply
 
 
 class AsyncEnvPool:
@@ -45,7 +46,7 @@ class AsyncEnvPool:
             for step in self.pool.recv(min_batch=1, timeout=0.05):
                 self._loop.call_soon_threadsafe(self._resolve, step)
 
-    def _resolve(self, step: PoolStep):
+    def _resolve(self, step: EnvReply):
         future = self._futures.pop(step.env_id, None)
         if future is not None and not future.done():
             future.set_result(step)
@@ -63,11 +64,11 @@ class AsyncEnvPool:
             raise
         return future
 
-    async def reset(self, env_id: int, task: Task) -> PoolStep:
+    async def reset(self, env_id: int, task: Task) -> EnvReply:
         """Start an episode; returns its first observation (or its env_error end)."""
         return await self._call(env_id, lambda: self.pool.async_reset([env_id], [task]))
 
-    async def step(self, env_id: int, action: str) -> PoolStep:
+    async def step(self, env_id: int, action: str) -> EnvReply:
         return await self._call(env_id, lambda: self.pool.send([env_id], [action]))
 
     def close(self) -> None:

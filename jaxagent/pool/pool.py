@@ -10,7 +10,7 @@
 Guarantees:
   * Every call (reset or step) gets exactly one answer; answers only follow calls.
   * No episode is ever lost: every episode started by ``async_reset`` yields exactly one
-    ``PoolStep`` with ``done=True``, unless the caller itself abandons it by resetting the env
+    ``EnvReply`` with ``done=True``, unless the caller itself abandons it by resetting the env
     mid-episode (counted in ``episodes_abandoned``, no answer emitted). If its env failed
     (timeout, crash, corrupt data, exception) that step carries
     ``info["termination"] == "env_error"`` and ``info["failure_mode"] == "env_error"``, plus
@@ -40,11 +40,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from jaxagent.envs.base import StepResult, Task, Termination, env_error_info
+from jaxagent.envs.base import Task
 from jaxagent.pool.backends import make_backend
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.health import Health
-from jaxagent.pool.steps import PoolStep, episode_seed, validate_answer
+from jaxagent.pool.steps import EnvReply, episode_seed, step_reply, validate_answer
 from jaxagent.pool.timers import RETRY, RetryPolicy, Timers
 from jaxagent.pool.workers import Outcome
 
@@ -83,7 +83,7 @@ class EnvPool:
         self.health = Health(latency_window=config.latency_window)
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.RLock()
-        self._ready: list[PoolStep] = []
+        self._ready: list[EnvReply] = []
         # The envs with a call in flight or a retry scheduled (recv's pending count), and the
         # deadlines of both (jaxagent.pool.timers).
         self._busy: set[int] = set()
@@ -145,14 +145,8 @@ class EnvPool:
                 if slot.lost is not None:  # its worker died between calls: answer with the loss
                     reason, detail = slot.lost
                     slot.lost = None
-                    self._finish(
-                        slot,
-                        env_id,
-                        f"[environment error: {reason}] {detail}",
-                        0.0,
-                        env_error_info(reason, detail),
-                        0.0,
-                    )
+                    where = dict(env_id=env_id, episode_id=slot.episode_id)
+                    self._finish(slot, EnvReply.failed(reason, detail, **where))
                     continue
                 self._submit(env_id, "step", action, self.config.step_timeout_s)
 
@@ -161,7 +155,7 @@ class EnvPool:
         with self._lock:
             return len(self._busy) + len(self._ready)
 
-    def recv(self, min_batch: int = 1, timeout: float | None = None) -> list[PoolStep]:
+    def recv(self, min_batch: int = 1, timeout: float | None = None) -> list[EnvReply]:
         """Block until at least ``min_batch`` answers are ready (fewer if fewer are pending).
 
         Returns every ready answer (possibly more than ``min_batch``). With ``timeout`` it
@@ -344,28 +338,22 @@ class EnvPool:
         self.health.latency(latency)
         if call.kind == "reset":
             self.health.add("resets")
-            obs = value
             self._ready.append(
-                PoolStep(env_id, slot.episode_id, "reset", obs, 0.0, False, {}, latency)
+                EnvReply(
+                    value,
+                    env_id=env_id,
+                    episode_id=slot.episode_id,
+                    kind="reset",
+                    latency_s=latency,
+                )
             )
             return
         self.health.add("steps")
-        step = value if isinstance(value, StepResult) else StepResult(*value)
-        info = dict(step.info)
-        obs = step.observation
-        if step.done or info.get("termination") == Termination.ENV_ERROR.value:
-            # An env that reports its own failure ends the episode even without done=True.
-            info.setdefault(
-                "termination",
-                Termination.TRUNCATED.value if step.truncated else Termination.TERMINATED.value,
-            )
-            self._finish(slot, env_id, obs, float(step.reward), info, latency)
+        reply = step_reply(value, env_id=env_id, episode_id=slot.episode_id, latency_s=latency)
+        if reply.done:
+            self._finish(slot, reply)
         else:
-            self._ready.append(
-                PoolStep(
-                    env_id, slot.episode_id, "step", obs, float(step.reward), False, info, latency
-                )
-            )
+            self._ready.append(reply)
 
     def _fail(self, env_id: int, reason: str, detail: str) -> None:
         """A call failed: retry a reset (bounded, with back-off) or end the episode labelled."""
@@ -382,16 +370,12 @@ class EnvPool:
         if slot.episode_id is None:
             return
         latency = time.monotonic() - call.sent_at if call is not None else 0.0
-        obs = f"[environment error: {reason}] {detail}".strip()
-        self._finish(slot, env_id, obs, 0.0, env_error_info(reason, detail), latency)
+        where = dict(env_id=env_id, episode_id=slot.episode_id, latency_s=latency)
+        self._finish(slot, EnvReply.failed(reason, detail, **where))
 
-    def _finish(
-        self, slot: _Slot, env_id: int, obs: str, reward: float, info: dict, latency: float
-    ):
-        if info.get("termination") == Termination.ENV_ERROR.value:
+    def _finish(self, slot: _Slot, reply: EnvReply) -> None:
+        if reply.env_error:
             self.health.add("env_error_episodes")
         self.health.add("episodes_finished")
-        self._ready.append(
-            PoolStep(env_id, slot.episode_id, "step", obs, reward, True, info, latency)
-        )
+        self._ready.append(reply)
         slot.episode_id = None

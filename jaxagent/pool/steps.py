@@ -1,4 +1,4 @@
-"""What the pool hands back (``PoolStep``), episode seeds, and validation of env answers."""
+"""The reply record (``EnvReply``), episode seeds, and the one validation of env answers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxagent.envs.base import StepResult, Termination
+from jaxagent.envs.base import (
+    StepResult,
+    Termination,
+    env_error_info,
+    env_error_message,
+    is_env_error,
+)
 
 
 def episode_seed(pool_seed: int, env_id: int, episode: int, attempt: int = 0) -> int:
@@ -18,21 +24,41 @@ def episode_seed(pool_seed: int, env_id: int, episode: int, attempt: int = 0) ->
 
 
 @dataclasses.dataclass
-class PoolStep:
-    """One answer from the pool. ``kind`` is "reset" (observation only) or "step"."""
+class EnvReply:
+    """One environment answer, the one record between the environments and the rollout
+    driver: the pool hands it back (``kind`` "reset", observation only, or "step"), and the
+    driver's runners (``jaxagent.agents.runner``) answer with it.
 
-    env_id: int
-    episode_id: int  # unique per pool, in order of async_reset
-    kind: str
+    An environment failure (a crash, hang or corrupt answer the pool or runner caught, or one
+    the environment reports itself) is a final reply whose ``info`` is
+    ``jaxagent.envs.base.env_error_info``: ``env_error`` is True, ``error`` says what failed,
+    and its reward is 0.
+    """
+
     observation: str
-    reward: float
-    done: bool
-    info: dict[str, Any]
-    latency_s: float
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    env_id: int = -1  # the pool env (or runner slot) that answered
+    episode_id: int = -1  # unique per pool, in order of async_reset
+    kind: str = "step"
+    latency_s: float = 0.0
 
     @property
     def env_error(self) -> bool:
-        return self.info.get("termination") == Termination.ENV_ERROR.value
+        return is_env_error(self.info)
+
+    @property
+    def error(self) -> str | None:
+        """What failed when the environment failed, else None."""
+        return env_error_message(self.info) if self.env_error else None
+
+    @classmethod
+    def failed(cls, reason: str, detail: str = "", **where: Any) -> "EnvReply":
+        """The final reply of an episode whose environment failed (``reason``: "timeout",
+        "crash", "corrupt", "exception")."""
+        obs = f"[environment error: {reason}] {detail}".strip()
+        return cls(obs, 0.0, True, env_error_info(reason, detail), **where)
 
 
 def validate_answer(kind: str, value: Any) -> str:
@@ -52,3 +78,19 @@ def validate_answer(kind: str, value: Any) -> str:
     if not isinstance(value.info, dict):
         return f"step info is {type(value.info).__name__}, not dict"
     return ""
+
+
+def step_reply(value: Any, **where: Any) -> EnvReply:
+    """The reply of a ``step`` answer that passed ``validate_answer``. An environment that
+    reports its own failure (``info["termination"] == "env_error"``) ends the episode with
+    reward 0 even without ``done``; a final reply carries ``info["termination"]``."""
+    step = value if isinstance(value, StepResult) else StepResult(*value)
+    info = dict(step.info)
+    if is_env_error(info):
+        return EnvReply(step.observation, 0.0, True, info, **where)
+    if step.done:
+        info.setdefault(
+            "termination",
+            Termination.TRUNCATED.value if step.truncated else Termination.TERMINATED.value,
+        )
+    return EnvReply(step.observation, float(step.reward), bool(step.done), info, **where)

@@ -26,7 +26,8 @@ import jax
 
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.rollout import RolloutSpec
-from jaxagent.agents.runner import EnvReply, EnvRunner
+from jaxagent.agents.runner import EnvRunner
+from jaxagent.pool.steps import EnvReply
 from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import Task
 

@@ -8,10 +8,15 @@ after ``max_env_steps`` environment steps in all. ``max_children=1`` is the gree
 
 It needs environment instances that can snapshot and restore their state
 (``jaxagent.envs.base.supports_snapshot``); any other environment is refused with a
-``MethodError`` naming it. The returned episode is the successful path (or the last one
-explored), tokenised with the chat format as ``collect_episodes`` would; the other branches'
-tokens and the proposer's context reads are in ``info["method_tokens"]``; ``info["method"]``
-counts environment steps, restores and backtracks.
+``MethodError`` naming it. The search steps its environment through an ``InlineRunner``
+(in-process, so its state can be restored), which turns a crash or corrupt answer into an env
+error that ends the branch, and the proposer reads observations cut as the rollout cuts them.
+The returned episode is the successful path (or the last one explored), recorded by the
+rollout driver itself: ``collect_episodes`` replays the path's actions from reset, so its
+tokens, budgets, observation cut and env-error handling are the driver's. The other
+branches' tokens and the proposer's context reads are in ``info["method_tokens"]``;
+``info["method"]`` counts the search's environment steps (the replay's are not search),
+restores and backtracks.
 
 Proposers: ``ScriptedProposer`` (a function of the task and the path so far) and
 ``PolicyProposer`` (samples ``n`` continuations of the path's token context from an LM turn
@@ -26,11 +31,13 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import jax
 
 from jaxagent.agents.chat import Chat
-from jaxagent.agents.episode import Episode, Turn
+from jaxagent.agents.episode import Episode
+from jaxagent.agents.expert import ExpertTurnPolicy
 from jaxagent.agents.methods.base import add_method_tokens
-from jaxagent.agents.rollout import RolloutSpec
+from jaxagent.agents.rollout import RolloutSpec, collect_episodes
+from jaxagent.agents.runner import InlineRunner
 from jaxagent.agents.turn_policy import TurnPolicy
-from jaxagent.envs.base import FailureMode, Task, Termination, supports_snapshot
+from jaxagent.envs.base import Task, supports_snapshot, truncate_observation
 
 
 class MethodError(ValueError):
@@ -81,7 +88,7 @@ class PolicyProposer:
 
 @dataclasses.dataclass
 class _Search:
-    env: Any
+    runner: InlineRunner  # slot 0 is the searched environment
     task: Task
     first_obs: str
     proposer: Proposer
@@ -89,72 +96,86 @@ class _Search:
     max_depth: int
     max_env_steps: int
     key: Any
+    cut: Callable[
+        [str], str
+    ]  # the rollout's observation cut: the proposer reads what a policy would
     steps: int = 0
     restores: int = 0
     backtracks: int = 0
     explored: list = dataclasses.field(default_factory=list)  # every (action, obs, done)
-    last: Optional[tuple[History, Any]] = None  # the last finished path and its StepResult
+    last: Optional[tuple[History, bool]] = None  # the last ended or depth-capped path, ended
 
-    def dfs(self, history: History) -> Optional[tuple[History, Any]]:
+    def dfs(self, history: History) -> Optional[History]:
         """The first successful path below ``history`` (the env is at its end), or None."""
         if len(history) >= self.max_depth or self.steps >= self.max_env_steps:
             return None
         self.key, sub = jax.random.split(self.key)
         children = self.proposer.propose(self.task, self.first_obs, history, self.max_children, sub)
-        snap = self.env.snapshot() if len(children) > 1 else None
+        snap = self.runner.snapshot(0) if len(children) > 1 else None
         for i, action in enumerate(children[: self.max_children]):
             if self.steps >= self.max_env_steps:
                 break
             if i > 0:
-                self.env.restore(snap)
+                self.runner.restore(0, snap)
                 self.restores += 1
                 self.backtracks += 1
-            result = self.env.step(action)
+            (reply,) = self.runner.step([0], [action])
             self.steps += 1
-            path = history + [(action, result.observation)]
-            self.explored.append((action, result.observation, bool(result.done)))
-            if result.done:
-                self.last = (path, result)
-                if result.info.get("success"):
-                    return path, result
+            # An env failure ends the branch unsolved, as it ends an episode in the driver.
+            done = reply.done or reply.error is not None
+            obs = self.cut(reply.observation)
+            path = history + [(action, obs)]
+            self.explored.append((action, obs, done))
+            if done:
+                self.last = (path, True)
+                if reply.error is None and reply.info.get("success"):
+                    return path
                 continue
             if len(path) >= self.max_depth:
-                self.last = (path, result)
+                self.last = (path, False)
             found = self.dfs(path)
             if found is not None:
                 return found
         return None
 
 
-def _episode(task, group, first_obs, path, result, spec: RolloutSpec) -> Episode:
-    """The path as ``collect_episodes`` would record it (prompt, actions, observations)."""
-    chat = spec.chat
-    ep = Episode(task=task, group=group, first_observation=first_obs)
-    ep.append(chat.prompt(spec.system_prompt, first_obs), sampled=False)
-    for t, (action, obs) in enumerate(path):
-        ids = chat.action(action)
-        ep.append(ids, sampled=True, logprobs=[0.0] * len(ids), turn=t)
-        final = t == len(path) - 1 and result is not None and result.done
-        turn = Turn(
-            action=action, observation="" if final else obs, reward=0.0, num_action_tokens=len(ids)
-        )
-        if not final and t < len(path) - 1:
-            chunk = chat.observation(obs)
-            turn.num_observation_tokens = len(chunk)
-            ep.append(chunk, sampled=False)
-        ep.turns.append(turn)
-    if result is not None and result.done:
-        info = dict(result.info)
-        ep.turns[-1].reward = float(result.reward)
-        ep.turns[-1].reward_terms = dict(info.get("reward_terms") or {})
-        ep.turns[-1].failure_mode = info.get("failure_mode")
-        ep.turns[-1].dangerous = list(info.get("dangerous") or ())
-        ep.info = info
-        term = Termination.TRUNCATED if info.get("truncated") else Termination.TERMINATED
-        ep.finish(term, info.get("failure_mode"), success=bool(info.get("success")))
-    else:
-        ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
-    return ep
+class _Replay:
+    """``make_expert`` of one path: its actions in order (the driver records the path)."""
+
+    def __init__(self, path: History):
+        self.actions = [a for a, _ in path] or [""]
+
+    def __call__(self, task, error_rate, rng) -> "_Replay":
+        del task, error_rate, rng
+        self.next = 0
+        return self
+
+    def act(self, observation: str) -> str:
+        del observation
+        action = self.actions[min(self.next, len(self.actions) - 1)]
+        self.next += 1
+        return action
+
+
+def _record(task, group, path, done, spec: RolloutSpec, runner: InlineRunner) -> Episode:
+    """The path recorded by the rollout driver (``collect_episodes``): the path's actions
+    replayed from reset through ``runner`` with the run's chat format, budgets (a path that
+    did not end stops at its length, a step-budget truncation) and observation cut."""
+    # A path that was not explored at all (no candidate) is one empty action.
+    turns = spec.budget.max_turns if done else max(1, len(path))
+    budget = dataclasses.replace(spec.budget, max_turns=turns)
+    replay_spec = dataclasses.replace(spec, budget=budget, runner=runner)
+    policy = ExpertTurnPolicy(_Replay(path), spec.chat, error_rate=0.0, seed=0)
+    eps, _ = collect_episodes(
+        policy,
+        None,
+        [task],
+        samples_per_task=1,
+        spec=replay_spec,
+        key=jax.random.key(0),
+        group_offset=group,
+    )
+    return eps[0]
 
 
 @dataclasses.dataclass
@@ -191,47 +212,64 @@ class DFSDT:
         spec: RolloutSpec,
         key: jax.Array,
     ) -> list[Episode]:
-        env = self.make_env()
+        runner = InlineRunner(self.make_env)
+        env = runner.env(0)
         if not supports_snapshot(env):
+            runner.close()
             raise MethodError(
                 f"dfsdt needs an environment with snapshot() and restore() (the SnapshotEnv "
                 f"capability of jaxagent.envs.base); {type(env).__name__} has none: implement "
                 "them or choose another method (reflexion, self_refine, best_of_n)"
             )
         proposer = self.proposer or PolicyProposer(policy, spec.chat, spec.system_prompt, params)
+        limit = spec.budget.max_observation_chars
+
+        def cut(text: str) -> str:
+            return truncate_observation(text, limit) if limit else text
+
         out = []
-        for i, task in enumerate(tasks):
-            for k in range(samples_per_task):
-                before = proposer.input_tokens
-                first = env.reset(task)
-                s = _Search(
-                    env,
-                    task,
-                    first,
-                    proposer,
-                    self.max_children,
-                    spec.budget.max_turns,
-                    self.max_env_steps,
-                    jax.random.fold_in(key, i * samples_per_task + k),
-                )
-                found = s.dfs([])
-                path, result = found or s.last or ([], None)
-                ep = _episode(task, i, first, path, result, spec)
-                # Off-path branches: their actions were generated, their (non-final)
-                # observations read; the path's own tokens are in the episode.
-                gen = sum(len(spec.chat.action(a)) for a, _, _ in s.explored)
-                gen -= sum(t.num_action_tokens for t in ep.turns)
-                obs = sum(len(spec.chat.observation(o)) for _, o, d in s.explored if not d)
-                obs -= sum(t.num_observation_tokens for t in ep.turns)
-                add_method_tokens(ep, input=obs + proposer.input_tokens - before, generated=gen)
-                ep.info["method"] = {
-                    "name": self.name,
-                    "max_children": self.max_children,
-                    "env_steps": s.steps,
-                    "restores": s.restores,
-                    "backtracks": s.backtracks,
-                    "path_length": len(path),
-                }
-                out.append(ep)
-        env.close()
+        try:
+            for i, task in enumerate(tasks):
+                for k in range(samples_per_task):
+                    out.append(
+                        self._one(runner, proposer, task, i, k, samples_per_task, spec, key, cut)
+                    )
+        finally:
+            runner.close()
         return out
+
+    def _one(self, runner, proposer, task, i, k, samples_per_task, spec, key, cut) -> Episode:
+        before = proposer.input_tokens
+        (first,) = runner.reset([0], [task])
+        if first.error is not None:  # recorded by the driver as it records any reset failure
+            return _record(task, i, [], False, spec, runner)
+        s = _Search(
+            runner,
+            task,
+            cut(first.observation),
+            proposer,
+            self.max_children,
+            spec.budget.max_turns,
+            self.max_env_steps,
+            jax.random.fold_in(key, i * samples_per_task + k),
+            cut,
+        )
+        found = s.dfs([])
+        path, ended = (found, True) if found is not None else (s.last or ([], False))
+        ep = _record(task, i, path, ended, spec, runner)
+        # Off-path branches: their actions were generated, their (non-final) observations
+        # read; the path's own tokens are in the episode.
+        gen = sum(len(spec.chat.action(a)) for a, _, _ in s.explored)
+        gen -= sum(t.num_action_tokens for t in ep.turns)
+        obs = sum(len(spec.chat.observation(o)) for _, o, d in s.explored if not d)
+        obs -= sum(t.num_observation_tokens for t in ep.turns)
+        add_method_tokens(ep, input=obs + proposer.input_tokens - before, generated=gen)
+        ep.info["method"] = {
+            "name": self.name,
+            "max_children": self.max_children,
+            "env_steps": s.steps,
+            "restores": s.restores,
+            "backtracks": s.backtracks,
+            "path_length": len(path),
+        }
+        return ep

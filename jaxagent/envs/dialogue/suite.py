@@ -7,7 +7,7 @@ import functools
 
 from jaxagent.envs.dialogue.domain import DialogueConfig, DialogueSource, SimulatorConfig
 from jaxagent.envs.dialogue.env import DialogueEnv, DialogueEnvConfig
-from jaxagent.envs.dialogue.policies import make_expert
+from jaxagent.envs.dialogue.policies import TextPolicy, make_expert, random_policy
 from jaxagent.envs.dialogue.vocab import vocabulary
 from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 
@@ -38,7 +38,14 @@ def build(options: DialogueOptions) -> EnvSpec:
         system_prompt=SYSTEM_PROMPT if options.system_prompt else "",
         vocabulary=vocabulary,
         make_expert=make_expert,
+        make_random=make_random,
     )
+
+
+def make_random(task, rng) -> TextPolicy:
+    """A uniformly random dialogue act each turn, over the same tracker as the expert."""
+    del task
+    return TextPolicy(random_policy(rng))
 
 
 register_env("dialogue", build, options=DialogueOptions)

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 
 from jaxagent.envs.math.env import MathEnv, MathEnvConfig
-from jaxagent.envs.math.expert import MathExpert
+from jaxagent.envs.math.expert import MathExpert, random_action
 from jaxagent.envs.math.problems import MathConfig, MathSource
 from jaxagent.envs.math.vocab import vocabulary
 from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
@@ -36,7 +36,19 @@ def build(options: MathOptions) -> EnvSpec:
         system_prompt=SYSTEM_PROMPT if options.system_prompt else "",
         vocabulary=vocabulary,
         make_expert=functools.partial(_expert, variant=options.env.variant),
+        make_random=RandomAnswer,
     )
+
+
+class RandomAnswer:
+    """A random final answer each turn (an integer in [-20, 100] or a small fraction)."""
+
+    def __init__(self, task, rng):
+        self.task, self.rng = task, rng
+
+    def act(self, observation: str) -> str:
+        del observation
+        return random_action(self.task, self.rng)
 
 
 def _expert(task, error_rate, rng, *, variant):

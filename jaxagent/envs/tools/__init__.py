@@ -5,7 +5,7 @@
   on CPU, with a scripted expert whose error rate is controllable.
 * ``bfcl``: the BFCL multi-turn stateful API worlds from the installed ``bfcl-eval`` package
   (``pip install --no-deps bfcl-eval``), scored with the benchmark's own state and response
-  checkers; ``python -m jaxagent.envs.tools.bfcl --list / --check CATEGORY`` is the health check.
+  checkers; ``jaxagent check bfcl category=CATEGORY`` is the health check.
 
 Submodules are imported on use (``from jaxagent.envs.tools import quickstart``), so a missing
 ``bfcl-eval`` only matters to code that uses the BFCL adapter.

@@ -5,8 +5,8 @@ layouts, disjoint train/test pools), ``site`` (pages from state, transitions), `
 (the shared action vocabulary over the shared tool-call parser), ``env`` (``WebEnv``: the
 viewport text view, WebShop's reward, failure labels, snapshot/restore), ``tasks``
 (``WebWorld``), ``expert`` (scripted, random and no-scroll policies), ``vocab``, ``check``
-(the health check) and ``suite`` (registry entries). MiniWoB++ in a real headless browser:
-``miniwob`` (the env), ``miniwob_solvers`` and ``miniwob_check``. Nothing here imports JAX.
+(the suites' figures in ``jaxagent check``) and ``suite`` (registry entries). MiniWoB++ in a
+real headless browser: ``miniwob`` (the env) and ``miniwob_solvers``. Nothing here imports JAX.
 """
 
 from jaxagent.envs.web.env import WebEnv, WebEnvConfig

@@ -8,7 +8,8 @@ import functools
 from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 from jaxagent.envs.web.actions import USAGE
 from jaxagent.envs.web.env import WebEnv, WebEnvConfig
-from jaxagent.envs.web.expert import ExpertPolicy
+from jaxagent.envs.web.check import embedded_extras, miniwob_extras
+from jaxagent.envs.web.expert import ExpertPolicy, random_action
 from jaxagent.envs.web.miniwob import MiniWoBEnvConfig, MiniWoBTasksConfig
 from jaxagent.envs.web.tasks import WebTasksConfig, WebWorld
 from jaxagent.envs.web.vocab import vocabulary
@@ -43,7 +44,21 @@ def _build(site: str, options: WebOptions) -> EnvSpec:
         system_prompt=system_prompt() if options.system_prompt else "",
         vocabulary=vocabulary,
         make_expert=ExpertPolicy,
+        make_random=RandomPolicy,
+        check_extras=functools.partial(embedded_extras, options.env),
+        task_group=lambda task: str(task.data["layout_id"]),
     )
+
+
+class RandomPolicy:
+    """A uniformly random action over the visible elements (and scroll, back, finish)."""
+
+    def __init__(self, task, rng):
+        del task
+        self.rng = rng
+
+    def act(self, observation: str) -> str:
+        return random_action(observation, self.rng)
 
 
 build_shop = functools.partial(_build, "shop")
@@ -75,6 +90,8 @@ def build_miniwob(options: MiniWoBOptions) -> EnvSpec:
         make_env=functools.partial(MiniWoBEnv, options.env),
         system_prompt=system_prompt() if options.system_prompt else "",
         make_expert=MiniWoBSolver,
+        check_extras=functools.partial(miniwob_extras, options.env),
+        task_group=lambda task: task.data["task"],
     )
 
 

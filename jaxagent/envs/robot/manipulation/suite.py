@@ -33,7 +33,21 @@ def build(options: ManipulationOptions) -> EnvSpec:
         system_prompt="",
         vocabulary=vocabulary,
         make_expert=ScriptedPlanner,
+        check_extras=safety_counts,
     )
+
+
+def safety_counts(tasks, runs) -> dict:
+    """Each policy's safety events summed over its episodes (blocks knocked off the table,
+    contact-force limits hit, unreachable targets): the scripted planner should have none."""
+    del tasks
+    keys = ("knocked_off", "contact_force", "unreachable")
+    out = {}
+    for name, run in runs.items():
+        out[name] = {
+            k: sum(e.final.info.get("safety", {}).get(k, 0) for e in run.episodes) for k in keys
+        }
+    return {"safety": out}
 
 
 register_env("manipulation", build, options=ManipulationOptions)

@@ -2,8 +2,8 @@
 
 Install the data and backends with ``pip install --no-deps bfcl-eval`` (plus ``mpmath``).
 Importing this package works without it; using it raises ``BFCLMissingError`` with the fix.
-Health check: ``python -m jaxagent.envs.tools.bfcl --list`` and
-``python -m jaxagent.envs.tools.bfcl --check multi_turn_base``.
+Check: ``jaxagent check bfcl category=multi_turn_base`` (the ground truth acted out through the
+pool must succeed, and fail without its last state-changing call).
 """
 
 from jaxagent.envs.tools.bfcl.data import (

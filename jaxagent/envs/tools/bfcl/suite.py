@@ -7,6 +7,7 @@ import functools
 
 from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 from jaxagent.envs.tools.bfcl.data import require_bfcl
+from jaxagent.envs.tools.bfcl.replay import GroundTruthExpert, drop_check
 from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig, system_prompt
 from jaxagent.envs.tools.bfcl.source import BFCLSource, BFCLSourceConfig
 
@@ -28,6 +29,8 @@ def build(options: BFCLOptions) -> EnvSpec:
         make_source=lambda: source,
         make_env=functools.partial(BFCLEnv, options.env),
         system_prompt=system_prompt(),
+        make_expert=GroundTruthExpert,
+        check_extras=drop_check,
     )
 
 
