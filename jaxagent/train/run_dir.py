@@ -20,12 +20,13 @@ A run directory (``train.out_dir``) holds ``config.yaml``, ``tokenizer/``, ``che
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from jaxagent.errors import ConfigError
 
@@ -207,3 +208,42 @@ def saved_config(run_dir: Path) -> Optional[dict]:
     if not path.is_file():
         return None
     return config_to_dict(load_config(path))
+
+
+@contextlib.contextmanager
+def learner_run(run_dir: Path, config_yaml: str) -> Iterator[Path]:
+    """The run directory of a learner that trains from scratch each time (the classic
+    learners: no checkpoints to resume from): held under ``RunLock`` for the training's
+    life, and a finished run (``summary.json``) trained with other settings is refused, not
+    overwritten. The same settings again repeat the run in place. ``config.yaml`` is written
+    (atomically) once the lock is held and the directory checked."""
+    run_dir = Path(run_dir)
+    lock = RunLock.acquire(run_dir)
+    try:
+        saved = run_dir / "config.yaml"
+        if (run_dir / "summary.json").is_file() and saved.is_file():
+            import yaml
+
+            old = yaml.safe_load(saved.read_text()) or {}
+            a, b = flat(old), flat(yaml.safe_load(config_yaml) or {})  # same types
+            changed = [
+                (k, a.get(k), b.get(k))
+                for k in sorted(set(a) | set(b))
+                if a.get(k) != b.get(k) and k not in ("train.out_dir", "train.plot")
+            ]
+            if changed:
+                shown = "; ".join(f"{k}: {x!r} -> {y!r}" for k, x, y in changed[:4])
+                more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+                raise ConfigError(
+                    f"train.out_dir={str(run_dir)!r} holds a finished run trained with other "
+                    f"settings ({shown}{more}); this learner trains from scratch, so it would "
+                    "be overwritten: choose another train.out_dir"
+                )
+        write_atomic(saved, config_yaml)
+    except BaseException:
+        lock.abandon()
+        raise
+    try:
+        yield run_dir
+    finally:
+        lock.release()

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from jaxagent.learners.ppo_continuous.update import PPOConfig
 from jaxagent.errors import FROZEN, ConfigError
+from jaxagent.train.run_dir import learner_run
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -114,17 +115,20 @@ def _make_pool(config: PPORunConfig, num_envs: int, seed: int):
 
 def train(config_path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Train; returns the summary (also written to ``<out_dir>/summary.json``)."""
+    config = load_ppo_config(config_path, overrides)
+    config_yaml = OmegaConf.to_yaml(OmegaConf.structured(config))
+    with learner_run(Path(config.train.out_dir), config_yaml) as out:
+        return _train(config, out)
+
+
+def _train(config: PPORunConfig, out: Path) -> dict[str, Any]:
     import jax
 
     from jaxagent.learners.ppo_continuous.update import PPOLearner
     from jaxagent.learners.ppo_continuous.normalize import RunningMoments, obs_stats, update_moments
     from jaxagent.learners.ppo_continuous.rollout import Collector, evaluate_policy
 
-    config = load_ppo_config(config_path, overrides)
     c, t = config.ppo, config.train
-    out = Path(t.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
     iterations = -(-t.total_steps // c.batch_size)
     pool = _make_pool(config, c.num_envs, t.seed)
     space = pool.env.single_action_space
