@@ -34,7 +34,7 @@ Idle machine, the same day, ``--one`` each: full 1.414 (2132 MiB, 26.3 s), full_
 (1933 MiB, 31.9 s); wall times under load are noisy, the ratios are not. Runtime (Python,
 JAX, the environment) 295 MiB in each, reported apart. The default's peak holds 1010 MiB of
 JAX arrays (state and batch), the update's temporaries and ~420 MiB of compiled programs and
-stranded heap; ``full_lean`` removes most of the last (README, "Devices"). Earlier: 1.72-1.98
+stranded heap; ``full_lean`` removes most of the last (docs/results/performance.md). Earlier: 1.72-1.98
 before checkpoints streamed and freed memory was returned;
 ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=262144`` alone 1.365-1.38; fused + release 1.31.
 """
