@@ -150,3 +150,12 @@ def test_rl_config_is_built_once_per_config(monkeypatch):
     assert len(calls) == 1
     assert config.rl_config is config.rl_config and config.rl_config.name == "grpo"
     assert isinstance(config, Config) and len(calls) == 1
+
+
+def test_a_saved_config_with_the_old_env_keys_is_refused_in_one_line(tmp_path):
+    saved = tmp_path / "config.yaml"
+    saved.write_text("env:\n  name: quickstart\n  backend: thread\n  num_workers: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(saved)
+    text = str(err.value)
+    assert "\n" not in text and "'env.backend'" in text and "env.pool.backend" in text, text
