@@ -73,7 +73,7 @@ def sft_case(graphdef, params, micro: int, reps: int) -> tuple[float, float, int
 def rl_case(graphdef, params, remat: bool, micro: int, reps: int) -> tuple[float, float, int]:
     """(median s/update, loss tokens, tokens) of the web quickstart's LOOP update."""
     config = load_config("configs/web_quickstart.yaml", [f"rl.update.microbatch_size={micro}"])
-    rl, tx = config.rl_config(), run_optimizer(config)
+    rl, tx = config.rl_config, run_optimizer(config)
     rows, t = 64, 608
     rng = np.random.default_rng(0)
     lengths = rng.integers(250, 600, rows)  # expert episodes: 350 tokens on average

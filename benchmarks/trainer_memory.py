@@ -179,7 +179,7 @@ def one(mode: str, out_dir: str) -> dict:
     trainer = Trainer(cfg, echo=lambda s: None)
     mib = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)) / 2**20
     params = mib(trainer._init_params)
-    rl = cfg.rl_config()
+    rl = cfg.rl_config
     if rl.lora.rank:
         from jaxagent.rl.lora import init_lora
 

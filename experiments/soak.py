@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 OVERRIDES = [
     "sft.enabled=false",
-    "env.backend=process",
-    "env.num_workers=8",
-    "env.step_timeout_s=1.0",
+    "env.pool.backend=process",
+    "env.pool.num_envs=8",
+    "env.pool.step_timeout_s=1.0",
     "rollout.tasks_per_iteration=8",
     "rollout.samples_per_task=4",
     "rl.update.minibatch_size=16",
@@ -204,7 +204,7 @@ def main() -> int:
         crash=args.crash,
         corrupt=args.corrupt,
         slow=args.slow,
-        hang_s=4 * config.env.step_timeout_s,
+        hang_s=4 * config.env.pool.step_timeout_s,
         slow_s=0.05,
         seed=config.train.seed,
     )

@@ -85,8 +85,8 @@ def test_echo_suite_trains_one_iteration(backend, tmp_path):
     overrides = [
         "name=echo",
         "env.name=echo",
-        f"env.backend={backend}",
-        "env.num_workers=2",
+        f"env.pool.backend={backend}",
+        "env.pool.num_envs=2",
         "env.options.num_tasks=8",
         "model.hidden_size=32",
         "model.num_layers=1",

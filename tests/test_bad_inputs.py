@@ -162,14 +162,15 @@ CASES = {
         ["rollout.temperature=0.7", "rollout.temperature=1.0"],
     ),
     "faults on the inline backend": (
-        _train("env.fault_hang_prob=0.1", "env.backend=inline"),
-        ["env.fault_hang_prob", "env.backend='thread'"],
+        _train("env.faults.hang=0.1", "env.pool.backend=inline"),
+        ["env.faults.hang", "env.pool.backend='thread'"],
     ),
     # environment names and options
     "env name": (_train("env.name=atari"), ["atari", "choose one of"]),
-    "env backend": (_train("env.backend=docker"), ["docker", "choose one of"]),
-    "env workers": (_train("env.num_workers=0"), ["env.num_workers=0", "> 0"]),
-    "env fault prob": (_train("env.fault_hang_prob=1.5"), ["env.fault_hang_prob=1.5", "[0, 1]"]),
+    "env backend": (_train("env.pool.backend=docker"), ["docker", "choose one of"]),
+    "env workers": (_train("env.pool.num_envs=0"), ["env.pool.num_envs=0", ">= 1"]),
+    "env key renamed": (_train("env.num_workers=4"), ["env.num_workers", "env.pool.num_envs"]),
+    "env fault prob": (_train("env.faults.hang=1.5"), ["env.faults.hang=1.5", "[0, 1]"]),
     "env option unknown": (_train("env.options.num_trian=5"), ["num_trian", "num_train"]),
     "env option range": (_train("env.options.num_train=-3"), ["num_train", "-3", ">= 0"]),
     "code isolation": (

@@ -23,8 +23,8 @@ from test_train import ROOT, TINY, _by_step
 
 VARIANTS = {
     "lora": ["rl.lora.rank=4", "rl.lora.alpha=8"],
-    "thread": ["env.backend=thread", "env.num_workers=2"],
-    "process": ["env.backend=process", "env.num_workers=2"],
+    "thread": ["env.pool.backend=thread", "env.pool.num_envs=2"],
+    "process": ["env.pool.backend=process", "env.pool.num_envs=2"],
 }
 
 

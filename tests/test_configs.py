@@ -31,7 +31,7 @@ def test_overrides_are_typed_and_applied():
             "env.options.num_train=50",
         ],
     )
-    assert c.rl_config().name == "grpo" and c.rl_config().optim.learning_rate == 1e-3
+    assert c.rl_config.name == "grpo" and c.rl_config.optim.learning_rate == 1e-3
     assert c.group_size == 4 and c.env.options == {"num_train": 50}
     assert isinstance(c, Config)
     with pytest.raises(Exception):
@@ -50,7 +50,10 @@ def test_overrides_are_typed_and_applied():
         ("rl.loss.clip_eps_high=wide", "rl.loss.clip_eps_high"),
         ("rl.loss.clip_eps_low=1.5", "rl.loss.clip_eps_low=1.5"),
         ("rl.advantage.truncated=skip", "rl.advantage.truncated='skip'"),
-        ("rl.overrides.learning_rate=1", "replaced by typed sections: rl.optim.learning_rate"),
+        (
+            "rl.overrides.learning_rate=1",
+            "typed sections that replaced rl.overrides: rl.optim.learning_rate",
+        ),
         ("env.name=atari", "choose one of ['quickstart'"),
         ("rollout.top_p=0", "rollout.top_p"),
         ("model.num_heads=3", "divisible"),
@@ -68,7 +71,7 @@ def test_every_config_names_its_paper_and_loads():
     for path in CONFIGS:
         c = load_config(path)
         assert c.paper, f"{path.name} must name the paper it follows (paper: ...)"
-        c.rl_config()
+        c.rl_config
 
 
 # Overrides that shrink any config to a one-iteration smoke size.
@@ -100,7 +103,7 @@ SHRINK = [
     "train.progress=none",
     "train.tensorboard=false",
     "train.plot=false",
-    "env.backend=inline",
+    "env.pool.backend=inline",
 ]
 # ChatML renders the tool schemas in every prompt: a 320-token BPE cannot fit them in 320.
 CONFIG_SHRINK = {"quickstart_chatml": ["tokenizer.vocab_size=1024", "model.max_seq_len=512"]}
@@ -136,7 +139,7 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     base = load_config(path)
     if base.env.name == "bfcl":
         pytest.importorskip("bfcl_eval")
-    extra = ENV_SHRINK[base.env.name] + (["rl.lora.rank=2"] if base.rl_config().lora.rank else [])
+    extra = ENV_SHRINK[base.env.name] + (["rl.lora.rank=2"] if base.rl_config.lora.rank else [])
     extra += CONFIG_SHRINK.get(path.stem, [])
     config = load_config(path, SHRINK + extra + [f"train.out_dir={tmp_path}/run"])
     trainer = Trainer(config, echo=lambda s: None)
@@ -148,7 +151,7 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     assert np.isfinite(rec["loss/total"])
     assert rec["train/episodes"] == 4  # no episode lost
     assert rec["eval/episodes"] == len(trainer.eval_tasks) * config.eval.samples_per_task
-    rl = config.rl_config()
+    rl = config.rl_config
     if rl.kl.mode == "loss":
         assert "kl/ref" in rec
     if rl.critic.enabled:
@@ -176,12 +179,12 @@ def test_recipe_preset_first_then_the_keys_the_user_set():
 
     # Keys left unset follow the recipe, whichever it is and wherever it is named.
     for order in (["rl.recipe=grpo", "rl.kl.beta=0.1"], ["rl.kl.beta=0.1", "rl.recipe=grpo"]):
-        rl = load_config(None, order).rl_config()
+        rl = load_config(None, order).rl_config
         assert rl == get_recipe("grpo", kl={"beta": 0.1}), order
         assert (rl.kl.mode, rl.kl.estimator, rl.loss.clip_eps_high) == ("loss", "k3", 0.2)
     # A YAML's explicit key survives a recipe switch by override; its unset keys do not.
     c = load_config(CONFIGS[0].parent / "dapo_code.yaml", ["rl.recipe=grpo"])
-    rl = c.rl_config()
+    rl = c.rl_config
     assert rl.loss.clip_eps_high == 0.28  # set in the YAML
     assert rl.loss.aggregation == "seq_mean_token_mean" and rl.kl.mode == "loss"  # grpo's preset
     # The saved config (unset keys are null) reloads to the same algorithm.
@@ -191,7 +194,7 @@ def test_recipe_preset_first_then_the_keys_the_user_set():
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(config_to_yaml(c))
-    assert load_config(f.name).rl_config() == rl
+    assert load_config(f.name).rl_config == rl
 
 
 def test_group_size_has_one_home():

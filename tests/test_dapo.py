@@ -10,7 +10,8 @@ from jaxagent.envs.base import Task, Termination
 from jaxagent.rl.prepare import compute_advantages
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.train import dapo
-from jaxagent.train.config import RLDataSection, load_config
+from jaxagent.train.config import load_config
+from jaxagent.train.rl_section import RLDataSection
 
 
 def _ep(group, reward, termination=Termination.TERMINATED, n_tokens=2, hit_limit=False):

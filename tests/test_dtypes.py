@@ -69,7 +69,7 @@ def test_kv_cache_dtype_halves_cache_memory(fp32_model):
 
 
 def test_loaded_model_honours_dtypes_and_value_head(tmp_path, fp32_model):
-    from jaxagent.train.config import ModelSection
+    from jaxagent.train.model_section import ModelSection
     from jaxagent.train.policy import build_model
 
     cfg, graphdef, params = fp32_model
@@ -133,7 +133,7 @@ def test_bf16_compute_fp32_master_weights_learns():
 
 @pytest.mark.parametrize("bad", ["float64", "int8"])
 def test_bad_kv_cache_dtype_names_the_field(bad):
-    from jaxagent.train.config import ModelSection
+    from jaxagent.train.model_section import ModelSection
     from jaxagent.errors import ConfigError
 
     with pytest.raises(ConfigError, match="model.kv_cache_dtype"):

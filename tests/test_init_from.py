@@ -37,7 +37,7 @@ SHRINK = [
     "train.progress=none",
     "train.tensorboard=false",
     "train.plot=false",
-    "env.backend=inline",
+    "env.pool.backend=inline",
 ]
 QUICK = ["env.options.num_train=12", "env.options.num_test=2", "eval.val_tasks=0"]
 BFCL = ["env.options.limit=4", "rl.lora.rank=2", "model.max_seq_len=4096"]
@@ -111,7 +111,7 @@ def test_train_bfcl_from_init_from(hf_dir_bfcl, tmp_path, capsys):
 
 
 def test_rollout_prints_the_rendered_prompt_with_tools(hf_dir, capsys):
-    over = QUICK + ["env.backend=inline", "rollout.max_new_tokens=8", "rollout.max_turns=1"]
+    over = QUICK + ["env.pool.backend=inline", "rollout.max_new_tokens=8", "rollout.max_turns=1"]
     assert main(["rollout", f"{CONFIGS}/quickstart.yaml", f"model.init_from={hf_dir}", *over]) == 0
     out = capsys.readouterr().out
     assert "as the chat template rendered it" in out

@@ -38,10 +38,19 @@ def test_every_method_has_a_config_that_loads():
     "data, match",
     [
         ({"method": "reflexoin"}, r"method='reflexoin' is unknown \(did you mean 'reflexion'\?\)"),
-        ({"method": "reflexion", "max_attempt": 2}, r"unknown key 'max_attempt'.*'max_attempts'"),
-        ({"method": "reflexion", "max_attempts": 0}, r"reflexion.max_attempts=0 must be >= 1"),
-        ({"method": "reflexion", "max_attempts": "3"}, r"max_attempts='3' must be a int"),
-        ({"method": "best_of_n", "verifier": "oracle"}, r"verifier='oracle'; choose one of"),
+        (
+            {"method": "reflexion", "max_attempt": 2},
+            r"unknown config key 'max_attempt'.*'max_attempts'",
+        ),
+        ({"method": "reflexion", "max_attempts": 0}, r"reflexion.max_attempts=0 must be > 0"),
+        (
+            {"method": "reflexion", "max_attempts": "three"},
+            r"bad value for 'max_attempts'.*could not be converted to Integer",
+        ),
+        (
+            {"method": "best_of_n", "verifier": "oracle"},
+            r"best_of_n.verifier='oracle' is not allowed; choose one of",
+        ),
         ({"n": 3}, r"needs a 'method:' key"),
     ],
 )
@@ -91,7 +100,7 @@ def test_eval_method_input_errors_exit_2_with_one_line(tmp_path, capsys):
     bad.write_text("method: dfsdt\nmax_child: 2\n")
     assert main(["eval", QS, *SMALL, "--policy", "lookalike", "--method", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown key 'max_child'" in err[0]
+    assert len(err) == 1 and "unknown config key 'max_child'" in err[0]
     assert main(["eval", QS, *SMALL, "--policy", "lookalike", "--method", "nope.yaml"]) == 2
     assert "no such file" in capsys.readouterr().err
 

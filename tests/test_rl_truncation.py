@@ -117,5 +117,5 @@ def test_bootstrap_value_is_the_value_after_the_last_token():
 def test_truncated_mode_is_a_typed_config_field(mode):
     from jaxagent.train.config import load_config
 
-    rl = load_config(None, [f"rl.advantage.truncated={mode}"]).rl_config()
+    rl = load_config(None, [f"rl.advantage.truncated={mode}"]).rl_config
     assert rl.advantage.truncated == mode

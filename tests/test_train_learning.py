@@ -65,7 +65,7 @@ def test_loop_raises_reward_through_the_whole_loop(tmp_path):
         [
             "name=say_ok",
             "env.name=say_ok",
-            "env.backend=inline",
+            "env.pool.backend=inline",
             "model.hidden_size=32",
             "model.num_layers=1",
             "model.num_heads=2",

@@ -49,6 +49,11 @@ class Budget:
         for f in dataclasses.fields(self):
             if f.name != "max_observation_chars" and getattr(self, f.name) <= 0:
                 raise ValueError(f"Budget.{f.name}={getattr(self, f.name)} must be > 0")
+        if 0 < self.max_observation_chars < 64 or self.max_observation_chars < 0:
+            raise ValueError(
+                f"Budget.max_observation_chars={self.max_observation_chars} must be 0 (off) or "
+                ">= 64 (room for the truncation marker)"
+            )
 
 
 @dataclasses.dataclass

@@ -137,11 +137,16 @@ def _cmd_rollout(args) -> int:
         sampler = run.sampler
         if args.temperature is not None:
             from jaxagent.generate import SamplingConfig
+            from jaxagent.sections import build
+            from jaxagent.train.config import sampling_fields
             from jaxagent.train.policy import make_turn_sampler
 
-            sampling = SamplingConfig.create(
-                max_new_tokens=config.rollout.max_new_tokens,
-                temperature=args.temperature,
+            sampling = build(  # the rollout section at --temperature, unfiltered
+                config.rollout,
+                SamplingConfig,
+                **sampling_fields(args.temperature),
+                top_k=0,
+                top_p=1.0,
                 stop_token_ids=run.chat.stop_ids,
             )
             sampler = make_turn_sampler(run.graphdef, sampling, run.max_len, pad_id=run.chat.pad_id)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from jaxagent.errors import ConfigError
+from jaxagent.sections import load_typed
 
 # name -> "module:function"; the modules import JAX lazily through their own learner.
 LEARNERS: dict[str, str] = {
@@ -29,6 +30,13 @@ LEARNERS: dict[str, str] = {
 # `jaxagent eval CONFIG --checkpoint DIR` on a `learner:` config.
 EVALUATORS: dict[str, str] = {
     "ppo_continuous": "jaxagent.learners.ppo_continuous.train:evaluate",
+}
+
+
+# A working config of each learner, named in the loader's messages.
+EXAMPLES: dict[str, str] = {
+    "dqn_dialogue": "configs/dqn_dialogue.yaml",
+    "ppo_continuous": "configs/ppo_halfcheetah.yaml",
 }
 
 
@@ -88,41 +96,23 @@ def run_learner(name: str, config_path: str, overrides: list[str]) -> dict[str, 
 def load_learner_config(
     schema: type, path: str | Path | None, overrides: Sequence[str], *, learner: str, keys: str
 ) -> Any:
-    """YAML + ``key=value`` overrides onto the frozen dataclass ``schema`` (omegaconf), for a
-    learner's own config; every error is a ``ConfigError`` naming the key, the value and the
-    fix (``keys`` lists the valid sections / keys for the message).
+    """YAML + ``key=value`` overrides onto the frozen dataclass ``schema`` for a learner's own
+    config (``jaxagent.sections.load_typed``, the LM config's loader); every error is a
+    ``ConfigError`` naming the key, the value and the fix.
 
     Args:
       schema: the learner's top-level config dataclass (it has a ``learner`` field).
       path: the YAML file, or None for the defaults.
       overrides: dotted ``key=value`` strings, applied after the file.
       learner: the name this trainer answers to (``learner:`` in the file must match).
-      keys: a description of the valid keys, appended to unknown-key errors.
+      keys: a description of the valid sections and keys, added to unknown-key errors.
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    merged = OmegaConf.structured(schema)
-    layers = []
-    if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        layers.append((str(path), OmegaConf.load(path)))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.seed=1)")
-        layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
-    for origin, layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as err:
-            key = getattr(err, "full_key", None) or "?"
-            raise ConfigError(
-                f"{origin}: bad or unknown key {key!r}: {str(err).splitlines()[0]}; {keys}"
-            ) from None
     try:
-        config = OmegaConf.to_object(merged)
-    except (ValueError, OmegaConfBaseException) as err:  # the sections' own checks
+        config = load_typed(schema, path, overrides, example=EXAMPLES.get(learner, "configs/"))
+    except ConfigError as err:
+        more = f"; {keys}" if "unknown config key" in str(err) else ""
+        raise ConfigError(f"{learner}: {err}{more}") from None
+    except ValueError as err:  # a section's own check that is not yet a ConfigError
         raise ConfigError(f"{learner}: {str(err).splitlines()[0]}") from None
     if config.learner != learner:
         raise ConfigError(f"learner={config.learner!r}: this trainer is {learner!r}")

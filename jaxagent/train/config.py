@@ -1,10 +1,14 @@
 """Typed, frozen run configuration, loaded from YAML with ``key=value`` overrides.
 
 A run config is a tree of frozen keyword-only dataclasses; ``configs/*.yaml`` are thin overlays
-on their defaults. Loading goes through OmegaConf structured configs (a maintained library, not
-a hand-written parser): the YAML and the overrides are merged onto the dataclass schema, so an
-unknown key or a value of the wrong type is rejected, and ``__post_init__`` validates choices and
-ranges. Every error is re-raised as ``ConfigError`` naming the key, the value and what is allowed.
+on their defaults. A section is a package's own config (``mesh``, ``distributed``) or derived
+from them by the one rule of ``jaxagent.sections`` (``model`` from ``models.ModelConfig``,
+``env.pool`` from ``pool.PoolConfig``, ``env.faults`` from ``envs.faults.FaultConfig``,
+``rollout`` from ``agents.rollout.Budget`` and ``generate.SamplingConfig``, the ``rl`` sections
+from ``rl.config``), and the run builds the package configs back from them. Loading is
+``jaxagent.sections.load_typed`` (OmegaConf structured configs): an unknown key, a renamed one
+or a value of the wrong type is refused naming the key, and the sections' and the package
+configs' own checks name the YAML key, the value and what is allowed.
 
 Every value is fixed when a run is built: model sizes, batch sizes, ``max_new_tokens`` and budgets
 set array shapes, and the RL sections (learning rate and clip ranges included) are compile-time
@@ -12,41 +16,90 @@ constants of the jitted update step, so changing one means building a new step.
 
 The ``rl`` section is a recipe name plus typed sections whose keys default to ``null`` = "the
 recipe preset's value": the preset is applied first, then every key the YAML or an override
-set, so ``rl.recipe=grpo rl.kl.beta=0.1`` and ``rl.kl.beta=0.1 rl.recipe=grpo`` agree.
+set, so ``rl.recipe=grpo rl.kl.beta=0.1`` and ``rl.kl.beta=0.1 rl.recipe=grpo`` agree. The
+resulting ``RLConfig`` is built once, with the ``Config`` (``Config.rl_config``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Sequence
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf import OmegaConf
 
-from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive, check_prob  # noqa: F401
-from jaxagent.train.guards import GuardSection  # noqa: F401  (resolved by name, like the rest)
+from jaxagent.agents.rollout import Budget
+from jaxagent.envs.faults import FAULT_KINDS, FaultConfig
+from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive, check_prob
+from jaxagent.generate.sampling import SamplingConfig
 from jaxagent.parallel.distributed import DistributedConfig
 from jaxagent.parallel.mesh import MeshConfig
-from jaxagent.train.model_section import ModelSection, TokenizerSection  # noqa: F401
-from jaxagent.train.rl_section import (  # noqa: F401  (names _section_type resolves)
-    AdvantageFields,
-    CriticFields,
-    KLFields,
-    LoraFields,
-    LossFields,
-    OptimFields,
-    RLDataSection,
-    RLSection,
-    UpdateFields,
+from jaxagent.pool.config import PoolConfig
+from jaxagent.rl.config import RLConfig
+from jaxagent.sections import derive, load_typed
+from jaxagent.train.guards import GuardSection
+from jaxagent.train.model_section import ModelSection, TokenizerSection
+from jaxagent.train.rl_section import RLSection
+
+
+def _pool_backends() -> tuple:
+    from jaxagent.pool.backends import BACKENDS  # read when checked: register_backend adds
+
+    return ("inline", *BACKENDS)
+
+
+def _check_pool(section) -> None:
+    check_choice("env.pool.backend", section.backend, _pool_backends())
+
+
+PoolSection = derive(
+    PoolConfig,
+    key="env.pool",
+    name="PoolSection",
+    module=__name__,
+    doc="How the environments run: ``jaxagent.pool.PoolConfig`` (``backend`` one of its "
+    "registered backends, or ``inline``: no pool, every call in the trainer's thread).",
+    drop=("seed",),  # the run's train.seed
+    # a run's envs answer in milliseconds: a call past 5 s is a hang, found quickly
+    defaults=dict(num_envs=16, step_timeout_s=5.0, reset_timeout_s=5.0),
+    check=_check_pool,
+    probe=lambda s: {"PoolConfig": {"seed": 0, "backend": _pool_probe_backend(s.backend)}},
 )
+
+
+def _pool_probe_backend(backend: str) -> str:
+    return "thread" if backend == "inline" else backend  # inline: the other fields still apply
+
+
+FaultSection = derive(
+    FaultConfig,
+    key="env.faults",
+    name="FaultSection",
+    module=__name__,
+    doc="Fault injection into every environment call (``jaxagent.envs.faults.FaultConfig``); "
+    "all 0 = off.",
+    # a hang lasts 4 step timeouts (``fault_config``): long enough that only the pool's
+    # timeout ends it, short enough that a thread worker's hang does not outlive the run
+    drop=("hang_s",),
+    probe=lambda s: {"FaultConfig": {"hang_s": 1.0}},
+)
+
+# Keys a config of an earlier layout may still use: refused, naming the key that replaced it.
+RENAMED = {
+    "env.backend": "env.pool.backend",
+    "env.num_workers": "env.pool.num_envs",
+    "env.step_timeout_s": "env.pool.step_timeout_s",
+    "env.fault_hang_prob": "env.faults.hang",
+    "env.fault_crash_prob": "env.faults.crash",
+    "env.fault_seed": "env.faults.seed",
+    "rl.overrides.": "the typed sections that replaced rl.overrides: rl.optim.learning_rate, rl.loss.clip_eps_high, "
+    "rl.update.minibatch_size, rl.lora.rank, ...",
+}
 
 
 @dataclasses.dataclass(**FROZEN)
 class EnvSection:
-    """The environment suite and its pool."""
+    """The environment suite, its pool and the faults injected into it."""
 
     name: str = "quickstart"  # a registered env (jaxagent.envs.registry.env_names())
     train_split: str = "train"  # tasks for RL and SFT
@@ -54,12 +107,8 @@ class EnvSection:
     # The suite's options (flat keys), validated into its typed options dataclass by
     # jaxagent.envs.registry.parse_options; kept raw here because their type depends on name.
     options: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    backend: str = "thread"  # EnvPool backend: "inline" (no pool), "thread" or "process"
-    num_workers: int = 16  # concurrent environment instances
-    step_timeout_s: float = 5.0  # per-call timeout; a hang past it is an env_error
-    fault_hang_prob: float = 0.0  # fault injection: probability a call hangs
-    fault_crash_prob: float = 0.0  # fault injection: probability a call crashes the env
-    fault_seed: int = 0  # fault injection seed
+    pool: PoolSection = dataclasses.field(default_factory=PoolSection)
+    faults: FaultSection = dataclasses.field(default_factory=FaultSection)
 
     def __post_init__(self):
         from jaxagent.envs import registry  # local: keeps config import light
@@ -69,55 +118,75 @@ class EnvSection:
         try:  # the suite's typed options: errors name env.options.<key>, value, allowed keys
             registry.parse_options(self.name, self.options)
         except (KeyError, ValueError) as exc:
-            raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
-        check_choice("env.backend", self.backend, ("inline", "thread", "process"))
-        check_positive("env.num_workers", self.num_workers)
-        check_positive("env.step_timeout_s", self.step_timeout_s)
-        check_prob("env.fault_hang_prob", self.fault_hang_prob)
-        check_prob("env.fault_crash_prob", self.fault_crash_prob)
-        if (self.fault_hang_prob or self.fault_crash_prob) and self.backend == "inline":
+            raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from None
+        if self.injects_faults and self.pool.backend == "inline":
+            set_ = [f"env.faults.{k}={getattr(self.faults, k)}" for k in FAULT_KINDS]
             raise ConfigError(
-                "env.fault_hang_prob / env.fault_crash_prob need env.backend='thread' or "
-                "'process' (the inline backend has no timeouts to contain a hang)"
+                f"{', '.join(x for x in set_ if not x.endswith('=0.0'))} need a pool backend, "
+                "e.g. env.pool.backend='thread' or 'process' (the inline backend has no "
+                "timeouts to contain a hang or a crash)"
             )
 
+    @property
+    def injects_faults(self) -> bool:
+        return any(getattr(self.faults, kind) for kind in FAULT_KINDS)
 
-@dataclasses.dataclass(**FROZEN)
-class RolloutSection:
-    """Sampling and the episode budgets (turns, tokens per turn, total tokens)."""
+    def pool_config(self, seed: int) -> PoolConfig:
+        """The pool's config (a pool backend, not inline); episode seeds from ``seed``."""
+        from jaxagent.sections import build
 
-    tasks_per_iteration: int = 16  # distinct tasks per RL iteration
-    samples_per_task: int = 0  # K samples per task (GRPO / LOOP / RLOO group); 0 = recipe's
-    max_turns: int = 6  # policy turns per episode before truncation
-    max_new_tokens: int = 40  # tokens per policy turn
-    max_total_tokens: int = 0  # whole-episode token budget; 0 = model.max_seq_len
-    max_observation_chars: int = 0  # cut longer observations (visible marker); 0 = no limit
-    temperature: float = 1.0  # sampling temperature (RL needs 1.0 for exact ratios)
-    top_k: int = 0  # 0 disables top-k
-    top_p: float = 1.0  # 1.0 disables nucleus sampling
-    # One random stream per episode row (global row number): what is sampled does not depend
-    # on how rows are split over hosts. Always on with several processes; on in one process,
-    # it reproduces a multi-host run exactly. Off: one stream per batch (the older runs').
-    row_keys: bool = False
+        return build(self.pool, PoolConfig, seed=seed)
 
-    def __post_init__(self):
-        for name in ("tasks_per_iteration", "max_turns", "max_new_tokens"):
-            check_positive(f"rollout.{name}", getattr(self, name))
-        if self.samples_per_task < 0:
-            raise ConfigError(
-                f"rollout.samples_per_task={self.samples_per_task!r} must be >= 1 "
-                "(K samples per task), or 0 for the recipe's default group size"
-            )
-        check_positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
-        if 0 < self.max_observation_chars < 64:
-            raise ConfigError(
-                f"rollout.max_observation_chars={self.max_observation_chars} "
-                "must be 0 (off) or >= 64 (room for the truncation marker)"
-            )
-        check_positive("rollout.temperature", self.temperature, allow_zero=True)
-        check_positive("rollout.top_k", self.top_k, allow_zero=True)
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"rollout.top_p={self.top_p!r} must be in (0, 1]")
+    def fault_config(self) -> FaultConfig:
+        from jaxagent.sections import build
+
+        return build(self.faults, FaultConfig, hang_s=4 * self.pool.step_timeout_s)
+
+
+def _check_rollout(section) -> None:
+    check_positive("rollout.tasks_per_iteration", section.tasks_per_iteration)
+    if section.samples_per_task < 0:
+        raise ConfigError(
+            f"rollout.samples_per_task={section.samples_per_task!r} must be >= 1 "
+            "(K samples per task), or 0 for the recipe's default group size"
+        )
+    check_positive("rollout.max_total_tokens", section.max_total_tokens, allow_zero=True)
+    check_positive("rollout.temperature", section.temperature, allow_zero=True)
+
+
+def sampling_fields(temperature: float) -> dict:
+    """A run's temperature as ``SamplingConfig`` fields: 0 is greedy decoding."""
+    return dict(temperature=temperature if temperature > 0 else 1.0, greedy=temperature == 0)
+
+
+RolloutSection = derive(
+    Budget,
+    SamplingConfig,
+    key="rollout",
+    name="RolloutSection",
+    module=__name__,
+    doc="The episode budgets (``jaxagent.agents.rollout.Budget``) and sampling "
+    "(``jaxagent.generate.SamplingConfig``; temperature 0 = greedy), and how many episodes an "
+    "iteration collects.",
+    # Derived: the episode's token budget (from max_total_tokens below and the model's length),
+    # the stop ids (the chat template's) and greedy (temperature 0)
+    drop=("max_total_tokens", "stop_token_ids", "greedy"),
+    defaults=dict(max_new_tokens=40),
+    extra=[
+        ("tasks_per_iteration", int, 16),  # distinct tasks per RL iteration
+        ("samples_per_task", int, 0),  # K samples per task (GRPO / LOOP / RLOO); 0 = recipe's
+        ("max_total_tokens", int, 0),  # whole-episode token budget; 0 = model.max_seq_len
+        # One random stream per episode row (global row number): what is sampled does not
+        # depend on how rows are split over hosts. Always on with several processes; on in
+        # one process, it reproduces a multi-host run exactly. Off: one stream per batch.
+        ("row_keys", bool, False),
+    ],
+    check=_check_rollout,
+    probe=lambda s: {
+        "Budget": {"max_total_tokens": 1},
+        "SamplingConfig": sampling_fields(s.temperature),
+    },
+)
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -204,7 +273,8 @@ class TrainSection:
         check_choice("train.progress", self.progress, ("rich", "tqdm", "none"))
 
 
-@dataclasses.dataclass(**FROZEN)
+# Not slotted: the run's RLConfig is kept beside the fields (``rl_config``), built once.
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
     """A whole run. ``name`` and ``paper`` say what the run reproduces."""
 
@@ -227,13 +297,21 @@ class Config:
         return Path(self.train.out_dir.format(name=self.name, seed=self.train.seed))
 
     def __post_init__(self):
+        # The one place the recipe's preset and the rl keys become the run's RLConfig: every
+        # consumer (trainer, optimiser, resume, batch layout) reads this object.
+        object.__setattr__(self, "_rl", self.rl.build())
         self._check_rl_sampling()
+
+    @property
+    def rl_config(self) -> RLConfig:
+        """The typed ``jaxagent.rl.config.RLConfig`` of this run (built once, with the config)."""
+        return self._rl
 
     def _check_rl_sampling(self) -> None:
         """Ratio-based and on-policy losses (PPO, REINFORCE, KL estimates) read the behaviour
         log-probs as the policy's own; the sampler records them before temperature and
         top-k / top-p, so any of these would bias every importance ratio and gradient."""
-        r = self.rollout
+        r, rl = self.rollout, self.rl_config
         changed = [
             f"rollout.{k}={v!r}"
             for k, v, off in (
@@ -243,19 +321,15 @@ class Config:
             )
             if v != off
         ]
-        if changed and self.rl_config().on_policy_sampling:
+        if changed and rl.on_policy_sampling:
             raise ConfigError(
                 f"{', '.join(changed)} with rl.recipe={self.rl.recipe!r}: its loss "
-                f"(rl.loss.policy={self.rl_config().loss.policy!r}, rl.kl.mode="
-                f"{self.rl_config().kl.mode!r}) needs tokens sampled at temperature 1 without "
-                "top-k / top-p (the behaviour log-probs are those of the unfiltered "
-                "distribution); set rollout.temperature=1.0, rollout.top_k=0 and "
-                "rollout.top_p=1.0, or use an SFT-loss recipe (rft) for filtered sampling"
+                f"(rl.loss.policy={rl.loss.policy!r}, rl.kl.mode={rl.kl.mode!r}) needs tokens "
+                "sampled at temperature 1 without top-k / top-p (the behaviour log-probs are "
+                "those of the unfiltered distribution); set rollout.temperature=1.0, "
+                "rollout.top_k=0 and rollout.top_p=1.0, or use an SFT-loss recipe (rft) for "
+                "filtered sampling"
             )
-
-    def rl_config(self):
-        """The typed ``jaxagent.rl.config.RLConfig`` of this run."""
-        return self.rl.build()
 
     @property
     def group_size(self) -> int:
@@ -269,73 +343,6 @@ class Config:
         return self.rollout.max_total_tokens or self.model.max_seq_len
 
 
-def _fields_of(node_type: Any) -> List[str]:
-    if dataclasses.is_dataclass(node_type):
-        return [f.name for f in dataclasses.fields(node_type)]
-    return []
-
-
-def _section_type(full_key: str) -> Any:
-    node: Any = Config
-    for part in [p for p in full_key.split(".")[:-1] if p]:
-        types = (
-            {f.name: f.type for f in dataclasses.fields(node)}
-            if dataclasses.is_dataclass(node)
-            else {}
-        )
-        hint = types.get(part)
-        node = globals().get(hint, None) if isinstance(hint, str) else hint
-        if node is None:
-            return None
-    return node
-
-
-def _explain(err: OmegaConfBaseException, origin: str) -> ConfigError:
-    full_key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
-    if isinstance(err, ConfigKeyError):
-        section = _section_type(str(full_key))
-        allowed = _fields_of(section)
-        leaf = str(full_key).split(".")[-1]
-        close = difflib.get_close_matches(leaf, allowed, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        if str(full_key).startswith("rl.overrides"):
-            hint = (
-                " (rl.overrides was replaced by typed sections: rl.optim.learning_rate, "
-                "rl.loss.clip_eps_high, rl.update.minibatch_size, rl.lora.rank, ...)"
-            )
-        return ConfigError(
-            f"{origin}: unknown config key {full_key!r}{hint}; allowed keys here: {allowed}"
-        )
-    if isinstance(err, ValidationError):
-        msg = str(err).splitlines()[0]
-        return ConfigError(f"{origin}: bad value for {full_key!r}: {msg}")
-    return ConfigError(f"{origin}: {str(err).splitlines()[0]} (key {full_key!r})")
-
-
-def _yaml_problem(err: Exception) -> str:
-    mark = getattr(err, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + (getattr(err, "problem", None) or str(err).splitlines()[0])
-
-
-def _load_yaml(path: Path) -> DictConfig:
-    """A config file's top level, which must be a YAML mapping of sections."""
-    try:
-        layer = OmegaConf.load(path)
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(
-            f"config file {str(path)!r} is not valid YAML ({_yaml_problem(err)}); fix the "
-            "syntax there (configs/quickstart.yaml is a working example)"
-        ) from None
-    if not isinstance(layer, DictConfig):
-        raise ConfigError(
-            f"config file {str(path)!r} holds a YAML {type(layer).__name__.replace('Config', '').lower()}, "
-            "not a mapping of sections; write it as `model:`, `env:`, `rl:` ... blocks "
-            "(configs/quickstart.yaml is a working example)"
-        )
-    return layer
-
-
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load a YAML file onto the ``Config`` schema and apply ``key=value`` overrides.
 
@@ -347,38 +354,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
       A validated, frozen ``Config``.
 
     Raises:
-      ConfigError: unknown key, wrong type or invalid value, naming the key and the fix.
+      ConfigError: unknown key (a renamed one names its new key), wrong type or invalid
+        value, naming the key and the fix.
     """
-    schema = OmegaConf.structured(Config)
-    layers = []
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(
-                f"config file {str(path)!r} does not exist; pass a YAML file "
-                "such as configs/quickstart.yaml"
-            )
-        layers.append((str(path), _load_yaml(path)))
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.seed=1)")
-        try:
-            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
-        except (yaml.YAMLError, OmegaConfBaseException) as err:
-            raise ConfigError(
-                f"override {item!r}: its value is not valid YAML ({_yaml_problem(err)}); quote "
-                "it, e.g. key='value'"
-            ) from None
-    merged = schema
-    for origin, layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as err:
-            raise _explain(err, origin) from None
-    try:
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        raise _explain(err, str(path or "config")) from None
+    return load_typed(Config, path, overrides, renamed=RENAMED)
 
 
 def config_to_dict(config: Config) -> dict:
@@ -393,10 +372,4 @@ def config_to_yaml(config: Config) -> str:
 
 def replace(config: Config, overrides: Sequence[str]) -> Config:
     """A copy of ``config`` with dotted ``key=value`` overrides applied (validated)."""
-    merged = OmegaConf.structured(config)
-    for item in overrides:
-        try:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as err:
-            raise _explain(err, f"override {item!r}") from None
-    return OmegaConf.to_object(merged)
+    return load_typed(config, None, overrides, renamed=RENAMED)

@@ -1,55 +1,71 @@
-"""The ``model`` and ``tokenizer`` sections of a run config (no JAX import: config stays light)."""
+"""The ``model`` and ``tokenizer`` sections of a run config.
+
+``model`` is ``jaxagent.models.ModelConfig`` less what the run derives from the tokenizer
+(``vocab_size`` and the bos / eos / pad ids) and from the width (``head_dim = hidden_size //
+num_heads``), with a small from-scratch preset as defaults, plus where to load the weights
+from (``init_from``). ``jaxagent.train.policy.model_config`` builds the ``ModelConfig`` back.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
 from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive
+from jaxagent.models.config import ModelConfig
+from jaxagent.sections import derive
+
+# What the run derives (``derived_model_fields``), never set in YAML.
+DERIVED_MODEL_FIELDS = ("vocab_size", "head_dim", "bos_token_id", "eos_token_id", "pad_token_id")
 
 
-@dataclasses.dataclass(**FROZEN)
-class ModelSection:
-    """The policy network. Sizes are static (they set array shapes)."""
+def derived_model_fields(section, tokenizer=None) -> dict:
+    """The ``ModelConfig`` fields the run derives: the head width from the section, the
+    vocabulary and special ids from the tokenizer (placeholders without one, to validate)."""
+    return dict(
+        vocab_size=len(tokenizer) if tokenizer is not None else 1,
+        head_dim=max(1, section.hidden_size // max(1, section.num_heads)),
+        bos_token_id=getattr(tokenizer, "bos_token_id", None),
+        eos_token_id=getattr(tokenizer, "eos_token_id", None),
+        pad_token_id=getattr(tokenizer, "pad_token_id", None),
+    )
 
-    init_from: str = ""  # a local Hugging Face directory to load; "" builds from scratch
-    hidden_size: int = 64  # width of the residual stream
-    num_layers: int = 2  # decoder blocks
-    num_heads: int = 4  # query heads
-    num_kv_heads: int = 2  # key/value heads (grouped-query attention)
-    intermediate_size: int = 192  # SwiGLU hidden width
-    max_seq_len: int = 512  # longest episode (prompt + all turns) in tokens
-    rope_theta: float = 10000.0  # rotary base
-    tie_embeddings: bool = True  # share input embedding and output projection
-    value_head: bool = False  # scalar critic head (PPO)
-    # Dtypes apply to fresh and loaded (init_from) models alike. bf16 compute with fp32
-    # master weights and fp32 Adam state: param_dtype float32, dtype bfloat16.
-    param_dtype: str = "float32"  # parameter storage dtype (the optimiser state follows it)
-    dtype: str = "float32"  # activation / matmul dtype (logits, log-probs stay float32)
-    kv_cache_dtype: str = ""  # the sampler's KV cache; "" = dtype
 
-    def __post_init__(self):
-        for name in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "max_seq_len",
-        ):
-            check_positive(f"model.{name}", getattr(self, name))
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                f"model.hidden_size={self.hidden_size} must be divisible by "
-                f"model.num_heads={self.num_heads}"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"model.num_heads={self.num_heads} must be a multiple of "
-                f"model.num_kv_heads={self.num_kv_heads}"
-            )
-        check_choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
-        check_choice("model.dtype", self.dtype, ("float32", "bfloat16"))
-        check_choice("model.kv_cache_dtype", self.kv_cache_dtype, ("", "float32", "bfloat16"))
+def _check_model(section) -> None:
+    # head_dim = hidden_size // num_heads is the run's derivation (a loaded model keeps its own)
+    check_positive("model.num_heads", section.num_heads)
+    if section.hidden_size % section.num_heads:
+        raise ConfigError(
+            f"model.hidden_size={section.hidden_size} must be divisible by "
+            f"model.num_heads={section.num_heads}"
+        )
+    check_choice("model.param_dtype", section.param_dtype, ("float32", "bfloat16"))
+    check_choice("model.dtype", section.dtype, ("float32", "bfloat16"))
+    check_choice("model.kv_cache_dtype", section.kv_cache_dtype, ("", "float32", "bfloat16"))
+
+
+ModelSection = derive(
+    ModelConfig,
+    key="model",
+    name="ModelSection",
+    module=__name__,
+    doc="The policy network (``jaxagent.models.ModelConfig``). Sizes are static (array shapes); "
+    "dtypes apply to fresh and loaded (init_from) models alike: bf16 compute with fp32 master "
+    "weights and fp32 Adam state is param_dtype float32, dtype bfloat16.",
+    drop=DERIVED_MODEL_FIELDS,
+    # the from-scratch preset every shipped config starts from
+    defaults=dict(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=192,
+        max_seq_len=512,
+        tie_embeddings=True,
+    ),
+    extra=[("init_from", str, "")],  # a local Hugging Face directory; "" builds from scratch
+    check=_check_model,
+    probe=lambda s: {"ModelConfig": derived_model_fields(s)},
+)
 
 
 @dataclasses.dataclass(**FROZEN)

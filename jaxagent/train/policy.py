@@ -27,7 +27,9 @@ from jaxagent.models import (
 from jaxagent.rl.config import RLConfig
 from jaxagent.rl.train_state import make_optimizer
 from jaxagent.errors import ConfigError
-from jaxagent.train.config import Config, ModelSection
+from jaxagent.sections import build
+from jaxagent.train.config import Config
+from jaxagent.train.model_section import ModelSection, derived_model_fields
 
 
 def hf_input(fn):
@@ -51,26 +53,9 @@ def hf_input(fn):
 
 
 def model_config(section: ModelSection, tokenizer) -> ModelConfig:
-    """A ``ModelConfig`` for a from-scratch model whose vocabulary is the tokenizer's."""
-    return ModelConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=section.hidden_size,
-        num_layers=section.num_layers,
-        num_heads=section.num_heads,
-        num_kv_heads=section.num_kv_heads,
-        head_dim=section.hidden_size // section.num_heads,
-        intermediate_size=section.intermediate_size,
-        rope_theta=section.rope_theta,
-        tie_embeddings=section.tie_embeddings,
-        value_head=section.value_head,
-        param_dtype=section.param_dtype,
-        dtype=section.dtype,
-        kv_cache_dtype=section.kv_cache_dtype,
-        max_seq_len=section.max_seq_len,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    """A ``ModelConfig`` for a from-scratch model: the section's fields, the vocabulary and
+    special ids from the tokenizer, ``head_dim = hidden_size // num_heads``."""
+    return build(section, ModelConfig, **derived_model_fields(section, tokenizer))
 
 
 def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, Any, ModelConfig]:
@@ -148,7 +133,7 @@ def run_optimizer(config: Config) -> optax.GradientTransformation:
     iteration takes ``update.num_epochs * ceil(tasks * samples / update.minibatch_size)`` steps;
     with dynamic sampling the batch keeps that row count). The trainer
     and ``load_policy`` build it alike, so checkpoints restore into the same state layout."""
-    rl = config.rl_config()
+    rl = config.rl_config
     episodes = config.rollout.tasks_per_iteration * config.group_size
     steps_per_iteration = rl.update.num_epochs * -(-episodes // rl.update.minibatch_size)
     return rl_optimizer(

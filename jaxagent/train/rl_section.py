@@ -1,6 +1,6 @@
 """The ``rl`` section of a run config: a recipe name plus typed sections over its preset.
 
-The sections mirror ``jaxagent.rl.config`` (advantage, loss, kl, critic, optim, lora, update):
+The sections are derived from ``jaxagent.rl.config``'s (``jaxagent.sections.derive``) (advantage, loss, kl, critic, optim, lora, update):
 each YAML key defaults to ``null`` = "the recipe preset's value"; ``RLSection.build`` applies
 the preset first, then every key that was set. ``rl.data`` is the data side over episodes
 (``jaxagent.train.dapo``).
@@ -9,47 +9,32 @@ the preset first, then every key that was set. ``rl.data`` is the data side over
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
 from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive, check_prob
+from jaxagent.rl import config as _rl
+from jaxagent.sections import derive
 
 
-def _preset_fields(cls: type, doc: str) -> type:
-    """The YAML schema of one ``jaxagent.rl.config`` section: the same fields, typed, each
-    ``None`` by default, meaning "the recipe preset's value". OmegaConf checks the keys and
-    types; the values are validated by the section itself when the recipe is applied."""
-    import typing
-
-    hints = typing.get_type_hints(cls)
-    fields = []
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if typing.get_origin(hint) is tuple:  # OmegaConf reads sequences as lists
-            hint = List[typing.get_args(hint)[0]]
-        fields.append((f.name, Optional[hint], dataclasses.field(default=None)))
-    made = dataclasses.make_dataclass(f"{cls.__name__[:-6]}Fields", fields, **FROZEN)
-    made.__doc__ = doc
-    made.__module__ = __name__
-    return made
+def _preset(cls: type, doc: str) -> type:
+    """The YAML schema of one ``jaxagent.rl.config`` section: its fields, each ``None`` by
+    default = "the recipe preset's value"; the values are validated by the section itself
+    when the recipe is applied (``RLSection.build``)."""
+    name = f"{cls.__name__[:-6]}Fields"
+    key = "rl." + {v: k for k, v in _rl.SECTIONS.items()}[cls]
+    return derive(cls, key=key, name=name, module=__name__, doc=doc, optional=True)
 
 
-def _rl_sections():
-    from jaxagent.rl import config as rl_config
-
-    return rl_config
-
-
-_rl = _rl_sections()
-AdvantageFields = _preset_fields(
+AdvantageFields = _preset(
     _rl.AdvantageConfig,
     "rl.advantage: estimator, filters, truncation (jaxagent.rl.config.AdvantageConfig).",
 )
-LossFields = _preset_fields(_rl.LossConfig, "rl.loss: policy surrogate, clipping, aggregation.")
-KLFields = _preset_fields(_rl.KLConfig, "rl.kl: KL to the reference policy.")
-CriticFields = _preset_fields(_rl.CriticConfig, "rl.critic: the value loss.")
-OptimFields = _preset_fields(_rl.OptimConfig, "rl.optim: AdamW, clipping, warm-up.")
-LoraFields = _preset_fields(_rl.LoraConfig, "rl.lora: low-rank adapters (rank 0: off).")
-UpdateFields = _preset_fields(_rl.UpdateConfig, "rl.update: epochs, minibatches, microbatches.")
+LossFields = _preset(_rl.LossConfig, "rl.loss: policy surrogate, clipping, aggregation.")
+KLFields = _preset(_rl.KLConfig, "rl.kl: KL to the reference policy.")
+CriticFields = _preset(_rl.CriticConfig, "rl.critic: the value loss.")
+OptimFields = _preset(_rl.OptimConfig, "rl.optim: AdamW, clipping, warm-up.")
+LoraFields = _preset(_rl.LoraConfig, "rl.lora: low-rank adapters (rank 0: off).")
+UpdateFields = _preset(_rl.UpdateConfig, "rl.update: epochs, minibatches, microbatches.")
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -114,7 +99,8 @@ class RLSection:
     lr_final_ratio: float = 0.1  # decayed schedules end at this fraction of the peak LR
 
     def __post_init__(self):
-        self.build()  # validates the recipe name and every set field
+        # the recipe and the set fields are validated when the run's RLConfig is built, once
+        # (``Config.__post_init__``)
         check_choice("rl.lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
         check_prob("rl.lr_final_ratio", self.lr_final_ratio)
 

@@ -29,7 +29,8 @@ from jaxagent.envs.base import Task
 from jaxagent.envs.registry import EnvFactory, EnvSpec, get_env_spec
 from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, load_tokenizer
-from jaxagent.train.config import Config
+from jaxagent.sections import build
+from jaxagent.train.config import Config, sampling_fields
 from jaxagent.errors import ConfigError
 from jaxagent.train.policy import build_model, hf_input, make_turn_sampler
 from jaxagent.train.tokenizer import build_chatml_tokenizer, build_tokenizer, build_word_tokenizer
@@ -152,10 +153,9 @@ def make_runner(config: Config, *, render_dir: Optional[str] = None) -> EnvRunne
         from jaxagent.envs.render import RenderingEnvFactory
 
         return InlineRunner(RenderingEnvFactory(make_env, render_dir))
-    if env.backend == "inline":
+    if env.pool.backend == "inline":
         return InlineRunner(make_env)
     from jaxagent.agents.pool_runner import PoolRunner
-    from jaxagent.pool import PoolConfig
     from jaxagent.pool.shipping import WorkerEnvFn
 
     # Process workers start from a fork server, not as forks of this process (JAX's threads
@@ -163,28 +163,11 @@ def make_runner(config: Config, *, render_dir: Optional[str] = None) -> EnvRunne
     # (a suite registered in a test or a script's main()): they get the suite's own make_env,
     # pickled by reference, rather than its name (jaxagent.pool.shipping).
     env_fn: Callable = WorkerEnvFn(get_env_spec(env.name, env.options).make_env)
-    if env.fault_hang_prob or env.fault_crash_prob:
-        from jaxagent.envs.faults import FaultConfig, FaultyEnvFactory
+    if env.injects_faults:
+        from jaxagent.envs.faults import FaultyEnvFactory
 
-        env_fn = FaultyEnvFactory(
-            env_fn,
-            FaultConfig(
-                hang=env.fault_hang_prob,
-                crash=env.fault_crash_prob,
-                seed=env.fault_seed,
-                hang_s=4 * env.step_timeout_s,
-            ),
-        )
-    return PoolRunner(
-        env_fn,
-        PoolConfig(
-            num_envs=env.num_workers,
-            backend=env.backend,
-            step_timeout_s=env.step_timeout_s,
-            reset_timeout_s=env.step_timeout_s,
-            seed=config.train.seed,
-        ),
-    )
+        env_fn = FaultyEnvFactory(env_fn, env.fault_config())
+    return PoolRunner(env_fn, env.pool_config(seed=config.train.seed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,22 +233,22 @@ def build_run(
     # jaxagent.generate.Sampler checks every row's cached length + max_new_tokens against
     # the model's max_seq_len (finished rows included), so episodes stop that much earlier.
     max_len = min(config.max_total_tokens, model_config.max_seq_len - r.max_new_tokens)
-    budget = Budget(r.max_turns, r.max_new_tokens, max_len, r.max_observation_chars)
+    budget = build(r, Budget, max_total_tokens=max_len)
 
-    def sampler(temperature: float, top_k: int, top_p: float) -> TurnPolicy:
-        sampling = SamplingConfig.create(
-            max_new_tokens=r.max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
+    def sampler(temperature: float, **changes) -> TurnPolicy:
+        sampling = build(
+            r,
+            SamplingConfig,
+            **changes,
+            **sampling_fields(temperature),
             stop_token_ids=chat.stop_ids,
         )
         return make_turn_sampler(graphdef, sampling, max_len, pad_id=chat.pad_id)
 
-    rl_sampler = sampler(r.temperature, r.top_k, r.top_p)
+    rl_sampler = sampler(r.temperature)
     same = config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0
     # One sampler for both when the settings agree: its compiled shapes are shared.
-    eval_sampler = rl_sampler if same else sampler(config.eval.temperature, 0, 1.0)
+    eval_sampler = rl_sampler if same else sampler(config.eval.temperature, top_k=0, top_p=1.0)
     runner = make_runner(config, render_dir=render_dir)
     return Run(
         config=config,
@@ -292,7 +275,7 @@ def rows_multiple(config: Config, batch_devices: int) -> int:
     """The packed-row multiple of this process's learner batch, refusing a layout or a
     multi-host split the update cannot take: the minibatch (and its microbatch) must split
     over the batch devices, and with several processes every host samples an equal slice."""
-    hosts, r, update = jax.process_count(), config.rollout, config.rl_config().update
+    hosts, r, update = jax.process_count(), config.rollout, config.rl_config.update
     if update.minibatch_size % batch_devices or update.microbatch % batch_devices:
         raise ConfigError(
             f"rl.update.minibatch_size={update.minibatch_size} and its microbatch "

@@ -98,7 +98,7 @@ def load_policy(checkpoint: str | Path, step: str | int = "latest") -> LoadedPol
                 "--step with one of those"
             )
         step = found
-        rl = config.rl_config()
+        rl = config.rl_config
         template = TrainState.create(
             like,
             rl,

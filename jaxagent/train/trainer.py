@@ -108,7 +108,7 @@ class Trainer:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.params
         )
         self._state_key, self._sample_key = run.state_key, run.sample_key
-        self.rl = config.rl_config()
+        self.rl = config.rl_config
         self.optimizer = run_optimizer(config)
         # The mesh (config.mesh), built once: train state, packed batches, update, rollout.
         self.layout = DeviceLayout.build(config.mesh, self.graphdef, run.params)

@@ -14,16 +14,25 @@ import difflib
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from jaxagent.errors import ConfigError
+from jaxagent.errors import ConfigError, check_choice, check_positive
+from jaxagent.sections import load_typed, read_yaml
 
 _DC = dict(frozen=True, kw_only=True)
+
+
+def _at_least_one(method: str, section: Any) -> None:
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            check_positive(f"{method}.{f.name}", value)
 
 
 @dataclasses.dataclass(**_DC)
 class ReActConfig:
     thought: str = "name"  # "name": scripted policies get a thought naming the tool; "none"
+
+    def __post_init__(self):
+        check_choice("react.thought", self.thought, ("name", "none"))
 
 
 @dataclasses.dataclass(**_DC)
@@ -32,17 +41,29 @@ class ReflexionConfig:
     memory_size: int = 3  # lessons kept (most recent)
     reflector: str = "transcript"  # "transcript" (model-free) | "policy" (the LM writes it)
 
+    def __post_init__(self):
+        _at_least_one("reflexion", self)
+        check_choice("reflexion.reflector", self.reflector, ("transcript", "policy"))
+
 
 @dataclasses.dataclass(**_DC)
 class SelfRefineConfig:
     max_rounds: int = 2  # revisions per action at most
     critic: str = "signature"  # the model-free tool-signature critic and reviser
 
+    def __post_init__(self):
+        _at_least_one("self_refine", self)
+        check_choice("self_refine.critic", self.critic, ("signature",))
+
 
 @dataclasses.dataclass(**_DC)
 class BestOfNConfig:
     n: int = 4  # candidates per (task, sample)
     verifier: str = "env"  # "env" (the checker: oracle) | "claim_judge" | "policy_judge"
+
+    def __post_init__(self):
+        _at_least_one("best_of_n", self)
+        check_choice("best_of_n.verifier", self.verifier, ("env", "claim_judge", "policy_judge"))
 
 
 @dataclasses.dataclass(**_DC)
@@ -51,6 +72,10 @@ class DFSDTConfig:
     max_env_steps: int = 30  # environment steps per (task, sample), all branches
     proposer: str = "policy"  # "policy" (LM samples) | "lookalike" (scripted, quickstart)
 
+    def __post_init__(self):
+        _at_least_one("dfsdt", self)
+        check_choice("dfsdt.proposer", self.proposer, ("policy", "lookalike"))
+
 
 SECTIONS = {
     "react": ReActConfig,
@@ -58,13 +83,6 @@ SECTIONS = {
     "self_refine": SelfRefineConfig,
     "best_of_n": BestOfNConfig,
     "dfsdt": DFSDTConfig,
-}
-CHOICES = {
-    "thought": ("name", "none"),
-    "reflector": ("transcript", "policy"),
-    "critic": ("signature",),
-    "verifier": ("env", "claim_judge", "policy_judge"),
-    "proposer": ("policy", "lookalike"),
 }
 
 
@@ -78,7 +96,8 @@ class MethodConfig:
 
 
 def parse_method(data: Any, origin: str = "method config") -> MethodConfig:
-    """A ``MethodConfig`` from a mapping (``method:`` plus its section's keys)."""
+    """A ``MethodConfig`` from a mapping (``method:`` plus its section's keys), loaded onto the
+    method's section by the run config's loader (``jaxagent.sections.load_typed``)."""
     if not isinstance(data, dict) or "method" not in data:
         raise ConfigError(f"{origin}: needs a 'method:' key, one of {sorted(SECTIONS)}")
     data = dict(data)
@@ -87,34 +106,23 @@ def parse_method(data: Any, origin: str = "method config") -> MethodConfig:
         close = difflib.get_close_matches(str(name), SECTIONS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"{origin}: method={name!r} is unknown{hint}; one of {sorted(SECTIONS)}")
-    cls = SECTIONS[name]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key, value in data.items():
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"{origin}: unknown key {key!r} for method {name}{hint}; allowed: {sorted(fields)}"
-            )
-        default = fields[key].default
-        if type(value) is not type(default):
-            raise ConfigError(
-                f"{origin}: {name}.{key}={value!r} must be a {type(default).__name__}"
-            )
-        if key in CHOICES and value not in CHOICES[key]:
-            raise ConfigError(
-                f"{origin}: {name}.{key}={value!r}; choose one of {list(CHOICES[key])}"
-            )
-        if isinstance(value, int) and value < 1:
-            raise ConfigError(f"{origin}: {name}.{key}={value} must be >= 1")
-    return MethodConfig(name, cls(**data))
+    section = load_typed(
+        SECTIONS[name], data=data, origin=f"{origin} (method {name})", example=_EXAMPLE
+    )
+    return MethodConfig(name, section)
+
+
+_EXAMPLE = "configs/methods/reflexion.yaml"
 
 
 def load_method(path: str | Path) -> MethodConfig:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--method {path}: no such file (see configs/methods/*.yaml)")
-    return parse_method(yaml.safe_load(p.read_text()), origin=str(path))
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(read_yaml(p, _EXAMPLE))
+    return parse_method(raw, origin=str(path))
 
 
 def build_method(cfg: MethodConfig, run: Any, key: Any, *, scripted: bool):
