@@ -2,14 +2,13 @@
 
 ``EnvPool`` for text environments (its workers run on a backend from
 ``jaxagent.pool.backends``: threads or processes), ``AsyncEnvPool`` for asyncio code,
-``ArrayEnvPool`` for batched array environments (MuJoCo), ``collate`` to pad token lists to
-bucketed shapes, and ``DevicePrefetcher`` (imports JAX lazily) for double-buffered transfer in
-user loops.
+``ArrayEnvPool`` for batched array environments (MuJoCo), and ``DevicePrefetcher`` (imports
+JAX lazily) for double-buffered transfer in user loops. Episodes become learner rows in one
+place, ``jaxagent.agents.batch.pack_episodes``.
 """
 
 from jaxagent.pool.aio import AsyncEnvPool
 from jaxagent.pool.array_pool import ArrayBatch, ArrayEnvPool
-from jaxagent.pool.collate import Collated, collate, pick_bucket
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.health import Health
 from jaxagent.pool.health_check import HealthReport, run_health_check
@@ -19,16 +18,13 @@ __all__ = [
     "ArrayBatch",
     "ArrayEnvPool",
     "AsyncEnvPool",
-    "Collated",
     "DevicePrefetcher",
     "EnvPool",
     "Health",
     "HealthReport",
     "PoolConfig",
     "PoolStep",
-    "collate",
     "episode_seed",
-    "pick_bucket",
     "run_health_check",
 ]
 
