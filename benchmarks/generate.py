@@ -30,7 +30,7 @@ import transformers  # noqa: E402
 
 from jaxagent.generate import Sampler, SamplingConfig  # noqa: E402
 from jaxagent.models import load_hf  # noqa: E402
-from roofline import ceiling_s, decoder_shape, forward_flops, measure_peaks  # noqa: E402
+from roofline import ceiling_s, decoder_shape, forward_flops, machine_peaks  # noqa: E402
 
 PROMPT, NEW = 64, 128
 CONFIGS = {
@@ -146,7 +146,7 @@ def main() -> None:
         f"transformers {transformers.__version__}, fp32, prompt {PROMPT}, new tokens {NEW}, "
         "sampling T=1 (no top-k/top-p), median of repeats"
     )
-    peaks = measure_peaks()
+    peaks = machine_peaks()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"load average (1 min) before the run: {load:.1f} on {os.cpu_count()} CPUs"

@@ -3,8 +3,8 @@
 ``configs/web_quickstart.yaml``'s model (2 layers x 128, 4 heads, vocabulary 512) on its
 shapes:
 
-- SFT: 8 packed rows of 640 tokens (two episodes a row), one AdamW step
-  (``jaxagent.train.sft.make_sft_step``). Anchor: the whole batch in one pass
+- SFT: 8 packed rows of 640 tokens (two episodes a row), one AdamW step (the update step
+  with the ``sft`` recipe, as ``jaxagent.train.sft.run_sft`` builds it). Anchor: the whole batch in one pass
   (``sft.microbatch_size: 0``); ours: 2 rows a pass, gradients summed (``microbatch_size: 2``).
 - RL: the LOOP update of 64 episodes padded to 608 tokens, 2 minibatches of 32
   (``jaxagent.rl.update.make_update_step`` with the trainer's learner pass). Anchor: block
@@ -32,12 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.models import ModelConfig, init_model
-from jaxagent.rl.train_state import TrainState
+from jaxagent.rl.model_fns import model_apply_fn
+from jaxagent.rl.recipes import sft_config
+from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train.config import load_config
 from jaxagent.train.policy import run_optimizer
 from jaxagent.perf.roofline import Roofline
-from jaxagent.train.sft import make_sft_step, sft_optimizer
 from jaxagent.types import TokenBatch
 
 
@@ -62,12 +63,24 @@ def sft_case(graphdef, params, micro: int, reps: int) -> tuple[float, float, int
     seg[:, cut:] = 2
     pos = np.concatenate([np.arange(cut), np.arange(t - cut)])[None].repeat(rows, 0)
     mask = jnp.ones((rows, t), jnp.float32)
-    tx = sft_optimizer(6e-3, 700)
-    step = make_sft_step(graphdef, tx, micro)
+    config = sft_config(6e-3, 700, rows, micro)
+    tx = make_optimizer(config, "wsd", 700)
+    step = make_update_step(config, model_apply_fn(graphdef), tx, compute_advantages=False)
+    zeros = jnp.zeros((rows, t), jnp.float32)
+    batch = TokenBatch(
+        tokens=tokens,
+        positions=jnp.asarray(pos, jnp.int32),
+        segment_ids=jnp.asarray(seg),
+        loss_mask=mask,
+        old_logprobs=zeros,
+        advantages=zeros,
+        rewards=jnp.zeros((rows,), jnp.float32),
+        group_ids=jnp.arange(rows, dtype=jnp.int32),
+        turn_ids=jnp.zeros((rows, t), jnp.int32),
+    )
     p = jax.tree.map(jnp.array, params)
-    seg, pos = jnp.asarray(seg), jnp.asarray(pos, jnp.int32)
-    fn = lambda c: step(c[0], c[1], tokens, pos, seg, mask)[:2]  # noqa: E731
-    return _median_s(fn, (p, tx.init(p)), reps), rows * t, rows * t
+    state = TrainState.create(p, config, jax.random.key(0), optimizer=tx)
+    return _median_s(lambda s: step(s, batch)[0], state, reps), rows * t, rows * t
 
 
 def rl_case(graphdef, params, remat: bool, micro: int, reps: int) -> tuple[float, float, int]:

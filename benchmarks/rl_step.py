@@ -142,7 +142,7 @@ from jaxagent.rl.recipes import get_recipe  # noqa: E402
 from jaxagent.rl.train_state import TrainState  # noqa: E402
 from jaxagent.rl.update import make_update_step, model_logprob_fn  # noqa: E402
 from jaxagent.types import TokenBatch  # noqa: E402
-from roofline import ceiling_s, decoder_shape, forward_flops, measure_peaks  # noqa: E402
+from roofline import ceiling_s, decoder_shape, forward_flops, machine_peaks  # noqa: E402
 
 TRL_ANCHOR_TOK_S = 654.0  # TRL 1.16 GRPOTrainer, same model and sizes, this machine (earlier run)
 
@@ -272,7 +272,7 @@ def main():
         f"1 minibatch of {PROMPTS * SAMPLES}); fp32, backend {jax.default_backend()}, "
         f"{os.cpu_count()} CPUs; median of {args.steps} steps after a warm-up step"
     )
-    peaks = measure_peaks()
+    peaks = machine_peaks()
     ours = run_jaxagent(args.steps)
     flops = step_flops(cfg)
     ceiling = ours["completion_tokens"] / ceiling_s(sum(flops.values()), 0, peaks)

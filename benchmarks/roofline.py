@@ -1,43 +1,22 @@
-"""Machine peaks and the arithmetic of a dense decoder, shared by the benchmarks.
+"""The arithmetic of a dense decoder, shared by the benchmarks.
 
 A benchmark's throughput means little without the best figure the machine allows for the
-same work. ``measure_peaks`` times this machine's fp32 matmul rate and copy bandwidth in the
-running process; the ``*_flops`` functions count the multiply-adds a Llama-style decoder
-must do (the embedding is a gather and costs none). ``ceiling_s`` turns both into the least
-time a piece of work can take: ``max(flops / peak, bytes / bandwidth)``.
+same work. ``machine_peaks`` reads this machine's fp32 matmul rate and copy bandwidth from the one
+probe, ``jaxagent.perf.roofline.measure_cpu_peaks``; the ``*_flops`` functions count the
+multiply-adds a Llama-style decoder must do (the embedding is a gather and costs none).
+``ceiling_s`` turns both into the least time a piece of work can take:
+``max(flops / peak, bytes / bandwidth)``.
 """
 
 from __future__ import annotations
 
-import time
-
-import jax
-import jax.numpy as jnp
-import numpy as np
+from jaxagent.perf.roofline import measure_cpu_peaks
 
 
-def measure_peaks(reps: int = 20) -> dict:
-    """fp32 matmul FLOP/s (jitted 1024^3 dot) and copy bandwidth (numpy, 256 MB): the best
-    of ``reps`` timings each, so that a moment of contention on a shared machine does not
-    lower the peak (a lower peak would flatter every fraction-of-peak figure)."""
-    n = 1024
-    a = jnp.asarray(np.random.rand(n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    flops = 2 * n**3 / min(times)
-    src = np.ones(64 * 2**20, np.float32)
-    dst = np.empty_like(src)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    return {"matmul_flop_s": flops, "copy_bytes_s": 2 * src.nbytes / min(times)}
+def machine_peaks(reps: int = 20) -> dict:
+    """``{"matmul_flop_s", "copy_bytes_s"}``: the best of ``reps`` probes of each."""
+    flop_s, copy_s = measure_cpu_peaks(reps)
+    return {"matmul_flop_s": flop_s, "copy_bytes_s": copy_s}
 
 
 def layer_params(hidden: int, heads: int, kv_heads: int, mlp: int, head_dim: int) -> int:

@@ -40,6 +40,11 @@ class TokenBatch:
         (``advantage.truncated``). None: no row is truncated.
       bootstrap_value: optional [B] float32 critic value of the state after the cut (read
         only on truncated rows; 0 when None).
+      row_weight: optional [B] float32 {0,1}: which rows train. Written once on the host
+        (``jaxagent.agents.batch.row_weights``: failed environments, DAPO's over-long filter
+        and dynamic sampling, ``advantage.truncated: drop``, padding rows); the learner
+        multiplies it into ``loss_mask`` and leaves weight-0 rows out of every baseline.
+        None: every row trains.
     """
 
     tokens: jax.Array
@@ -56,6 +61,7 @@ class TokenBatch:
     returns: Optional[jax.Array] = None
     truncated: Optional[jax.Array] = None
     bootstrap_value: Optional[jax.Array] = None
+    row_weight: Optional[jax.Array] = None
 
     @property
     def shape(self) -> tuple[int, int]:

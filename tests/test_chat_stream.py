@@ -133,7 +133,7 @@ def test_learner_sees_exactly_the_sampler_tokens(family, quickstart):
     eps, _ = collect_episodes(
         policy, None, tasks, samples_per_task=1, spec=spec, key=jax.random.key(0)
     )
-    batch, _ = pack_episodes(eps, pad_id=chat.pad_id, max_len=4096, length_multiple=16)
+    batch = pack_episodes(eps, pad_id=chat.pad_id, max_len=4096, length_multiple=16)
     for row, ep in enumerate(eps):
         fed, produced = [], []
         for inputs, out in policy.calls:

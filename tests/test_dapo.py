@@ -4,7 +4,7 @@ over-long punishment, as plain functions over episodes (``jaxagent.train.dapo``)
 import numpy as np
 import pytest
 
-from jaxagent.agents.batch import pack_episodes
+from jaxagent.agents.batch import RowDrops, pack_episodes
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.envs.base import Task, Termination
 from jaxagent.rl.prepare import compute_advantages
@@ -97,12 +97,14 @@ def test_overlong_filter_gives_truncated_and_cut_episodes_no_loss():
         _ep(0, 0.0, hit_limit=True),
         _ep(0, 0.5),
     ]
-    batch, _ = pack_episodes(eps, pad_id=0, max_len=16, length_multiple=8)
+    batch = pack_episodes(
+        eps, pad_id=0, max_len=16, length_multiple=8, drops=RowDrops(overlong=True)
+    )
     data = RLDataSection(
         overlong_filter=True, overlong_penalty=1.0, overlong_max_len=3, overlong_cache_len=2
     )
     shaped, m = dapo.shape_batch(batch, eps, data, default_max_len=100)
-    np.testing.assert_array_equal(shaped.loss_mask.sum(axis=1), [2, 0, 0, 2])
+    np.testing.assert_array_equal(shaped.row_weight, [1, 0, 0, 1])
     assert m["data/overlong_frac"] == 0.5
     # 2 policy tokens with L_max 3, L_cache 2: (1 - 2) / 2 = -0.5 on every reward.
     np.testing.assert_allclose(shaped.rewards, np.asarray([1.0, 0.0, 0.0, 0.5]) - 0.5)

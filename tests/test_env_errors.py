@@ -202,9 +202,9 @@ def test_env_reported_failure_is_env_error_with_no_loss(suite, backend):
     assert broken.termination == Termination.ENV_ERROR, broken.render()
     assert broken.failure_mode == FailureMode.ENV_ERROR.value and broken.error
     assert broken.reward == 0.0 and not broken.success
-    batch, valid = pack_episodes([healthy, broken], pad_id=0, max_len=4096)
+    batch = pack_episodes([healthy, broken], pad_id=0, max_len=4096)
     assert batch.loss_mask[0].sum() == healthy.num_policy_tokens > 0
-    assert batch.loss_mask[1].sum() == 0 and valid.tolist() == [1.0, 0.0]
+    assert batch.row_weight.tolist() == [1.0, 0.0]  # the failed episode's row never trains
     report = summarize([healthy, broken])
     # The success rate is over the healthy episode alone (1.0, not 0.5).
     assert (report.episodes, report.env_errors, report.success) == (2, 1, 1.0)

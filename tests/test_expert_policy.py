@@ -153,16 +153,18 @@ def test_evaluate_reports_on_any_turn_policy(run):
 def test_observation_weight_puts_loss_on_the_other_tokens_of_each_demo():
     # sft.observation_weight w: 1 on actions, w on prompt / observation tokens, 0 on each
     # episode's first token (nothing in its episode predicts it) and on padding.
-    from jaxagent.train.sft import pack_dense
+    from jaxagent.agents.batch import pack_episodes
 
     a = Episode(task=None, group=0, tokens=[1, 2, 3, 4, 5], loss_mask=[0, 0, 1, 1, 0])
     b = Episode(task=None, group=1, tokens=[1, 7, 8], loss_mask=[0, 1, 0])
-    plain = pack_dense([a, b], row_len=10, pad_id=0)
-    np.testing.assert_array_equal(plain["loss_mask"][0], [0, 0, 1, 1, 0, 0, 1, 0, 0, 0])
-    mixed = pack_dense([a, b], row_len=10, pad_id=0, observation_weight=0.25)
+    plain = pack_episodes([a, b], max_len=10, pad_id=0, dense=True)
+    np.testing.assert_array_equal(plain.loss_mask[0], [0, 0, 1, 1, 0, 0, 1, 0, 0, 0])
+    mixed = pack_episodes([a, b], max_len=10, pad_id=0, dense=True, observation_weight=0.25)
     q = 0.25
-    np.testing.assert_allclose(mixed["loss_mask"][0], [0, q, 1, 1, q, 0, 1, q, 0, 0])
-    np.testing.assert_array_equal(mixed["segment_ids"][0], [1, 1, 1, 1, 1, 2, 2, 2, 0, 0])
+    np.testing.assert_allclose(mixed.loss_mask[0], [0, q, 1, 1, q, 0, 1, q, 0, 0])
+    np.testing.assert_array_equal(mixed.segment_ids[0], [1, 1, 1, 1, 1, 2, 2, 2, 0, 0])
+    np.testing.assert_array_equal(mixed.positions[0], [0, 1, 2, 3, 4, 0, 1, 2, 0, 0])
+    assert mixed.tokens.shape == (1, 10) and mixed.row_weight.tolist() == [1.0]
     with pytest.raises(Exception, match="observation_weight"):
         load_config(ROOT / "configs/web_quickstart.yaml", ["sft.observation_weight=1.5"])
 
@@ -177,7 +179,11 @@ def test_sft_microbatches_give_the_whole_batch_step():
     import optax
 
     from jaxagent.models import ModelConfig, init_model
-    from jaxagent.train.sft import make_sft_step
+    from jaxagent.rl.model_fns import model_apply_fn
+    from jaxagent.rl.recipes import sft_config
+    from jaxagent.rl.train_state import TrainState
+    from jaxagent.rl.update import make_update_step
+    from jaxagent.types import TokenBatch
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
     rng = np.random.default_rng(0)
@@ -190,12 +196,29 @@ def test_sft_microbatches_give_the_whole_batch_step():
     # uneven loss tokens per row: a per-microbatch mean would weigh rows differently
     mask = (rng.random((rows, t)) < np.array([[0.1], [0.3], [0.6], [0.9]])).astype(np.float32)
     mask *= segments > 0
+    zeros = np.zeros((rows, t), np.float32)
+    batch = TokenBatch(
+        tokens=tokens,
+        positions=positions,
+        segment_ids=segments,
+        loss_mask=mask,
+        old_logprobs=zeros,
+        advantages=zeros,
+        rewards=np.zeros(rows, np.float32),
+        group_ids=np.arange(rows, dtype=np.int32),
+        turn_ids=np.zeros((rows, t), np.int32),
+    )
     out = {}
     for micro in (0, 1, 2):
-        step = make_sft_step(graphdef, optax.sgd(1.0), micro)
+        # the SFT warm-start's step: the RL update step with the sft recipe
+        config = sft_config(1.0, 10, rows, micro)
+        step = make_update_step(
+            config, model_apply_fn(graphdef), optax.sgd(1.0), compute_advantages=False
+        )
         p = jax.tree.map(np.array, params)
-        new, _, loss = step(p, optax.sgd(1.0).init(p), tokens, positions, segments, mask)
-        out[micro] = (float(loss), new)
+        state = TrainState.create(p, config, jax.random.key(0), optimizer=optax.sgd(1.0))
+        state, m = step(state, batch)
+        out[micro] = (float(m["loss/total"]), state.params)
     for micro in (1, 2):
         np.testing.assert_allclose(out[micro][0], out[0][0], rtol=1e-6)
         diff = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), out[micro][1], out[0][1])

@@ -1,4 +1,4 @@
-"""collate (bucketed padding), device prefetch, the asyncio front-end, the array pool."""
+"""Bucket errors, device prefetch, the asyncio front-end, the array pool."""
 
 import asyncio
 import time
@@ -7,37 +7,20 @@ import jax
 import numpy as np
 import pytest
 
+from jaxagent.buckets import pick_bucket
 from jaxagent.envs.base import Task
 from jaxagent.envs.faults import FaultConfig, FaultLog, FaultyEnvFactory
 from jaxagent.pool import EnvPool, PoolConfig
 from jaxagent.pool.aio import AsyncEnvPool
-from jaxagent.pool.collate import collate, pick_bucket
 from jaxagent.pool.fake_env import FakeToolEnvFactory
 from jaxagent.pool.prefetch import DevicePrefetcher
 
 
-def test_collate_pads_to_buckets_right_and_left():
-    out = collate([[5, 6, 7], [8]], buckets=(2, 4, 8), batch_buckets=(4,), pad_id=-1)
-    np.testing.assert_array_equal(out.tokens, [[5, 6, 7, -1], [8, -1, -1, -1], [-1] * 4, [-1] * 4])
-    np.testing.assert_array_equal(out.segment_ids[:2], [[1, 1, 1, 0], [1, 0, 0, 0]])
-    np.testing.assert_array_equal(out.positions[0], [0, 1, 2, 0])
-    np.testing.assert_array_equal(out.lengths, [3, 1, 0, 0])
-    assert out.num_rows == 2 and out.tokens.dtype == np.int32
-    left = collate([[5, 6, 7], [8]], buckets=(4,), padding_side="left")
-    np.testing.assert_array_equal(left.tokens, [[0, 5, 6, 7], [0, 0, 0, 8]])
-    np.testing.assert_array_equal(left.positions[1], [0, 0, 0, 0])
-    np.testing.assert_array_equal(left.segment_ids[1], [0, 0, 0, 1])
-    texts = collate(["ab", "abcde"], buckets=(8,), tokenize=lambda s: [ord(c) for c in s])
-    assert texts.tokens.shape == (2, 8) and texts.tokens[1, 4] == ord("e")
-
-
-def test_collate_and_bucket_errors_are_readable():
+def test_bucket_errors_are_readable():
     with pytest.raises(ValueError, match="length 9 exceeds the largest bucket 8"):
-        collate([[1] * 9], buckets=(4, 8))
+        pick_bucket(9, (4, 8))
     with pytest.raises(ValueError, match="batch size 5 exceeds"):
         pick_bucket(5, (2, 4), what="batch size")
-    with pytest.raises(ValueError, match="no tokenize"):
-        collate(["text"])
 
 
 def test_prefetcher_streams_in_order_ahead_of_the_consumer():
@@ -60,7 +43,7 @@ def test_prefetcher_rejects_a_shape_change():
     batches = [np.zeros((2, 4)), np.zeros((2, 5))]
     pre = DevicePrefetcher(batches)
     next(pre)
-    with pytest.raises(ValueError, match="fixed by batch 0.*collate"):
+    with pytest.raises(ValueError, match="fixed by batch 0.*jaxagent.buckets"):
         next(pre)
 
 

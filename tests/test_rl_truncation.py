@@ -72,9 +72,10 @@ def test_gae_bootstraps_at_a_truncation_and_ends_at_a_termination():
 def test_drop_mode_gives_truncated_rows_no_loss_and_no_place_in_the_baseline():
     rewards, trunc, groups = [1.0, 0.5, 0.0], [0.0, 0.0, 1.0], [0, 0, 0]
     keep = compute_advantages(get_recipe("rloo"), _batch(rewards, trunc, groups))
-    drop = compute_advantages(
-        get_recipe("rloo", advantage={"truncated": "drop"}), _batch(rewards, trunc, groups)
-    )
+    # "drop" is decided on the host (RowDrops(truncated=True) -> row_weight 0 on the cut row);
+    # the learner reads the weight only.
+    dropped = _batch(rewards, trunc, groups).replace(row_weight=1.0 - jnp.asarray(trunc))
+    drop = compute_advantages(get_recipe("rloo", advantage={"truncated": "drop"}), dropped)
     # keep: the truncated row is a failure with reward 0 in the leave-one-out baseline.
     np.testing.assert_allclose(keep.advantages[:, 2], [1.0 - 0.25, 0.5 - 0.5, 0.0 - 0.75])
     assert float(keep.loss_mask[2].sum()) == 3.0
@@ -98,9 +99,9 @@ def test_pack_episodes_flags_budget_cuts_only():
         _episode(0, Termination.TERMINATED, 1.0),
         _episode(1, Termination.ENV_ERROR),
     ]
-    batch, valid = pack_episodes(eps, pad_id=0, max_len=16, length_multiple=8, rows=4)
+    batch = pack_episodes(eps, pad_id=0, max_len=16, length_multiple=8, rows=4)
     np.testing.assert_array_equal(batch.truncated, [1, 0, 0, 0])
-    np.testing.assert_array_equal(valid, [1, 1, 0, 0])
+    np.testing.assert_array_equal(batch.row_weight, [1, 1, 0, 0])
 
 
 def test_bootstrap_value_is_the_value_after_the_last_token():

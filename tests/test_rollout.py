@@ -123,12 +123,12 @@ def test_masks_and_logprobs_match_learner(setup, kind):
         # Observation chunks are exactly the chat-template rendering of each observation.
         for t in ep.turns[:-1]:
             assert t.num_observation_tokens == len(chat.observation(t.observation))
-    batch, valid = pack_episodes(eps, pad_id=chat.pad_id, max_len=256, length_multiple=16)
+    batch = pack_episodes(eps, pad_id=chat.pad_id, max_len=256, length_multiple=16)
     lp, _ = make_logprob_fn(graphdef)(params, batch.tokens, batch.positions, batch.segment_ids)
     mask = np.asarray(batch.loss_mask)
     assert mask.sum() == sum(ep.num_policy_tokens for ep in eps) > 0
     np.testing.assert_allclose(np.asarray(lp) * mask, batch.old_logprobs * mask, atol=1e-4)
-    assert valid.tolist() == [1.0] * 4
+    assert batch.row_weight.tolist() == [1.0] * 4
 
 
 def test_budgets_and_env_errors_are_labelled_and_kept(setup):
@@ -155,9 +155,9 @@ def test_budgets_and_env_errors_are_labelled_and_kept(setup):
     assert all(t.hit_token_limit and t.num_action_tokens == 4 for t in long.turns)
     assert crash.termination == Termination.ENV_ERROR and "tool server died" in crash.error
     assert crash.num_turns == 2
-    batch, valid = pack_episodes(eps, pad_id=0, max_len=256, rows_multiple=4)
-    assert batch.tokens.shape[0] == 4 and valid.tolist() == [1.0, 0.0, 0.0, 0.0]
-    assert batch.loss_mask[1].sum() == 0 and batch.loss_mask[0].sum() == 12
+    batch = pack_episodes(eps, pad_id=0, max_len=256, rows_multiple=4)
+    assert batch.tokens.shape[0] == 4 and batch.row_weight.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert batch.loss_mask[0].sum() == 12  # the crashed row keeps its tokens, weight 0
     # A total-token budget smaller than the next turn truncates before sampling it.
     spec = RolloutSpec(
         chat,

@@ -97,8 +97,9 @@ def summarize(episodes: Sequence) -> EvalReport:
     )
 
 
-# Two-sided 95% Student-t quantiles for small sample sizes (df = n - 1).
-_T95 = {
+# Two-sided 95% Student-t quantiles t_{0.975, df} for small sample sizes (df = n - 1), the
+# one table in jaxagent (no scipy dependency); beyond it the normal quantile 1.96.
+T95 = {
     1: 12.706,
     2: 4.303,
     3: 3.182,
@@ -121,5 +122,5 @@ def seed_summary(values: Sequence[float]) -> dict[str, float]:
     if x.size == 1:
         return {"mean": mean, "std": 0.0, "ci95": float("nan"), "n": 1}
     std = float(x.std(ddof=1))
-    t = _T95.get(x.size - 1, 1.96)
+    t = T95.get(x.size - 1, 1.96)
     return {"mean": mean, "std": std, "ci95": t * std / math.sqrt(x.size), "n": int(x.size)}

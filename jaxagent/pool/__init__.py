@@ -2,15 +2,14 @@
 
 ``EnvPool`` for text environments (its workers run on a backend from
 ``jaxagent.pool.backends``: threads or processes), ``AsyncEnvPool`` for asyncio code,
-``ArrayEnvPool`` for batched array environments (MuJoCo), ``collate`` to pad token lists to
-bucketed shapes, ``run_episodes`` (every task to its end, one policy per episode), and
-``DevicePrefetcher`` (imports JAX lazily) for double-buffered transfer in
-user loops.
+``ArrayEnvPool`` for batched array environments (MuJoCo), ``run_episodes`` (every task to
+its end, one policy per episode), and ``DevicePrefetcher`` (imports JAX lazily) for
+double-buffered transfer in user loops. Episodes become learner rows in one place,
+``jaxagent.agents.batch.pack_episodes``.
 """
 
 from jaxagent.pool.aio import AsyncEnvPool
 from jaxagent.pool.array_pool import ArrayBatch, ArrayEnvPool
-from jaxagent.pool.collate import Collated, collate, pick_bucket
 from jaxagent.pool.config import PoolConfig
 from jaxagent.pool.episodes import EpisodeEnd, EpisodeRun, run_episodes
 from jaxagent.pool.health import Health
@@ -21,7 +20,6 @@ __all__ = [
     "ArrayBatch",
     "ArrayEnvPool",
     "AsyncEnvPool",
-    "Collated",
     "DevicePrefetcher",
     "EnvPool",
     "EnvReply",
@@ -29,9 +27,7 @@ __all__ = [
     "EpisodeRun",
     "Health",
     "PoolConfig",
-    "collate",
     "episode_seed",
-    "pick_bucket",
     "run_episodes",
 ]
 

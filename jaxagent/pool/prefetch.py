@@ -76,7 +76,7 @@ class DevicePrefetcher(Iterator):
                     raise ValueError(
                         f"batch {self.pulled - 1} has shapes/dtypes {sig[1]} but the device "
                         f"buffers were fixed by batch 0 as {self._signature[1]}; pad to the "
-                        "same bucket (jaxagent.pool.collate) before prefetching"
+                        "same bucket (jaxagent.buckets) before prefetching"
                     )
                 self._put(jax.device_put(host, self._sharding))
             self._put(_END)

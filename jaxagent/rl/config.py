@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
-
-import jax
-import jax.numpy as jnp
+from typing import Any
 
 from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl import losses as loss_lib
 from jaxagent.rl.kl import KL_ESTIMATORS
 
-# The tables the sections validate against (also importable from here, as before).
+# The tables the sections validate against.
 from jaxagent.rl.tables import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-from jaxagent.types import TokenBatch
 
 _DC = dict(frozen=True, kw_only=True, slots=True)
 
@@ -335,10 +331,3 @@ class RLConfig:
 
     def replace(self, **changes) -> "RLConfig":
         return dataclasses.replace(self, **changes)
-
-
-def truncation_keep(config: RLConfig, batch: TokenBatch) -> Optional[jax.Array]:
-    """[B] float32 keep mask of ``advantage.truncated="drop"`` (None when nothing is dropped)."""
-    if config.advantage.truncated != "drop" or batch.truncated is None:
-        return None
-    return 1.0 - jnp.asarray(batch.truncated, jnp.float32)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.rl import advantages as adv_lib
-from jaxagent.rl.config import ADVANTAGE_ESTIMATORS, RLConfig, truncation_keep
+from jaxagent.rl.config import ADVANTAGE_ESTIMATORS, RLConfig
 from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.losses import rft_keep_mask
 from jaxagent.types import TokenBatch
@@ -26,6 +26,16 @@ def _need(batch: TokenBatch, field: str, why: str) -> jax.Array:
     return value
 
 
+def apply_row_weight(batch: TokenBatch) -> TokenBatch:
+    """``batch`` with ``row_weight`` folded into ``loss_mask`` (and cleared, so folding twice
+    is a no-op). Which rows train is decided on the host (``jaxagent.agents.batch.row_weights``);
+    the learner only reads the weight."""
+    mask = jnp.asarray(batch.loss_mask, jnp.float32)
+    if batch.row_weight is not None:
+        mask = mask * jnp.asarray(batch.row_weight, jnp.float32)[:, None]
+    return batch.replace(loss_mask=mask, row_weight=None)
+
+
 def compute_advantages(config: RLConfig, batch: TokenBatch) -> TokenBatch:
     """Fill ``advantages`` (and ``returns`` for GAE) and fold sample filters into ``loss_mask``.
 
@@ -35,21 +45,19 @@ def compute_advantages(config: RLConfig, batch: TokenBatch) -> TokenBatch:
     row ends in a termination unless ``batch.truncated[b]``, and then it bootstraps on
     ``batch.bootstrap_value[b]`` (0 when absent). ``kl.mode == "reward"`` subtracts
     ``kl.beta * KL`` (from ``old_logprobs`` and ``ref_logprobs``) from the rewards first.
-    Rows without policy tokens are ignored; with ``advantage.truncated == "drop"`` truncated
-    rows are too (no loss, not in any baseline).
+    Rows without weighted policy tokens (``row_weight`` 0: failed environments, DAPO's
+    filters, ``advantage.truncated == "drop"``; see ``apply_row_weight``) are ignored: no
+    loss, not in any baseline.
 
     Returns:
       The batch with ``advantages`` [B, T] set (0 off policy tokens), ``returns`` for GAE, and
-      ``loss_mask`` multiplied by the kept-sample mask (truncation drop, LOOP's |A| threshold,
-      RFT's filter).
+      ``loss_mask`` multiplied by the row weight and by the filters that read the advantage or
+      the reward on the device (LOOP's |A| threshold, RFT's filter).
     """
     a = config.advantage
-    mask = jnp.asarray(batch.loss_mask, jnp.float32)
+    batch = apply_row_weight(batch)
+    mask = batch.loss_mask
     row_valid = (mask.sum(axis=1) > 0).astype(jnp.float32)  # [B]
-    dropped = truncation_keep(config, batch)
-    if dropped is not None:
-        row_valid = row_valid * dropped
-        mask = mask * dropped[:, None]
     rewards = jnp.asarray(batch.rewards, jnp.float32)
     token_kl = None
     if config.kl.mode == "reward":

@@ -38,6 +38,11 @@ bootstraps at the cut); ``"drop"`` gives them no loss and leaves them out of the
   "batch_mean"``: the mean reward of the whole batch, so one sample per task learns), K = 1.
 - ``rft``: rejection-sampling fine-tuning (2308.01825): keep samples with reward >= 1, then
   SFT (token-mean cross-entropy).
+- ``sft``: supervised fine-tuning on demonstrations (the trainer's warm-start,
+  ``jaxagent.train.sft``): token-mean cross-entropy over the batch's loss mask (actions 1,
+  other tokens ``sft.observation_weight``), one optimiser step per batch in given order,
+  AdamW (weight decay 0.01, clipping at 1) with a warm-up + stable + decay schedule
+  (``make_optimizer(..., schedule="wsd")``); ``sft_config`` fills it from the ``sft:`` section.
 """
 
 from __future__ import annotations
@@ -210,3 +215,26 @@ register_recipe(
     ),
     samples_per_task=1,
 )
+register_recipe(
+    RLConfig(
+        name="sft",
+        advantage=AdvantageConfig(estimator="given"),
+        loss=LossConfig(policy="sft", aggregation="token_mean"),
+        optim=OptimConfig(learning_rate=3e-3, weight_decay=0.01, max_grad_norm=1.0),
+        update=UpdateConfig(num_epochs=1, shuffle=False),
+    ),
+    samples_per_task=1,
+)
+
+
+def sft_config(
+    learning_rate: float, steps: int, batch_size: int, microbatch_size: int = 0
+) -> RLConfig:
+    """The ``sft`` recipe for ``steps`` optimiser steps of ``batch_size`` rows, gradients
+    summed over microbatches of ``microbatch_size`` rows (0: the whole batch), with a linear
+    warm-up over 5% of the steps (schedule: ``make_optimizer(config, "wsd", steps)``)."""
+    return get_recipe(
+        "sft",
+        optim={"learning_rate": learning_rate, "warmup_steps": max(1, steps // 20)},
+        update={"minibatch_size": batch_size, "microbatch_size": microbatch_size},
+    )

@@ -108,27 +108,42 @@ def make_optimizer(
     final_ratio: float = 0.1,
 ) -> optax.GradientTransformation:
     """AdamW with global-norm gradient clipping and a linear warm-up of the learning rate
-    (``config.optim``; ``max_grad_norm=0`` turns clipping off).
+    (``config.optim``; ``max_grad_norm=0`` turns clipping off). The one optimiser builder:
+    RL recipes and the SFT warm-start (``jaxagent.train.sft``) both train with it.
 
     After the warm-up the rate stays constant (``schedule="constant"``) or decays
     ("linear" / "cosine") to ``final_ratio * learning_rate`` at ``total_steps`` optimiser steps
-    and stays there.
+    and stays there. ``"wsd"`` (warm-up, stable, decay) holds the rate until 75% of
+    ``total_steps`` and then decays linearly: a long constant phase matters for tiny models
+    learning to copy arguments from the prompt, an ability that appears abruptly after a few
+    hundred steps and that an early decay delays (Hu et al. 2024, MiniCPM, arXiv 2404.06395,
+    for the schedule).
     """
     o = config.optim
     peak, warm = o.learning_rate, o.warmup_steps
     if schedule == "constant":
         decay = optax.constant_schedule(peak) if warm > 0 else peak
-    elif schedule in ("linear", "cosine"):
+    elif schedule in ("linear", "cosine", "wsd"):
         if total_steps is None:
             raise ValueError(f"make_optimizer: schedule={schedule!r} needs total_steps")
         decay_steps = max(1, total_steps - warm)
-        decay = (
-            optax.linear_schedule(peak, peak * final_ratio, decay_steps)
-            if schedule == "linear"
-            else optax.cosine_decay_schedule(peak, decay_steps, alpha=final_ratio)
-        )
+        if schedule == "linear":
+            decay = optax.linear_schedule(peak, peak * final_ratio, decay_steps)
+        elif schedule == "cosine":
+            decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=final_ratio)
+        else:
+            stable = max(1, int(total_steps * 0.75)) - warm
+            decay = optax.join_schedules(
+                [
+                    optax.constant_schedule(peak),
+                    optax.linear_schedule(
+                        peak, peak * final_ratio, max(1, total_steps - warm - stable)
+                    ),
+                ],
+                [stable],
+            )
     else:
-        raise ValueError(f"lr schedule {schedule!r}: choose constant, linear or cosine")
+        raise ValueError(f"lr schedule {schedule!r}: choose constant, linear, cosine or wsd")
     lr = (
         decay
         if warm <= 0

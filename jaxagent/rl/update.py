@@ -45,7 +45,7 @@ from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.models import token_values
 from jaxagent.rl.model_fns import LogprobFn, LoraAwareLogprobFn, logits_logprob_fn
 from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn  # noqa: F401 (re-exported)
-from jaxagent.rl.prepare import compute_advantages as _compute_advantages
+from jaxagent.rl.prepare import apply_row_weight, compute_advantages as _compute_advantages
 from jaxagent.rl.config import POLICY_LOSSES, RLConfig
 from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.types import TokenBatch
@@ -162,7 +162,7 @@ def check_batch(batch: TokenBatch) -> None:
     for name in ("ref_logprobs", "values", "returns"):
         if getattr(batch, name) is not None:
             chex.assert_shape(getattr(batch, name), (b, t))
-    for name in ("truncated", "bootstrap_value"):
+    for name in ("truncated", "bootstrap_value", "row_weight"):
         if getattr(batch, name) is not None:
             chex.assert_shape(getattr(batch, name), (b,))
 
@@ -275,6 +275,7 @@ def make_update_step(
         n_mini = b // u.minibatch_size
         n_micro = u.minibatch_size // u.microbatch
         lora = (state.lora_alpha, state.lora_rank)
+        batch = apply_row_weight(batch)  # the host decided which rows train
         if config.needs_reference and batch.ref_logprobs is None:
             if state.ref_params is None:
                 raise ValueError(
@@ -286,7 +287,6 @@ def make_update_step(
             )
         if compute_advantages:
             batch = _compute_advantages(config, batch)
-        batch = batch.replace(loss_mask=batch.loss_mask.astype(jnp.float32))
         adv_metrics = _advantage_metrics(batch)
 
         def minibatch_step(carry, mb: TokenBatch):

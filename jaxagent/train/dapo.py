@@ -10,7 +10,8 @@ the run config's ``rl.data`` (``configs/dapo_code.yaml`` sets the paper's values
   (the paper samples until full; the cap keeps a hopeless batch from looping forever, and
   what was kept is trained on, the missing rows padded with no loss);
 - over-long filtering (Sec. 3.4): an episode cut at the length limit carries no loss (its
-  reward says nothing about the answer it was not allowed to finish);
+  reward says nothing about the answer it was not allowed to finish); the row weight is
+  written by the packer (``jaxagent.agents.batch.row_weights``, the one place rows drop);
 - soft over-long punishment (Sec. 3.4, Eq. 13): a length penalty added to the reward, zero
   up to ``L_max - L_cache`` policy tokens, falling linearly to -1 at ``L_max``.
 
@@ -21,13 +22,12 @@ length penalty is added.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxagent.agents.batch import informative_group_ids, is_overlong
 from jaxagent.agents.episode import Episode
-from jaxagent.envs.base import Termination
 
 
 def informative_groups(episodes: Sequence[Episode]) -> list[list[Episode]]:
@@ -36,15 +36,11 @@ def informative_groups(episodes: Sequence[Episode]) -> list[list[Episode]]:
     Episodes whose environment failed carry no loss and do not count; a group with fewer
     than two other episodes has no spread and is dropped.
     """
-    groups: dict[int, list[Episode]] = defaultdict(list)
+    informative = informative_group_ids(episodes)
+    groups: dict[int, list[Episode]] = {}
     for ep in episodes:
-        groups[ep.group].append(ep)
-    out = []
-    for members in groups.values():
-        rewards = {ep.reward for ep in members if not ep.env_failed}
-        if len(rewards) > 1:
-            out.append(members)
-    return out
+        groups.setdefault(ep.group, []).append(ep)
+    return [members for g, members in groups.items() if g in informative]
 
 
 @dataclasses.dataclass
@@ -109,16 +105,6 @@ def refill_tasks(tasks: Sequence, count: int, seed: int, iteration: int, round_:
     return [tasks[i] for i in idx]
 
 
-def is_overlong(ep: Episode) -> bool:
-    """The episode hit a length limit: cut by a step or token budget, or its last turn ended
-    at ``max_new_tokens`` without a stop token."""
-    if ep.env_failed:
-        return False
-    return ep.termination == Termination.TRUNCATED or bool(
-        ep.turns and ep.turns[-1].hit_token_limit
-    )
-
-
 def overlong_keep(episodes: Sequence[Episode]) -> np.ndarray:
     """Over-long filtering: [N] float32, 0 for over-long episodes (no loss), else 1."""
     return np.asarray([0.0 if is_overlong(ep) else 1.0 for ep in episodes], np.float32)
@@ -152,19 +138,17 @@ def overlong_penalties(
 
 
 def shape_batch(batch, episodes: Sequence[Episode], data, default_max_len: int):
-    """Apply over-long filtering and the soft punishment of ``data`` (the run config's
-    ``rl.data``) to a numpy ``TokenBatch`` packed from ``episodes`` (rows in that order).
+    """Apply the soft over-long punishment of ``data`` (the run config's ``rl.data``) to a
+    numpy ``TokenBatch`` packed from ``episodes`` (rows in that order), and measure the
+    over-long share (the filter itself is the packer's row weight: ``RowDrops.overlong``).
 
     Returns:
-      (batch, metrics): the batch with ``loss_mask`` rows zeroed and ``rewards`` shaped.
+      (batch, metrics): the batch with ``rewards`` shaped.
     """
     n = len(episodes)
     metrics = {}
     if data.overlong_filter:
         keep = overlong_keep(episodes)
-        mask = np.array(batch.loss_mask, copy=True)
-        mask[:n] *= keep[:, None]
-        batch = batch.replace(loss_mask=mask)
         metrics["data/overlong_frac"] = float(1.0 - keep.mean()) if n else 0.0
     if data.overlong_penalty:
         pen = overlong_penalties(

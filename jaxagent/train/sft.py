@@ -4,9 +4,12 @@
 the rollout driver (``jaxagent.agents.expert.ExpertTurnPolicy``), so each demonstration has
 exactly the token layout of the policy's episodes (same chat chunks, the expert's actions
 where the policy's samples would be, loss mask on those) and SFT and RL train on one format.
-``run_sft`` fits the policy with the masked cross-entropy of ``jaxagent.rl.losses`` (token
-mean), AdamW and a warm-up + stable + decay schedule. ``warm_start`` is the trainer's SFT
-phase: the demonstrations, the fit with a progress bar, and its metrics.
+``run_sft`` packs them densely (``jaxagent.agents.batch.pack_episodes(dense=True)``) and fits
+the policy through the one LM update step (``jaxagent.rl.update.make_update_step``) with the
+``sft`` recipe: masked cross-entropy (token mean), AdamW from the one optimiser builder
+(``jaxagent.rl.train_state.make_optimizer``) with a warm-up + stable + decay schedule.
+``warm_start`` is the trainer's SFT phase: the demonstrations, the fit with a progress bar,
+and its metrics.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.expert import ExpertTurnPolicy, MakeExpert
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import Task
-from jaxagent.models import apply_model, token_logprobs
-from jaxagent.rl import losses as L
+from jaxagent.rl.model_fns import model_apply_fn
+from jaxagent.rl.recipes import sft_config
+from jaxagent.rl.train_state import TrainState, make_optimizer
+from jaxagent.rl.update import make_update_step
 from jaxagent.train import progress
 
 
@@ -72,128 +77,6 @@ def expert_episodes(
     return out
 
 
-def pack_dense(
-    episodes: Sequence[Episode], *, row_len: int, pad_id: int, observation_weight: float = 0.0
-) -> dict[str, np.ndarray]:
-    """Pack several episodes per row (first-fit by decreasing length) for SFT.
-
-    Each episode keeps its own segment id and positions restarting at 0, so attention never
-    crosses episodes (``jaxagent.models.apply_model`` masks by segment). Fewer padding tokens
-    than one episode a row: the quickstart's episodes are ~75 tokens in rows of 128+.
-
-    ``observation_weight`` w: the loss mask is 1 on action tokens and w on every other token
-    of an episode but its first (nothing in the episode predicts it).
-
-    Returns:
-      dict of [R, row_len] arrays: tokens, positions, segment_ids, loss_mask.
-    """
-    order = sorted(range(len(episodes)), key=lambda i: -len(episodes[i].tokens))
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in order:
-        n = len(episodes[i].tokens)
-        if n > row_len:
-            raise ValueError(f"an episode of {n} tokens does not fit rows of {row_len}")
-        for r, free in enumerate(room):
-            if free >= n:
-                rows[r].append(i)
-                room[r] -= n
-                break
-        else:
-            rows.append([i])
-            room.append(row_len - n)
-    shape = (len(rows), row_len)
-    out = {
-        "tokens": np.full(shape, pad_id, np.int32),
-        "positions": np.zeros(shape, np.int32),
-        "segment_ids": np.zeros(shape, np.int32),
-        "loss_mask": np.zeros(shape, np.float32),
-    }
-    for r, members in enumerate(rows):
-        at = 0
-        for seg, i in enumerate(members, start=1):
-            ep = episodes[i]
-            n = len(ep.tokens)
-            out["tokens"][r, at : at + n] = ep.tokens
-            out["positions"][r, at : at + n] = np.arange(n)
-            out["segment_ids"][r, at : at + n] = seg
-            mask = np.asarray(ep.loss_mask, np.float32)
-            if observation_weight:
-                mask = mask + observation_weight * (1.0 - mask)
-                mask[0] = 0.0
-            out["loss_mask"][r, at : at + n] = mask
-            at += n
-    return out
-
-
-def make_sft_step(
-    graphdef, optimizer: optax.GradientTransformation, microbatch: int = 0
-) -> Callable:
-    """Jitted ``(params, opt_state, tokens, positions, segment_ids, loss_mask) -> (params,
-    opt_state, loss)``; params and optimizer state are donated.
-
-    ``microbatch`` rows a forward/backward pass (0: the whole batch), gradients summed over
-    the batch's microbatches: the same loss and gradient as one pass, in a smaller working
-    set. On CPU the attention's [rows, heads, T, T] scores of 8 rows of 640 tokens overflow
-    the caches; 2 rows at a time make the same step ~1.3x faster
-    (``benchmarks/learner_step.py``).
-    """
-
-    def loss_fn(params, tokens, positions, segment_ids, loss_mask, num_tokens):
-        logits = apply_model(graphdef, params, tokens, positions, segment_ids).logits
-        logp = token_logprobs(logits, tokens)
-        return L.aggregate(L.sft_loss(logp), loss_mask, "token_mean", num_tokens=num_tokens)
-
-    grad_fn = jax.value_and_grad(loss_fn)
-
-    def step(params, opt_state, tokens, positions, segment_ids, loss_mask):
-        # token_mean over the whole batch: every microbatch divides by the batch's mask sum,
-        # so the microbatch losses (and gradients) add up to the batch's.
-        num_tokens = jnp.sum(loss_mask)
-        rows = tokens.shape[0]
-        size = microbatch if microbatch and rows % microbatch == 0 else rows  # a short batch
-        if size == rows:
-            loss, grads = grad_fn(params, tokens, positions, segment_ids, loss_mask, num_tokens)
-        else:
-            split = lambda x: x.reshape(rows // size, size, *x.shape[1:])  # noqa: E731
-            chunks = tuple(map(split, (tokens, positions, segment_ids, loss_mask)))
-            first = jax.tree.map(lambda x: x[0], chunks)
-            loss, grads = grad_fn(params, *first, num_tokens)
-
-            def body(carry, chunk):
-                loss, grads = carry
-                l_i, g_i = grad_fn(params, *chunk, num_tokens)
-                return (loss + l_i, jax.tree.map(jnp.add, grads, g_i)), None
-
-            rest = jax.tree.map(lambda x: x[1:], chunks)
-            (loss, grads), _ = jax.lax.scan(body, (loss, grads), rest)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step, donate_argnums=(0, 1))
-
-
-def sft_optimizer(learning_rate: float, steps: int) -> optax.GradientTransformation:
-    """AdamW with a warmup-stable-decay schedule, clipped at global norm 1.
-
-    Linear warm-up over 5% of the steps, constant for the next 70%, then linear decay to 10%.
-    A long constant phase matters for tiny models learning to copy arguments from the prompt:
-    that ability appears abruptly after a few hundred steps, and an early decay delays it.
-    """
-    warmup = max(1, steps // 20)
-    stable = max(1, int(steps * 0.75)) - warmup
-    decay = max(1, steps - warmup - stable)
-    schedule = optax.join_schedules(
-        [
-            optax.linear_schedule(0.0, learning_rate, warmup),
-            optax.constant_schedule(learning_rate),
-            optax.linear_schedule(learning_rate, learning_rate * 0.1, decay),
-        ],
-        [warmup, warmup + stable],
-    )
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
-
-
 def run_sft(
     graphdef,
     params: Any,
@@ -211,18 +94,24 @@ def run_sft(
 ) -> tuple[Any, list[float]]:
     """Fit ``params`` to the demonstrations; returns (params, per-step losses).
 
-    ``batch_size`` counts packed rows of ``max_len`` tokens (several episodes each).
+    ``batch_size`` counts packed rows of ``max_len`` tokens (several episodes each);
+    ``microbatch`` rows a forward/backward pass (0: the whole batch), gradients summed over
+    the batch's microbatches: the same loss and gradient as one pass, in a smaller working
+    set (on CPU the attention's [rows, heads, T, T] scores of 8 rows of 640 tokens overflow
+    the caches; 2 rows at a time make the same step ~1.3x faster,
+    ``benchmarks/learner_step.py``).
     """
-    packed = pack_dense(
-        episodes, row_len=max_len, pad_id=pad_id, observation_weight=observation_weight
+    packed = pack_episodes(
+        episodes, pad_id=pad_id, max_len=max_len, dense=True, observation_weight=observation_weight
     )
-    n = packed["tokens"].shape[0]
+    n = packed.tokens.shape[0]
     if n == 0 or steps == 0:
         return params, []
-    tx = sft_optimizer(learning_rate, steps)
-    step_fn = make_sft_step(graphdef, tx, microbatch)
+    config = sft_config(learning_rate, steps, batch_size, microbatch)
+    tx = make_optimizer(config, "wsd", steps)
+    step_fn = make_update_step(config, model_apply_fn(graphdef), tx, compute_advantages=False)
     params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
-    opt_state = tx.init(params)
+    state = TrainState.create(params, config, jax.random.key(seed), optimizer=tx)
     rng = np.random.default_rng([seed, 11])
     losses = []
     order = rng.permutation(n)
@@ -234,19 +123,12 @@ def run_sft(
         cursor += batch_size
         if len(idx) < batch_size:  # fewer demonstrations than a batch: sample with repeats
             idx = rng.choice(n, batch_size)
-        params, opt_state, loss = step_fn(
-            params,
-            opt_state,
-            packed["tokens"][idx],
-            packed["positions"][idx],
-            packed["segment_ids"][idx],
-            packed["loss_mask"][idx],
-        )
+        state, metrics = step_fn(state, jax.tree.map(lambda x: x[idx], packed))
         if on_step is not None or i == steps - 1:
-            losses.append(float(loss))
+            losses.append(float(metrics["loss/total"]))
             if on_step is not None:
                 on_step(i, losses[-1])
-    return params, losses
+    return state.params, losses
 
 
 def warm_start(

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxagent.agents.batch import pack_episodes
+from jaxagent.agents.batch import RowDrops, pack_episodes
 from jaxagent.agents.rollout import collect_episodes
 from jaxagent.eval.report import summarize
 from jaxagent.rl.prepare import with_critic_values
@@ -232,13 +232,18 @@ class Trainer:
             eps, stats = collect(0)
             report_eps = eps
         t1 = time.perf_counter()
-        batch, valid = pack_episodes(
+        batch = pack_episodes(
             eps,
             pad_id=self.chat.pad_id,
             max_len=self.max_len,
             length_multiple=data.length_multiple,
             rows=len(mine) * per_task,
             rows_multiple=self._rows_multiple,
+            drops=RowDrops(
+                overlong=data.overlong_filter,
+                truncated=self.rl.advantage.truncated == "drop",
+                uninformative_groups=data.dynamic_sampling,
+            ),
         )
         batch = hosts.common_length(batch, self.chat.pad_id)
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
@@ -263,7 +268,9 @@ class Trainer:
         report = summarize(hosts.gather_episodes(report_eps))
         stats = hosts.gather_stats(stats)
         m.update(report.as_metrics("train"))
-        m.update(hosts.rollout_record(stats, batch, valid, t2 - t1, time.perf_counter() - t0))
+        m.update(
+            hosts.rollout_record(stats, batch, batch.row_weight, t2 - t1, time.perf_counter() - t0)
+        )
         m["sampler/recompiles"] = self.sampler.recompiles
         for k, v in self.runner.health().items():
             m[f"env_health/{k}"] = v

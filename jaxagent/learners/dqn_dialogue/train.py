@@ -24,10 +24,7 @@ from omegaconf import OmegaConf
 
 from jaxagent.learners.dqn_dialogue.dqn import DQNConfig
 from jaxagent.errors import FROZEN, ConfigError
-
-# Two-sided 97.5% Student-t quantiles by degrees of freedom (no scipy dependency).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-         9: 2.262, 10: 2.228}  # fmt: skip
+from jaxagent.eval.report import T95, seed_summary
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -68,8 +65,8 @@ class DQNTrainSection:
         for name in ("learning_starts", "eval_every", "log_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)!r} must be >= 0")
-        if self.num_seeds > len(_T975) + 1:
-            raise ConfigError(f"train.num_seeds={self.num_seeds} must be <= {len(_T975) + 1}")
+        if self.num_seeds > len(T95) + 1:  # past the t-table the interval would be a normal one
+            raise ConfigError(f"train.num_seeds={self.num_seeds} must be <= {len(T95) + 1}")
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -184,11 +181,10 @@ def evaluate(spec, tasks, choose: Callable[[list, np.ndarray], np.ndarray], max_
 
 def _interval(values: Sequence[float]) -> list[float]:
     """95% Student-t interval of the mean over seeds ([mean, mean] for one seed)."""
-    v = np.asarray(values, float)
-    if len(v) < 2:
-        return [float(v.mean())] * 2
-    half = _T975[len(v) - 1] * v.std(ddof=1) / np.sqrt(len(v))
-    return [float(v.mean() - half), float(v.mean() + half)]
+    s = seed_summary(values)
+    if s["n"] < 2:
+        return [s["mean"]] * 2
+    return [s["mean"] - s["ci95"], s["mean"] + s["ci95"]]
 
 
 def train_seed(config: DQNDialogueConfig, seed: int, spec, rule_return: float, echo=print):
