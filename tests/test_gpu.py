@@ -91,5 +91,5 @@ def test_bf16_rollout_vs_learner_mismatch_is_measured():
         err = np.abs(lps - forced)
         assert np.all(np.isfinite(err)), name
         row[name] = {"mean_abs": float(err.mean()), "max_abs": float(err.max())}
-    print(json.dumps(row))
+    print("\n" + json.dumps(row))  # its own line amid pytest's progress dots
     assert row["float32"]["max_abs"] < row["bfloat16"]["max_abs"], row
