@@ -145,8 +145,8 @@ s = (time.perf_counter() - t0) / 10
 print(json.dumps({"tflop_s": round(2 * n**3 / s / 1e12, 1), "mfu": round(2 * n**3 / s / peak, 3),
                   "peak_source": src}))'
 # jax[cuda12] is installed only where a GPU is present (nvidia-smi) and JAX does not see it
-INSTALL='if ! python -c "$PROBE_PY" | grep -q "\"backend\": \"gpu\"" && command -v nvidia-smi >/dev/null; then python -m pip install -U "jax[cuda12]" || { python -c "$PROBE_PY"; exit 3; }; fi; python -c "$PROBE_PY"'
-DEPS="python -c 'import flax, optax, pytest, torch, transformers' || python -m pip install -e '.[test]'"
+INSTALL='if ! python -c "$PROBE_PY" | grep -q "\"backend\": \"gpu\"" && command -v nvidia-smi >/dev/null; then python -m pip install --retries 1 --timeout 20 -U "jax[cuda12]" || { python -c "$PROBE_PY"; exit 3; }; fi; python -c "$PROBE_PY"'
+DEPS="python -c 'import flax, optax, pytest, torch, transformers' || python -m pip install --retries 1 --timeout 20 -e '.[test]'"
 GPU_TESTS="env -u JAX_PLATFORMS python -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/test_gpu.py"
 CPU_TESTS="env -u JAX_PLATFORMS python -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py"
 MATMUL='env -u JAX_PLATFORMS python -c "$MATMUL_PY"'
