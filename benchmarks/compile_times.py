@@ -70,6 +70,7 @@ def main() -> None:
             i32(b, 64),
             i32(b, 64),
             jax.random.key(0),
+            None,  # row_ids: no per-row sampling streams
             sampling=sampling,
             capacity=1024,
             rows_sharding=None,
@@ -85,6 +86,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "check": "compile_times",
                 "layers": args.layers,
                 "backend": jax.default_backend(),
                 "update_lower_s": round(lower_s, 1),

@@ -1,4 +1,4 @@
-"""Sampler throughput: jaxagent's jitted sampler vs ``transformers.generate`` (PyTorch, CPU).
+"""Sampler throughput: jaxagent's jitted sampler vs ``transformers.generate`` (PyTorch).
 
 Same random weights (a HF Llama saved with ``save_pretrained`` and loaded by jaxagent), same
 batch, 64-token prompts, 128 new tokens, plain sampling at temperature 1 (no top-k / top-p,
@@ -6,8 +6,13 @@ no stop token), KV cache on for both. Reports tokens/s (median of repeats), the 
 achieved FLOP/s and bytes/s of the decode against this machine's fp32 matmul peak and copy
 bandwidth measured in the same run. Ends with one JSON line.
 
+JAX runs on its default backend; torch on CUDA when it has a GPU, else the CPU. The ratio is
+reported only when both sides ran on the same kind of device in this run (JAX "gpu" with
+torch "cuda", or both "cpu"); otherwise ``ratio_vs_hf`` is null with ``ratio_note`` saying why.
+
     python benchmarks/generate.py            # all configs
     python benchmarks/generate.py --quick    # fewer repeats
+    python benchmarks/generate.py --cpu      # both sides on the CPU
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "--cpu" in sys.argv:  # before JAX picks its backend
+    os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
@@ -57,8 +64,25 @@ def build(spec: dict, path: str):
     return model
 
 
+def torch_device(cpu_only: bool) -> str:
+    return "cuda" if torch.cuda.is_available() and not cpu_only else "cpu"
+
+
+def same_device(jax_backend: str, torch_dev: str) -> str:
+    """ "" when a jaxagent / transformers ratio compares like with like, else the reason."""
+    if {"gpu": "cuda", "cpu": "cpu"}.get(jax_backend) == torch_dev:
+        return ""
+    return f"not comparable: jax on {jax_backend}, torch on {torch_dev}"
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_hf(model, prompts: np.ndarray, reps: int) -> tuple[list[float], list[float]]:
-    ids = torch.tensor(prompts)
+    device = next(model.parameters()).device.type
+    ids = torch.tensor(prompts, device=device)
     kwargs = dict(
         attention_mask=torch.ones_like(ids),
         do_sample=True,
@@ -75,8 +99,10 @@ def time_hf(model, prompts: np.ndarray, reps: int) -> tuple[list[float], list[fl
     with torch.inference_mode():
         model.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
         for _ in range(reps):
+            _sync(device)
             t0, c0 = time.perf_counter(), time.process_time()
             out = model.generate(ids, **kwargs)
+            _sync(device)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
     assert out.shape[1] == PROMPT + NEW
@@ -139,11 +165,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    parser.add_argument("--cpu", action="store_true", help="JAX and torch both on the CPU")
     args = parser.parse_args()
+    tdev = torch_device(args.cpu)
+    backend = jax.default_backend()
+    note = same_device(backend, tdev)
     print(
         f"setup: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"transformers {transformers.__version__}, fp32, prompt {PROMPT}, new tokens {NEW}, "
+        f"transformers {transformers.__version__}; jax on {backend} "
+        f"({jax.devices()[0].device_kind}), torch on {tdev}; fp32, prompt {PROMPT}, new tokens {NEW}, "
         "sampling T=1 (no top-k/top-p), median of repeats"
     )
     peaks = machine_peaks()
@@ -163,7 +194,7 @@ def main() -> None:
         reps = 2 if (args.quick or big) else 5
         prompts = np.random.RandomState(0).randint(3, spec["vocab"], (spec["batch"], PROMPT))
         with tempfile.TemporaryDirectory() as path:
-            model = build(spec, path)
+            model = build(spec, path).to(tdev)
             hf_times, hf_cpu = time_hf(model, prompts, reps)
             del model
             jax_times, jax_cpu, compile_s, sampler = time_jax(path, prompts, reps)
@@ -176,7 +207,7 @@ def main() -> None:
         results[name] = {
             "jaxagent_tok_s": round(jax_tok_s, 1),
             "hf_tok_s": round(hf_tok_s, 1),
-            "ratio_vs_hf": round(jax_tok_s / hf_tok_s, 2),
+            "ratio_vs_hf": None if note else round(jax_tok_s / hf_tok_s, 2),
             "flop_s_frac_of_peak": round(flops * steps_s / peaks["matmul_flop_s"], 3),
             "bytes_s_frac_of_peak": round(step_bytes * steps_s / peaks["copy_bytes_s"], 3),
             # CPU time (all threads) is less sensitive than wall time to other processes
@@ -189,11 +220,14 @@ def main() -> None:
             # same weight / cache reads at the copy bandwidth measured above.
             "ceiling_tok_s": round(tokens / call_ceiling_s(spec, peaks), 1),
         }
-        results[name]["ceiling_ratio_vs_hf"] = round(results[name]["ceiling_tok_s"] / hf_tok_s, 2)
+        results[name]["ceiling_ratio_vs_hf"] = (
+            None if note else round(results[name]["ceiling_tok_s"] / hf_tok_s, 2)
+        )
+        ratio = f"ratio {jax_tok_s / hf_tok_s:.2f}x" if not note else f"no ratio ({note})"
         print(
             f"{name}: batch {spec['batch']}, D {spec['hidden']} x {spec['layers']} layers, "
             f"vocab {spec['vocab']}: transformers.generate {hf_tok_s:.0f} tok/s (anchor), "
-            f"jaxagent {jax_tok_s:.0f} tok/s, ratio {jax_tok_s / hf_tok_s:.2f}x; "
+            f"jaxagent {jax_tok_s:.0f} tok/s, {ratio}; "
             f"decode ~{flops * steps_s / 1e9:.1f} GFLOP/s "
             f"({100 * flops * steps_s / peaks['matmul_flop_s']:.0f}% of peak), "
             f"~{step_bytes * steps_s / 1e9:.1f} GB/s "
@@ -202,11 +236,19 @@ def main() -> None:
             f"{results[name]['jaxagent_tok_per_cpu_s']:.0f}, transformers "
             f"{results[name]['hf_tok_per_cpu_s']:.0f} tok; ceiling at the measured peaks "
             f"{results[name]['ceiling_tok_s']:.0f} tok/s "
-            f"({results[name]['ceiling_ratio_vs_hf']:.1f}x transformers)"
+            f"(ratio {results[name]['ceiling_ratio_vs_hf']} to transformers)"
         )
     print(
         json.dumps(
-            {"benchmark": "generate", "load_avg_1min": round(load, 2), "peaks": peaks, **results}
+            {
+                "benchmark": "generate",
+                "jax_backend": backend,
+                "torch_device": tdev,
+                "ratio_note": note or "same device, same run",
+                "load_avg_1min": round(load, 2),
+                "peaks": peaks,
+                **results,
+            }
         )
     )
 

@@ -14,11 +14,29 @@ into it fails at teardown, naming the paths.
 import os
 import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
+
+def _selects_gpu(argv: list[str]) -> bool:
+    """Whether the marker expression in effect (the last ``-m``, after the ini's
+    ``-m 'not slow'``) selects the ``gpu`` tests: ``-m gpu``, ``-m "gpu and not slow"``."""
+    expr = ""
+    for i, arg in enumerate(argv):
+        if arg == "-m" and i + 1 < len(argv):
+            expr = argv[i + 1]
+        elif arg.startswith("-m") and not arg.startswith("--"):
+            expr = arg[2:].lstrip("=")
+    return re.search(r"(?<!not )\bgpu\b", expr) is not None
+
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Every test runs on 8 simulated CPU devices, whatever accelerator the machine has, except
+# in a run that selects the gpu-marked tests: those need the real backend (a JAX_PLATFORMS
+# the caller set is kept either way).
+if not _selects_gpu(sys.argv):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
