@@ -16,8 +16,12 @@ compiled for the target devices:
 Per chip it prints argument, output, temporary and aliased bytes and the peak (arguments +
 outputs + temporaries - aliased, the state being donated), against the chip's HBM; the
 compile time; FLOPs per step from ``cost_analysis`` (per chip, including remat
-recomputation) beside the model FLOPs of the 6 N T convention; and the step time at a stated
-MFU. The last line is one JSON object.
+recomputation; XLA counts a loop body once, so with microbatch scans and blockwise loops it
+undercounts) beside the model FLOPs of the 6 N T convention; and the step time at a stated
+MFU. A program the TPU compiler refuses for memory is reported as not fitting, with the
+temporaries it asked for. ``TPU_LIBRARY_PATH=/path/to/libtpu.so`` points JAX at a libtpu
+installed outside site-packages (so other JAX processes on the machine do not load it).
+The last line is one JSON object.
 
 Usage:
   python benchmarks/pod_plan.py --model qwen2.5-7b --topology v5e:16x16 --recipe loop \\
@@ -168,7 +172,37 @@ def plan(args) -> dict:
     t0 = time.perf_counter()
     lowered = step.lower(state, batch)
     t1 = time.perf_counter()
-    compiled = lowered.compile()
+    head = {
+        "model": args.model,
+        "topology": where,
+        "chip": kind,
+        "chips": n,
+        "mesh": f"data={data},fsdp={fsdp},tensor={tensor}",
+        "recipe": args.recipe + (f"+lora{args.lora}" if args.lora else ""),
+        "param_dtype": param_dtype,
+        "dtype": args.dtype,
+        "episodes": b,
+        "tokens": t,
+        "rows_per_gradient_step": rows_per_step,
+        "hbm_gib": hbm_gib,
+        "lower_s": round(t1 - t0, 1),
+    }
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as err:
+        # The TPU compiler refuses a program whose temporaries exceed HBM; that is the answer.
+        import re
+
+        msg = str(err).splitlines()[0]
+        need = re.search(r"temporaries \(([\d.]+)G\)", msg)
+        return head | {
+            "fits": False,
+            "peak_gib_per_chip": None,
+            "temp_gib": float(need.group(1)) * 1e9 / 2**30 if need else None,
+            "compile_s": round(time.perf_counter() - t1, 1),
+            "flops_per_step": None,
+            "compile_error": msg[:300],
+        }
     t2 = time.perf_counter()
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -184,30 +218,17 @@ def plan(args) -> dict:
     model_flops = 6 * n_params * b * t  # the 6 N T convention, whole step, all chips
     hw_flops = float(cost.get("flops", 0.0))  # per chip, as compiled (remat included)
     step_s = None if peak_flops is None else model_flops / n / (peak_flops * args.mfu)
-    return {
-        "model": args.model,
-        "topology": where,
-        "chip": kind,
-        "chips": n,
-        "mesh": f"data={data},fsdp={fsdp},tensor={tensor}",
-        "recipe": args.recipe + (f"+lora{args.lora}" if args.lora else ""),
-        "param_dtype": param_dtype,
-        "dtype": args.dtype,
+    return head | {
         "adam_moments_dtype": str(
             jax.tree.leaves(state.opt_state)[-1].dtype if jax.tree.leaves(state.opt_state) else ""
         ),
-        "episodes": b,
-        "tokens": t,
-        "rows_per_gradient_step": rows_per_step,
         "params_b": round(n_params / 1e9, 3),
         "argument_gib": round(mem.argument_size_in_bytes / gib, 3),
         "output_gib": round(mem.output_size_in_bytes / gib, 3),
         "temp_gib": round(mem.temp_size_in_bytes / gib, 3),
         "alias_gib": round(mem.alias_size_in_bytes / gib, 3),
         "peak_gib_per_chip": round(peak / gib, 3),
-        "hbm_gib": hbm_gib,
         "fits": None if hbm_gib is None else peak / gib <= hbm_gib,
-        "lower_s": round(t1 - t0, 1),
         "compile_s": round(t2 - t1, 1),
         "flops_per_step": hw_flops,
         "model_flops_per_chip": model_flops / n,
@@ -220,6 +241,14 @@ def plan(args) -> dict:
 def main(argv=None) -> None:
     args = _args(argv)
     r = plan(args)
+    if "compile_error" in r:
+        print(
+            f"setup: {r['model']} ({r['recipe']}, {r['param_dtype']} params) on {r['topology']} "
+            f"({r['chips']} x {r['chip']}), mesh {r['mesh']}; batch {r['episodes']} x "
+            f"{r['tokens']} tokens\nDOES NOT FIT: {r['compile_error']}"
+        )
+        print(json.dumps(r))
+        return
     print(
         f"setup: {r['model']} ({r['params_b']}B params, {r['param_dtype']} params, "
         f"{r['dtype']} compute, {r['recipe']}) on {r['topology']} ({r['chips']} x {r['chip']}), "
