@@ -3,7 +3,7 @@ topology, ahead of time, and read XLA's per-chip plan.
 
 The step is the one ``jaxagent.train.Trainer`` runs, built by the same calls: the recipe's
 ``RLConfig`` (``rl.recipes.get_recipe``), the learner pass ``model_logprob_fn(graphdef,
-remat=..., skip_unmasked_chunks=True)``, ``rl.update.make_update_step`` with the mesh, and
+remat=..., skip_unmasked_chunks=True, activation_sharding=layout.activation_sharding())``, ``rl.update.make_update_step`` with the mesh, and
 the state and batch shardings of ``parallel.layout.DeviceLayout`` (``state_shardings`` over
 the model's logical axes). Nothing is allocated: parameters, optimiser state and batch are
 abstract arrays with their ``NamedSharding``s, lowered with ``jax.jit(...).lower`` and
@@ -159,7 +159,12 @@ def plan(args) -> dict:
     batch = jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), batch, b_sh
     )
-    logprob_fn = model_logprob_fn(graphdef, remat=rl.update.remat, skip_unmasked_chunks=True)
+    logprob_fn = model_logprob_fn(
+        graphdef,
+        remat=rl.update.remat,
+        skip_unmasked_chunks=True,
+        activation_sharding=layout.activation_sharding(),
+    )
     step = make_update_step(
         rl,
         optimizer=optimizer,

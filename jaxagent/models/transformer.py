@@ -272,6 +272,7 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         fused: dict | None = None,
         remat=False,
+        activation_sharding=None,
     ):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
@@ -284,9 +285,19 @@ class Transformer(nnx.Module):
         (no-cache only) recomputes each block in the backward pass instead of storing its
         activations, for memory-lean training; a callable ``remat`` replaces ``jax.checkpoint``
         as the wrapper of ``block(layer_state, x, cos, sin, mask)``.
+        ``activation_sharding`` (a ``Sharding`` of [B, T, D], e.g. rows over the mesh's batch
+        axes) pins the residual stream between blocks: without it, XLA's propagation may take
+        the FSDP-sharded weights' layout (hidden dimension split) and compute every row on
+        every device.
         """
         cfg = self.config
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype)
+
+        def pin(x):
+            if activation_sharding is None or x.shape[0] % _row_shards(activation_sharding):
+                return x  # rows that do not split evenly are left to XLA
+            return jax.lax.with_sharding_constraint(x, activation_sharding)
+
+        x = pin(jnp.take(self.embed[...], tokens, axis=0).astype(cfg.jnp_dtype))
         cos, sin = rope_cos_sin(cfg, positions)
         if cache is None and tokens.shape[1] > BLOCK:
             # Long rows: tile by tile (``blockwise``), no [T, T] scores or mask in memory.
@@ -306,9 +317,10 @@ class Transformer(nnx.Module):
             layer_fused = None if fused is None else fused["layers"][i]
             if remat and cache is None:
                 wrap = remat if callable(remat) else jax.checkpoint
-                x, new_kv = _remat_block(layer, x, cos, sin, mask, wrap), None
+                x, new_kv = pin(_remat_block(layer, x, cos, sin, mask, wrap)), None
                 continue
             x, new_kv = layer(x, cos, sin, mask, kv, slots, layer_fused)
+            x = pin(x)
             if new_kv is not None:
                 new_keys.append(new_kv[0])
                 new_values.append(new_kv[1])
@@ -334,6 +346,20 @@ class Transformer(nnx.Module):
             return None
         w = self.value_kernel[...].astype(jnp.float32)
         return h.astype(jnp.float32) @ w + self.value_bias[...].astype(jnp.float32)
+
+
+def row_axes(sharding) -> tuple[str, ...]:
+    """The mesh axes a sharding of [B, ...] splits the rows (dimension 0) over."""
+    spec = sharding.spec[0] if len(sharding.spec) else None
+    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+
+def _row_shards(sharding) -> int:
+    """How many ways ``sharding`` (of [B, T, D]) splits the rows."""
+    n = 1
+    for a in row_axes(sharding):
+        n *= sharding.mesh.shape[a]
+    return n
 
 
 def _remat_block(layer, x, cos, sin, mask, wrap=jax.checkpoint):

@@ -147,6 +147,15 @@ class DeviceLayout:
             return params
         return place(params, self.param_shardings(params, NO_FSDP_RULES))
 
+    def activation_sharding(self) -> Optional[NamedSharding]:
+        """[B, T, D] activations with their rows over the batch axes (None without a mesh):
+        the learner pass pins its residual stream to it (``Transformer.hidden``)."""
+        if self.mesh is None:
+            return None
+        axes = batch_mesh_axes(self.mesh, self.rules)
+        rows = None if not axes else axes[0] if len(axes) == 1 else axes
+        return NamedSharding(self.mesh, P(rows, None, None))
+
     def replicated(self) -> Optional[NamedSharding]:
         return None if self.mesh is None else NamedSharding(self.mesh, P())
 

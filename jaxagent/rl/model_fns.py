@@ -23,14 +23,17 @@ check it against ``apply_model``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from jaxagent.rl.lora import LoraParams, merge_lora, path_name
 from jaxagent.models import token_logprobs_and_entropy
+from jaxagent.models.transformer import row_axes
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
 LogprobFn = Callable[..., tuple[jax.Array, jax.Array, Optional[jax.Array]]]
@@ -84,6 +87,7 @@ def model_logprob_fn(
     head_chunk: int = 1024,
     skip_unmasked_chunks: bool = False,
     vocab_chunk: int = 4096,
+    activation_sharding: Any = None,
 ) -> LogprobFn:
     """Memory-lean ``logprob_fn(params, tokens, positions, segment_ids) -> (logp, entropy,
     values)`` for a jaxagent model (see module docstring).
@@ -100,6 +104,9 @@ def model_logprob_fn(
       vocab_chunk: vocabulary entries per head chunk (``chunked_head_logprobs``: no [T, V]
         logits, the head's gradient written in place).
 
+      activation_sharding: ``Sharding`` of the [B, T, D] residual stream under a mesh
+        (``Transformer.hidden``): rows over the batch axes, so no device computes others' rows.
+
     The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it).
     """
 
@@ -113,28 +120,52 @@ def model_logprob_fn(
             wrap = block_wrap
         model = nnx.merge(graphdef, params)
         b, t = tokens.shape
-        h, _ = model.hidden(tokens, positions, segment_ids, remat=wrap)
+        h, _ = model.hidden(
+            tokens, positions, segment_ids, remat=wrap, activation_sharding=activation_sharding
+        )
         values = model.values(h)
         # Only the head weight enters the head computation (mirrors Transformer.logits).
         tied = model.config.tie_embeddings
         w = model.embed[...] if tied else model.lm_head[...]
         rows = None
         if loss_mask is not None and skip_unmasked_chunks:
-            rows = (loss_mask[:, 1:] > 0).reshape(-1)
+            rows = loss_mask[:, 1:] > 0
+
         # Position t predicts token t + 1.
-        lp, ent = chunked_head_logprobs(
-            h[:, :-1].reshape(b * (t - 1), -1),
-            w,
-            tokens[:, 1:].reshape(-1),
-            rows,
-            head_chunk,
-            vocab_chunk,
-            tied,
-        )
+        def head(h, targets, rows, w):
+            n, t1 = targets.shape
+            lp, ent = chunked_head_logprobs(
+                h.reshape(n * t1, -1),
+                w,
+                targets.reshape(-1),
+                None if rows is None else rows.reshape(-1),
+                head_chunk,
+                vocab_chunk,
+                tied,
+            )
+            return lp.reshape(n, t1), ent.reshape(n, t1)
+
+        args = (h[:, :-1], tokens[:, 1:], rows, w)
+        axes = () if activation_sharding is None else row_axes(activation_sharding)
+        shards = 1 if not axes else math.prod(activation_sharding.mesh.shape[a] for a in axes)
+        if shards > 1 and b % shards == 0:
+            # Under a mesh each device runs the head over its own rows only (the head's
+            # row blocks slice the flattened batch: left to XLA, every device would gather
+            # and compute every row); the weight is whole per device, its gradient summed.
+            spec = P(activation_sharding.spec[0])
+            head = jax.shard_map(
+                head,
+                mesh=activation_sharding.mesh,
+                in_specs=(spec, spec, None if rows is None else spec, P()),
+                out_specs=(spec, spec),
+                axis_names=set(axes),
+                check_vma=False,
+            )
+        lp, ent = head(*args)
         zero = jnp.zeros((b, 1), jnp.float32)
         return (
-            jnp.concatenate([zero, lp.reshape(b, t - 1)], axis=1),
-            jnp.concatenate([zero, ent.reshape(b, t - 1)], axis=1),
+            jnp.concatenate([zero, lp], axis=1),
+            jnp.concatenate([zero, ent], axis=1),
             values,
         )
 

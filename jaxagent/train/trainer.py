@@ -122,7 +122,10 @@ class Trainer:
         # The memory-lean learner pass (block remat unless rl.update.remat is off; the
         # vocabulary head only over positions that carry loss): benchmarks/update_memory.py.
         lean = model_logprob_fn(
-            self.graphdef, remat=self.rl.update.remat, skip_unmasked_chunks=True
+            self.graphdef,
+            remat=self.rl.update.remat,
+            skip_unmasked_chunks=True,
+            activation_sharding=self.layout.activation_sharding(),
         )
         self.update_step = ShardedUpdate(
             self.layout,
