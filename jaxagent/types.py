@@ -40,6 +40,11 @@ class TokenBatch:
         (``advantage.truncated``). None: no row is truncated.
       bootstrap_value: optional [B] float32 critic value of the state after the cut (read
         only on truncated rows; 0 when None).
+      turn_rewards: optional [B, M] float32 environment reward of each turn (M: the rollout's
+        turn budget; 0 past a row's last turn). Filled for step-level estimators (GiGPO).
+      anchor_ids: optional [B, M] int32 id of the state each turn acted from: equal ids in one
+        task group are identical observations (ids are only comparable within a group); -1
+        past a row's last turn.
     """
 
     tokens: jax.Array
@@ -56,6 +61,8 @@ class TokenBatch:
     returns: Optional[jax.Array] = None
     truncated: Optional[jax.Array] = None
     bootstrap_value: Optional[jax.Array] = None
+    turn_rewards: Optional[jax.Array] = None
+    anchor_ids: Optional[jax.Array] = None
 
     @property
     def shape(self) -> tuple[int, int]:

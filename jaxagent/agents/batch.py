@@ -7,6 +7,9 @@ row but carry no loss (``loss_mask`` 0) and are marked invalid in ``row_valid``,
 baselines ignore them: a failed environment is never the policy's fault. Episodes cut by a
 step or token budget (``Termination.TRUNCATED``) are flagged in ``TokenBatch.truncated``, so
 the learner can bootstrap (GAE) or drop them instead of reading the cut as a real end.
+
+With ``max_turns`` the batch also carries per-turn data for step-level credit (GiGPO):
+``turn_rewards`` and ``anchor_ids`` ``[B, max_turns]`` (``turn_steps``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ def pack_episodes(
     length_multiple: int = 64,
     rows_multiple: int = 1,
     rows: int | None = None,
+    max_turns: int = 0,
 ) -> tuple[TokenBatch, np.ndarray]:
     """Right-pad episodes into a ``TokenBatch`` of numpy arrays.
 
@@ -39,6 +43,8 @@ def pack_episodes(
       length_multiple: the sequence length is rounded up to a multiple of this.
       rows_multiple: the row count is rounded up to a multiple of this.
       rows: a fixed row count instead (must be >= len(episodes)).
+      max_turns: > 0 fills ``turn_rewards`` and ``anchor_ids`` [B, max_turns] (``turn_steps``);
+        0 leaves them None.
 
     Returns:
       (batch with tokens/positions/segment_ids/loss_mask/old_logprobs/turn_ids [B, T],
@@ -97,4 +103,49 @@ def pack_episodes(
         turn_ids=turn_ids,
         truncated=truncated,
     )
+    if max_turns:
+        turn_rewards, anchor_ids = turn_steps(episodes, rows=b, max_turns=max_turns)
+        batch = batch.replace(turn_rewards=turn_rewards, anchor_ids=anchor_ids)
     return batch, valid
+
+
+def turn_steps(
+    episodes: Sequence[Episode], *, rows: int, max_turns: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-turn rewards and anchor states of episodes, for step-level credit (GiGPO).
+
+    The state a turn acts from is the observation the policy read just before it: the reset
+    observation for turn 0, else the previous turn's observation. Within each group (the K
+    samples of one task), identical observation texts share an anchor id, numbered in order of
+    first appearance; ids of different groups are unrelated (the learner pairs them with the
+    group id), so hosts number their own groups without coordinating. Following GiGPO, the key
+    is the current observation alone, not the history: two turns that read the same tool
+    result are the same state.
+
+    Args:
+      episodes: the batch's episodes (rows in this order).
+      rows: the batch's row count (>= len(episodes); extra rows are padding).
+      max_turns: M, the rollout's turn budget; turns past it are left out.
+
+    Returns:
+      (turn_rewards [rows, M] float32, anchor_ids [rows, M] int32, -1 where no turn).
+
+    References:
+      Feng et al. 2025, GiGPO (2505.10978), Sec. 4.2 (anchor states); verl-agent
+      ``gigpo/core_gigpo.py::build_step_group``.
+    """
+    turn_rewards = np.zeros((rows, max_turns), np.float32)
+    anchor_ids = np.full((rows, max_turns), -1, np.int32)
+    anchors: dict[tuple[int, str], int] = {}
+    per_group: dict[int, int] = {}
+    for i, ep in enumerate(episodes):
+        state = ep.first_observation
+        for k, turn in enumerate(ep.turns[:max_turns]):
+            key = (ep.group, state)
+            if key not in anchors:
+                anchors[key] = per_group.get(ep.group, 0)
+                per_group[ep.group] = anchors[key] + 1
+            anchor_ids[i, k] = anchors[key]
+            turn_rewards[i, k] = turn.reward
+            state = turn.observation
+    return turn_rewards, anchor_ids

@@ -237,6 +237,7 @@ class Trainer:
             length_multiple=data.length_multiple,
             rows=len(mine) * per_task,
             rows_multiple=self._rows_multiple,
+            max_turns=r.max_turns if self.rl.needs_turns else 0,  # step-level credit (GiGPO)
         )
         batch = hosts.common_length(batch, self.chat.pad_id)
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
