@@ -23,7 +23,11 @@ TOKENS_PER_TURN = 2
 def episode(group, first_obs, turns, *, failed=False):
     """An episode whose turns are (observation after the action, reward); each action is
     TOKENS_PER_TURN policy tokens after a one-token prompt."""
-    ep = Episode(task=Task(id=f"t{group}", prompt="p", split="train"), group=group, first_observation=first_obs)
+    ep = Episode(
+        task=Task(id=f"t{group}", prompt="p", split="train"),
+        group=group,
+        first_observation=first_obs,
+    )
     ep.append([1], sampled=False)
     for k, (obs, reward) in enumerate(turns):
         ep.append([2] * TOKENS_PER_TURN, sampled=True, logprobs=[-0.5] * TOKENS_PER_TURN, turn=k)
