@@ -160,7 +160,8 @@ def evaluate_checkpoint(
       run_dir: a run directory written by ``jaxagent train``.
       step: "latest", "best" or a checkpoint number.
       samples_per_task: k samples of every test task (pass@k needs k >= the largest k).
-      method: an optional ``configs/methods/*.yaml`` path wrapping the policy.
+      method: an optional training-free method around the policy: a mapping in the format of
+        ``configs/methods/*.yaml`` (``{"method": "best_of_n", "n": 4, ...}``).
 
     Returns:
       ``{"tasks": {task_id: [valid samples, successes]}, "episodes", "success", "tokens":
@@ -184,9 +185,9 @@ def evaluate_checkpoint(
     try:
         run_eval = evaluate
         if method is not None:
-            from jaxagent.agents.methods.config import load_method, method_evaluator
+            from jaxagent.agents.methods.config import method_evaluator, parse_method
 
-            run_eval = method_evaluator(load_method(method), run, key, scripted=False)
+            run_eval = method_evaluator(parse_method(dict(method)), run, key, scripted=False)
         result = run_eval(
             run.eval_sampler,
             run.tasks.eval,

@@ -90,3 +90,66 @@ def test_results_file_resumes_and_report_verdicts(tmp_path):
     LA.plot_world(records, "quickstart", tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 0
     json.dumps(s)  # the JSON file's content
+
+
+def test_methods_vs_rl_configs_parse_and_report(tmp_path):
+    import methods_vs_rl as MR
+
+    from jaxagent.agents.methods.config import parse_method
+
+    for name, (_, which, method) in MR.METHODS.items():
+        assert which in ("sft", "rl")
+        if method is not None:
+            parse_method(dict(method), origin=name)
+    records = []
+    for seed in range(2):
+        for name, gen in (("sft", 30), ("best_of_4", 120), ("rl", 28)):
+            r = {
+                "method": name,
+                "seed": seed,
+                "machine": {"cpu": "test cpu", "cores": 2},
+                "eval": {
+                    "success": 0.4 + 0.1 * seed + (0.3 if name != "sft" else 0.0),
+                    "tasks": {f"t{i}": [1, 1] for i in range(10)},
+                    "env_steps": 30,
+                    "tokens": {"prompt": 100, "observation": 50, "generated": gen * 10},
+                },
+            }
+            if name == "rl":
+                r["training"] = {"env_steps": 1000, "episodes": 400, "generated": 9000}
+            records.append(r)
+    s = MR.summarise(records)
+    assert s["best_of_4"]["generated_per_task"]["mean"] == 120
+    # RL's training tokens spread over the 10 test tasks: (9000 + 280) / 10.
+    assert s["rl"]["amortised_generated_per_task"]["mean"] == 928
+    md = MR.markdown(s, records)
+    assert "| RL (LOOP, 20 iterations) | 2 |" in md
+    MR.plot(s, tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "config, variant", [("ppo_tools", "ppo"), ("rloo_tools", "rloo"), ("rft_tools", "rft")]
+)
+def test_recipe_configs_are_their_ablation_cells(config, variant, tmp_path):
+    """configs/{ppo,rloo,rft}_tools.yaml state the ablation's measured figures: they must
+    stay the configs those cells train."""
+    import dataclasses
+
+    world = LA.WORLDS["quickstart"]
+    cell = load_config(
+        ROOT / world.config, LA.cell_overrides(world, LA.VARIANTS[variant], 0, tmp_path, "x")
+    )
+    shipped = load_config(ROOT / "configs" / f"{config}.yaml")
+
+    def comparable(c):
+        d = dataclasses.asdict(c)
+        for key in ("name", "paper"):
+            d.pop(key)
+        for section, key in (("train", "out_dir"), ("train", "seed"), ("train", "progress")):
+            d[section].pop(key)
+        d["sft"].pop("cache_dir")
+        return d
+
+    assert comparable(shipped) == comparable(cell)
+    assert shipped.rl_config() == cell.rl_config()

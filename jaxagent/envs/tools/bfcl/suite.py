@@ -8,6 +8,7 @@ import functools
 from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 from jaxagent.envs.tools.bfcl.data import require_bfcl
 from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig, system_prompt
+from jaxagent.envs.tools.bfcl.expert import make_expert
 from jaxagent.envs.tools.bfcl.source import BFCLSource, BFCLSourceConfig
 
 
@@ -28,6 +29,7 @@ def build(options: BFCLOptions) -> EnvSpec:
         make_source=lambda: source,
         make_env=functools.partial(BFCLEnv, options.env),
         system_prompt=system_prompt(),
+        make_expert=make_expert,  # the entry's ground-truth calls (SFT warm-starts)
     )
 
 
