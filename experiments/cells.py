@@ -103,8 +103,9 @@ def git_commit() -> Optional[str]:
 
 
 def train_command(config: str, overrides: Sequence[str]) -> list[str]:
-    """The ``jaxagent train`` command line of a cell (as a user would type it)."""
-    return ["jaxagent", "train", config, *overrides]
+    """The ``jaxagent train`` command line of a cell (as a user would type it, from the
+    repository root)."""
+    return [a.replace(f"{ROOT}/", "") for a in ("jaxagent", "train", config, *overrides)]
 
 
 def run_train(config: str, overrides: Sequence[str], log: Path) -> dict:

@@ -134,6 +134,7 @@ def cell_overrides(world: World, variant: Variant, seed: int, runs: Path, name: 
         f"train.seed={seed}",
         f"train.out_dir={runs}/{name}/seed{seed}",
         f"sft.cache_dir={runs}/sft_cache",
+        "train.keep_checkpoints=8",  # step 0 (the SFT start) stays for the per-task evaluation
         "train.progress=none",
     ]
 

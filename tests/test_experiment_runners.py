@@ -146,7 +146,12 @@ def test_recipe_configs_are_their_ablation_cells(config, variant, tmp_path):
         d = dataclasses.asdict(c)
         for key in ("name", "paper"):
             d.pop(key)
-        for section, key in (("train", "out_dir"), ("train", "seed"), ("train", "progress")):
+        for section, key in (
+            ("train", "out_dir"),
+            ("train", "seed"),
+            ("train", "progress"),
+            ("train", "keep_checkpoints"),
+        ):
             d[section].pop(key)
         d["sft"].pop("cache_dir")
         return d
