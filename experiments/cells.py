@@ -235,10 +235,11 @@ def t_interval(values: Iterable[float]) -> dict:
     return {"mean": s["mean"], "ci95": s["ci95"], "n": s["n"], "std": s["std"]}
 
 
-def fmt_interval(s: dict, scale: float = 1.0, digits: int = 3) -> str:
+def fmt_interval(s: dict, scale: float = 1.0, digits: int = 3, signed: bool = False) -> str:
+    mean = f"{s['mean'] * scale:{'+' if signed else ''}.{digits}f}"
     if s["n"] < 2 or not math.isfinite(s["ci95"]):
-        return f"{s['mean'] * scale:.{digits}f}"
-    return f"{s['mean'] * scale:.{digits}f} ± {s['ci95'] * scale:.{digits}f}"
+        return mean
+    return f"{mean} ± {s['ci95'] * scale:.{digits}f}"
 
 
 def task_matrix(cells: Sequence[dict], key: str = "eval") -> tuple[np.ndarray, np.ndarray]:

@@ -75,7 +75,7 @@ def markdown(records: list[dict]) -> str:
             verdict = " (interval above 0)" if lo > 0 else " (interval contains 0)"
         lines.append(
             f"| {config} | {len(rs)} | {C.t_interval(before)['mean']:.3f} | "
-            f"{C.t_interval(after)['mean']:.3f} | {C.fmt_interval(gain, 100, 1)}{verdict} | {per} | "
+            f"{C.t_interval(after)['mean']:.3f} | {C.fmt_interval(gain, 100, 1, signed=True)}{verdict} | {per} | "
             f"{C.t_interval([r['wall_s'] for r in rs])['mean']:.0f} | "
             f"`jaxagent train configs/{config}.yaml train.seed=S` |"
         )

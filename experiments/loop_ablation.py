@@ -309,7 +309,7 @@ def markdown(summary: dict, records: list[dict]) -> str:
                 f"| {v['label']} | {len(v['seeds'])} | {C.fmt_interval(v['success'])} | "
                 f"{iqm['value']:.3f} [{iqm['ci_low']:.3f}, {iqm['ci_high']:.3f}] | "
                 f"{pk['pass@1']:.3f} | {kmax} {pk[kmax]:.3f} | "
-                f"{C.fmt_interval(v['gain'], 100, 1)} pts | {v['train_s']['mean']:.0f} |"
+                f"{C.fmt_interval(v['gain'], 100, 1, signed=True)} pts | {v['train_s']['mean']:.0f} |"
             )
         lines += [
             "",
@@ -321,7 +321,7 @@ def markdown(summary: dict, records: list[dict]) -> str:
             d, p = o["difference"], o["prob_improvement"]
             lines.append(
                 f"| {VARIANTS[o['better']].label} > {VARIANTS[o['worse']].label} "
-                f"({o['source']}) | {C.fmt_interval(d, 100, 1)} pts | {p['value']:.2f} "
+                f"({o['source']}) | {C.fmt_interval(d, 100, 1, signed=True)} pts | {p['value']:.2f} "
                 f"[{p['ci_low']:.2f}, {p['ci_high']:.2f}] | {o['verdict']} |"
             )
         lines.append("")
