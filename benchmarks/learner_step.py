@@ -15,7 +15,7 @@ Both pairs compute the same loss and gradients (tests/test_expert_policy.py,
 tests/test_rl_update.py); only the working set and the recompute change. On CPU the attention
 scores of 8 rows x 4 heads x 640 x 640 in float32 (52 MB a layer, kept for the backward)
 overflow the caches. Ceiling: the model FLOPs of the step at this process's measured fp32
-matmul peak (``jaxagent.train.roofline``). Median of ``--reps`` timed steps after a warm-up.
+matmul peak (``jaxagent.perf.roofline``). Median of ``--reps`` timed steps after a warm-up.
 
 Usage: python benchmarks/learner_step.py [--reps 5]
 """
@@ -36,7 +36,7 @@ from jaxagent.rl.train_state import TrainState
 from jaxagent.rl.update import make_update_step, model_logprob_fn
 from jaxagent.train.config import load_config
 from jaxagent.train.policy import run_optimizer
-from jaxagent.train.roofline import Roofline
+from jaxagent.perf.roofline import Roofline
 from jaxagent.train.sft import make_sft_step, sft_optimizer
 from jaxagent.types import TokenBatch
 

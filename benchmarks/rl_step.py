@@ -8,8 +8,9 @@ whole step (sampling + update), median over steps after a compile warm-up.
 Anchor: TRL 1.16 GRPOTrainer on the same model and sizes (PyTorch 2.13, CPU). With
 ``--trl-python PATH`` (a Python that has trl installed, e.g. a throwaway venv created with
 ``--system-site-packages`` so that it shares the system torch) it is measured in the same run
-(this file re-run with ``--trl-worker`` under that Python); otherwise the figure measured on this machine when the issue
-was filed (654 completion tokens/s, 2 cores) is printed and labelled as not re-measured.
+(this file re-run with ``--trl-worker`` under that Python); otherwise an earlier figure
+measured on this machine (654 completion tokens/s, 2 cores) is printed and labelled as not
+re-measured.
 
 Usage: python benchmarks/rl_step.py [--steps 5] [--trl-python /tmp/trlvenv/bin/python]
 """
@@ -143,7 +144,7 @@ from jaxagent.rl.update import make_update_step, model_logprob_fn  # noqa: E402
 from jaxagent.types import TokenBatch  # noqa: E402
 from roofline import ceiling_s, decoder_shape, forward_flops, measure_peaks  # noqa: E402
 
-TRL_ANCHOR_TOK_S = 654.0  # TRL 1.16 GRPOTrainer, same model and sizes, this machine (issue text)
+TRL_ANCHOR_TOK_S = 654.0  # TRL 1.16 GRPOTrainer, same model and sizes, this machine (earlier run)
 
 
 def pack(prompts: np.ndarray, out) -> TokenBatch:

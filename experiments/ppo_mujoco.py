@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxagent.train.ppo_continuous import train  # noqa: E402
+from jaxagent.learners.ppo_continuous.train import train  # noqa: E402
 
 
 def main(argv=None) -> dict:

@@ -1,4 +1,4 @@
-"""Run the quickstart main job over several seeds and summarise (the issue's acceptance run).
+"""Run the quickstart main job over several seeds and summarise (docs/results/quickstart.md).
 
     python experiments/quickstart_seeds.py --seeds 0 1 2 [--parallel] [key=value ...]
 

@@ -12,8 +12,11 @@ written every 5 iterations, as in a real run.
 
 Every 5 s a thread samples the resident memory of the trainer process and the proportional
 set size of its pool workers (they fork from one fork server and share its pages: their RSS
-would count them once per worker). At the end: ``soak.png`` (memory and throughput over time), ``soak.json``, and one
-JSON line with minutes, iterations, episodes in (asked for) and out (returned, whatever their
+would count them once per worker), and each iteration records its peak resident memory
+(Linux ``VmHWM``), which does not depend on where in the iteration a sample falls. The
+trainer runs with its default memory settings (``jaxagent.perf.host_memory``). At the end:
+``soak.png`` (memory and throughput over time), ``soak.json`` (with fits of the per-iteration
+peaks and of the memory after the last XLA compilation), and one JSON line with minutes, iterations, episodes in (asked for) and out (returned, whatever their
 termination), faults injected vs recovered (a hang recovered = a pool timeout, a crash = a
 worker death detected and replaced, a corrupt reply = a protocol violation caught; a slow call
 recovers by completing; the NaN by a skipped update that left the parameters finite),
@@ -58,14 +61,6 @@ OVERRIDES = [
 ]
 
 
-try:  # glibc only; --malloc-trim needs it
-    import ctypes
-
-    _LIBC = ctypes.CDLL("libc.so.6")
-except OSError:
-    _LIBC = None
-
-
 class MemorySampler(threading.Thread):
     """(t, trainer RSS MB, trainer RSS + children's PSS MB) every ``every`` seconds."""
 
@@ -93,6 +88,21 @@ class MemorySampler(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+
+
+def peak_rss_mb(reset: bool = False) -> float:
+    """This process's peak resident memory (MiB) since the last reset (Linux ``VmHWM``;
+    ``reset`` starts a new peak through ``/proc/self/clear_refs``), NaN where unavailable. The
+    peak of each iteration does not depend on when a sample falls in the iteration's phases,
+    which move the 5 s samples by +-60 MB here."""
+    try:
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        return float("nan")
 
 
 def object_census() -> dict:
@@ -167,18 +177,10 @@ def main() -> int:
     parser.add_argument("--slow", type=float, default=0.01)
     parser.add_argument("--nan-iteration", type=int, default=3, help="iteration given a NaN")
     parser.add_argument(
-        "--malloc-trim",
-        action="store_true",
-        help="return freed heap to the OS after every iteration (glibc malloc_trim): growth "
-        "that this removes is the allocator keeping pages, not live memory",
-    )
-    parser.add_argument(
         "--census-every", type=int, default=50, help="iterations between object censuses"
     )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    if args.malloc_trim and _LIBC is None:
-        parser.error("--malloc-trim needs glibc's libc.so.6, which this machine lacks")
     if args.minutes <= 0:
         parser.error(f"--minutes {args.minutes} must be > 0 (the soak's duration)")
 
@@ -264,6 +266,7 @@ def main() -> int:
     while time.monotonic() < deadline:
         before = counts["episodes_out"]
         t0 = time.monotonic()
+        peak_rss_mb(reset=True)
         state, m = trainer.iteration(state, it)
         done = it + 1
         trainer.guard.check(done, m)
@@ -287,8 +290,7 @@ def main() -> int:
         )
         if done % 5 == 0:
             trainer.checkpointer.save(done, state, trainer._meta(done, history, extra))
-        if args.malloc_trim:
-            _LIBC.malloc_trim(0)
+        iters[-1]["peak_rss_mb"] = peak_rss_mb()
         if args.census_every and done % args.census_every == 0:
             by_type = object_census()
             censuses.append((done, sum(by_type.values()), by_type))
@@ -325,8 +327,6 @@ def main() -> int:
         "skipped_updates": skipped,
         "memory_slope_mb_per_hour": round(fit["slope_mb_per_hour"], 2),
     }
-    if args.malloc_trim:
-        summary["malloc_trim"] = True
     detail = {
         **summary,
         "injected": injected,
@@ -352,9 +352,20 @@ def main() -> int:
     settled = slope_fit(sampler.samples, warm_s=compiles["last_s"], skip_frac=0.0)
     detail["compiles"] = {"count": compiles["n"], "last_s": round(compiles["last_s"], 1)}
     detail["memory_fit_after_last_compile"] = settled
+    # each iteration's peak, whatever phase the 5 s samples hit: after the warm-up and after
+    # the last compilation
+    peaks = [(x["t_s"], x["peak_rss_mb"], x["peak_rss_mb"]) for x in iters]
+    detail["peak_fit"] = slope_fit(peaks, warm_s=iters[1]["t_s"] if len(iters) > 1 else 0.0)
+    detail["peak_fit_after_last_compile"] = slope_fit(
+        peaks, warm_s=compiles["last_s"], skip_frac=0.0
+    )
     (out / "soak.json").write_text(json.dumps(detail, indent=1))
     print(f"memory fit over the second half only: {late}")
     print(f"XLA compilations: {detail['compiles']}; memory fit after the last: {settled}")
+    print(f"per-iteration peak RSS fit: {detail['peak_fit']}")
+    print(
+        f"per-iteration peak RSS fit after the last compilation: {detail['peak_fit_after_last_compile']}"
+    )
     print(f"live Python objects (iteration, count): {detail['python_objects']}")
     print(f"types grown most after the second census: {detail['python_objects_grown_by_type']}")
     print(json.dumps(summary))

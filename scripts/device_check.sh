@@ -44,7 +44,7 @@ json check=gpu_tests rc="$rc" tail="$(tail -1 /tmp/device_check_gpu_tests.log | 
 timeout "$(left)" python - <<'PY'
 import json, time
 import jax, jax.numpy as jnp
-from jaxagent.train.roofline import device_peaks
+from jaxagent.perf.roofline import device_peaks
 peak, bw, src = device_peaks(jax.devices()[:1])
 n = 8192
 a = jnp.ones((n, n), jnp.bfloat16)

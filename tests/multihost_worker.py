@@ -22,12 +22,12 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from jaxagent.train.mesh_section import DistributedSection  # noqa: E402
-from jaxagent.train.distributed import is_writer, start_distributed, task_shard  # noqa: E402
+from jaxagent.parallel.distributed import DistributedConfig, is_writer  # noqa: E402
+from jaxagent.parallel.distributed import start_distributed, task_shard  # noqa: E402
 
 if int(nproc) > 1:
     start_distributed(
-        DistributedSection(
+        DistributedConfig(
             mode="explicit",
             coordinator_address=f"localhost:{port}",
             num_processes=int(nproc),
@@ -41,12 +41,12 @@ else:
 from jax.experimental import multihost_utils  # noqa: E402
 
 from jaxagent.models import ModelConfig, init_model, param_logical_axes  # noqa: E402
-from jaxagent.parallel import make_mesh  # noqa: E402
+from jaxagent.parallel.mesh import make_mesh  # noqa: E402
 from jaxagent.rl.recipes import get_recipe  # noqa: E402
 from jaxagent.rl.train_state import TrainState, make_optimizer  # noqa: E402
 from jaxagent.rl.update import make_update_step, model_apply_fn  # noqa: E402
 from jaxagent.train.checkpoint import Checkpointer  # noqa: E402
-from jaxagent.train.mesh import DeviceLayout, ShardedUpdate  # noqa: E402
+from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate  # noqa: E402
 from jaxagent.types import TokenBatch  # noqa: E402
 
 B, T, V = 16, 12, 128

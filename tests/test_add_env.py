@@ -77,7 +77,8 @@ def _register():
 @pytest.mark.parametrize("backend", ["inline", "process"])
 def test_echo_suite_trains_one_iteration(backend, tmp_path):
     _register()
-    from jaxagent.train.config import ConfigError, load_config
+    from jaxagent.train.config import load_config
+    from jaxagent.errors import ConfigError
     from jaxagent.train.metrics_log import read_jsonl
     from jaxagent.train.trainer import Trainer
 

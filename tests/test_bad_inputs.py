@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import jaxagent
-from jaxagent.cli import main
+from jaxagent.cli.main import main
 
 ROOT = Path(jaxagent.__file__).parent.parent
 QS = str(ROOT / "configs/quickstart.yaml")
@@ -239,8 +239,8 @@ CASES = {
         ["nopkg.suite", "cannot be imported", "PYTHONPATH"],
     ),
     "env module registers another name": (
-        _train("env.name=json:echo"),
-        ["'json'", "registered no env 'echo'", "register_env('echo'"],
+        _train("env.name=json:no_such_suite"),
+        ["'json'", "registered no env 'no_such_suite'", "register_env('no_such_suite'"],
     ),
     "override value not YAML": (_train("model.hidden_size=[1,"), ["[1,", "not valid YAML"]),
     # the run directory: one writer; a resume keeps what its checkpoints were trained with

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import jaxagent
-from jaxagent.cli import main
+from jaxagent.cli.main import main
 
 ROOT = Path(jaxagent.__file__).parent.parent  # the configs of the tree under test
 QS = str(ROOT / "configs/quickstart.yaml")
@@ -106,7 +106,8 @@ def test_input_error_exits_2_with_one_line(case, tmp_path, capsys):
 
 
 def test_samples_per_task_message_says_what_zero_means():
-    from jaxagent.train.config import ConfigError, load_config
+    from jaxagent.train.config import load_config
+    from jaxagent.errors import ConfigError
 
     with pytest.raises(ConfigError, match="0 for the recipe's default group size"):
         load_config(QS, ["rollout.samples_per_task=-1"])

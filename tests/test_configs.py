@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jaxagent.train.config import Config, ConfigError, load_config
+from jaxagent.train.config import Config, load_config
+from jaxagent.errors import ConfigError
 
-# ``learner:`` configs (rl/classic trainers, jaxagent/train/classic.py) have their own schema
+# ``learner:`` configs (jaxagent/learners, dispatched by learners/registry.py) have their own schema
 # and their own shrunken-run tests (tests/test_dqn.py, the PPO tests).
 CONFIGS = sorted(
     p

@@ -1,5 +1,7 @@
-"""DQN (rl/classic/dqn.py): double-DQN targets by hand, the replay ring, the schedule, a
+"""DQN (learners/dqn_dialogue/dqn.py): double-DQN targets by hand, the replay ring, the schedule, a
 learning curve that rises on a tiny chain, and the dialogue trainer's config errors."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,7 +9,9 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from jaxagent.rl.classic import dqn  # noqa: E402
+from jaxagent.learners.dqn_dialogue import dqn  # noqa: E402
+
+CONFIG = str(Path(__file__).resolve().parent.parent / "configs/dqn_dialogue.yaml")
 
 
 def test_double_and_vanilla_targets_by_hand():
@@ -98,22 +102,22 @@ def test_dqn_learns_a_chain_curve_rises():
     ],
 )
 def test_dqn_dialogue_config_errors_name_the_key(override, needle):
-    from jaxagent.train.config import ConfigError
-    from jaxagent.train.dqn_dialogue import load_dqn_config
+    from jaxagent.errors import ConfigError
+    from jaxagent.learners.dqn_dialogue.train import load_dqn_config
 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
-        load_dqn_config("configs/dqn_dialogue.yaml", [override])
+        load_dqn_config(CONFIG, [override])
 
 
 def test_dqn_dialogue_config_runs_shrunken_and_writes_its_outputs(tmp_path):
     import json
 
-    from jaxagent.train.classic import learner_of, run_learner
+    from jaxagent.learners.registry import learner_of, run_learner
 
-    assert learner_of("configs/dqn_dialogue.yaml") == "dqn_dialogue"
+    assert learner_of(CONFIG) == "dqn_dialogue"
     summary = run_learner(
         "dqn_dialogue",
-        "configs/dqn_dialogue.yaml",
+        CONFIG,
         [
             "train.total_steps=64",
             "train.num_envs=8",

@@ -133,7 +133,8 @@ def test_bf16_compute_fp32_master_weights_learns():
 
 @pytest.mark.parametrize("bad", ["float64", "int8"])
 def test_bad_kv_cache_dtype_names_the_field(bad):
-    from jaxagent.train.config import ConfigError, ModelSection
+    from jaxagent.train.config import ModelSection
+    from jaxagent.errors import ConfigError
 
     with pytest.raises(ConfigError, match="model.kv_cache_dtype"):
         ModelSection(kv_cache_dtype=bad)

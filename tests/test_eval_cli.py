@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import jaxagent
-from jaxagent.cli import main
+from jaxagent.cli.main import main
 
 ROOT = Path(jaxagent.__file__).parent.parent
 QS = str(ROOT / "configs/quickstart.yaml")

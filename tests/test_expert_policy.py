@@ -164,7 +164,7 @@ def test_observation_weight_puts_loss_on_the_other_tokens_of_each_demo():
     np.testing.assert_allclose(mixed["loss_mask"][0], [0, q, 1, 1, q, 0, 1, q, 0, 0])
     np.testing.assert_array_equal(mixed["segment_ids"][0], [1, 1, 1, 1, 1, 2, 2, 2, 0, 0])
     with pytest.raises(Exception, match="observation_weight"):
-        load_config("configs/web_quickstart.yaml", ["sft.observation_weight=1.5"])
+        load_config(ROOT / "configs/web_quickstart.yaml", ["sft.observation_weight=1.5"])
 
 
 def test_sft_microbatches_give_the_whole_batch_step():
@@ -203,4 +203,4 @@ def test_sft_microbatches_give_the_whole_batch_step():
     moved = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), out[0][1], params)
     assert max(jax.tree.leaves(moved)) > 1e-3  # the step did move the parameters
     with pytest.raises(Exception, match="sft.microbatch_size=3 must divide"):
-        load_config("configs/web_quickstart.yaml", ["sft.microbatch_size=3"])
+        load_config(ROOT / "configs/web_quickstart.yaml", ["sft.microbatch_size=3"])

@@ -13,7 +13,8 @@ from jaxagent.rl.prepare import compute_advantages
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
 from jaxagent.rl.update import make_update_step
-from jaxagent.train.config import ConfigError, load_config
+from jaxagent.train.config import load_config
+from jaxagent.errors import ConfigError
 from jaxagent.train.guards import GuardSection, TrainingStopped, UpdateGuard
 
 from test_rl_common import copy_tree, max_abs_diff, on_policy_batch, tiny_model

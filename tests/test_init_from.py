@@ -5,13 +5,14 @@ and on BFCL from the directory's weights and tokenizer, ``jaxagent rollout`` pri
 the template rendered (tools included), and PPO on the loaded model gets a fresh value head."""
 
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 from jaxagent.agents.chat import TemplateChat
-from jaxagent.cli import main
+from jaxagent.cli.main import main
 from jaxagent.envs.registry import get_env_spec
 from jaxagent.models import load_hf
 from jaxagent.train.chatml_corpus import chatml_corpus
@@ -19,6 +20,8 @@ from jaxagent.train.config import load_config
 from jaxagent.train.local_hf import LocalModelSpec, build_local_hf_dir
 from jaxagent.train.run import split_tasks
 from jaxagent.train.tokenizer import CHATML_TEMPLATE
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 SHRINK = [
     "rollout.tasks_per_iteration=2",
@@ -49,7 +52,7 @@ def _corpus(path, overrides):
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A Qwen2 directory whose BPE saw quickstart conversations."""
-    corpus = _corpus("configs/quickstart.yaml", QUICK)
+    corpus = _corpus(f"{CONFIGS}/quickstart.yaml", QUICK)
     spec = LocalModelSpec(max_position_embeddings=1024, vocab_size=1024)
     return build_local_hf_dir(tmp_path_factory.mktemp("hf") / "qwen2", corpus, spec)
 
@@ -58,7 +61,9 @@ def hf_dir(tmp_path_factory):
 def hf_dir_bfcl(tmp_path_factory):
     """One whose BPE also saw BFCL's tool schemas (they are rendered in every prompt)."""
     pytest.importorskip("bfcl_eval")
-    corpus = _corpus("configs/quickstart.yaml", QUICK) + _corpus("configs/loop_bfcl.yaml", BFCL)
+    corpus = _corpus(f"{CONFIGS}/quickstart.yaml", QUICK) + _corpus(
+        f"{CONFIGS}/loop_bfcl.yaml", BFCL
+    )
     spec = LocalModelSpec(max_position_embeddings=4096, vocab_size=1536)
     return build_local_hf_dir(tmp_path_factory.mktemp("hf") / "qwen2", corpus, spec)
 
@@ -86,7 +91,7 @@ def _leaves_equal(a, b) -> bool:
 @pytest.mark.slow  # ~25 s alone, minutes under contention; run by scripts/nightly.sh
 def test_train_quickstart_from_init_from_uses_the_directory(hf_dir, tmp_path, capsys):
     over = SHRINK + QUICK + [f"model.init_from={hf_dir}", "sft.enabled=false"]
-    rec = _train("configs/quickstart.yaml", over, tmp_path, capsys)
+    rec = _train(f"{CONFIGS}/quickstart.yaml", over, tmp_path, capsys)
     assert rec["train/episodes"] == 4
     from jaxagent.train.session import load_policy
 
@@ -101,20 +106,20 @@ def test_train_quickstart_from_init_from_uses_the_directory(hf_dir, tmp_path, ca
 @pytest.mark.slow  # 4k-token prompts (BFCL's tool schemas); run by scripts/nightly.sh
 def test_train_bfcl_from_init_from(hf_dir_bfcl, tmp_path, capsys):
     over = SHRINK + BFCL + [f"model.init_from={hf_dir_bfcl}"]
-    rec = _train("configs/loop_bfcl.yaml", over, tmp_path, capsys)
+    rec = _train(f"{CONFIGS}/loop_bfcl.yaml", over, tmp_path, capsys)
     assert rec["train/episodes"] == 4
 
 
 def test_rollout_prints_the_rendered_prompt_with_tools(hf_dir, capsys):
     over = QUICK + ["env.backend=inline", "rollout.max_new_tokens=8", "rollout.max_turns=1"]
-    assert main(["rollout", "configs/quickstart.yaml", f"model.init_from={hf_dir}", *over]) == 0
+    assert main(["rollout", f"{CONFIGS}/quickstart.yaml", f"model.init_from={hf_dir}", *over]) == 0
     out = capsys.readouterr().out
     assert "as the chat template rendered it" in out
     prompt = out.split("as the chat template rendered it):\n", 1)[1]
     assert prompt.startswith('<|im_start|>system\nTools:\n<tools>\n{"name": ')
     assert "<|im_start|>user\ntask : " in prompt and "<|im_start|>assistant\n" in prompt
     # A missing directory is a one-line config error naming the key.
-    assert main(["rollout", "configs/quickstart.yaml", "model.init_from=/nonexistent"]) == 2
+    assert main(["rollout", f"{CONFIGS}/quickstart.yaml", "model.init_from=/nonexistent"]) == 2
     assert "model.init_from='/nonexistent' is not a directory" in capsys.readouterr().err
 
 
@@ -122,7 +127,7 @@ def test_ppo_on_a_loaded_model_gets_a_fresh_value_head(hf_dir):
     from jaxagent.models import apply_model
     from jaxagent.train.run import build_run
 
-    config = load_config("configs/ppo_tools.yaml", QUICK + [f"model.init_from={hf_dir}"])
+    config = load_config(f"{CONFIGS}/ppo_tools.yaml", QUICK + [f"model.init_from={hf_dir}"])
     assert config.model.value_head
     run = build_run(config)
     try:
@@ -164,7 +169,7 @@ def test_sft_to_hf_then_rl_loads_the_sft_directory(tmp_path, capsys):
             "model.max_seq_len=512",
         ]
     )
-    rec = _train("configs/quickstart_chatml.yaml", over, tmp_path, capsys)
+    rec = _train(f"{CONFIGS}/quickstart_chatml.yaml", over, tmp_path, capsys)
     assert rec["train/episodes"] == 4
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())

@@ -3,7 +3,7 @@
 Quickstart episodes of the expert at error rate 0.5 have a verified ``success``; a judge that
 reads only the transcript (``ClaimJudge``) is calibrated against it. A policy that answers
 "Final : task complete" without doing anything gets the full judge-only reward and no rule
-reward: the survey's warning (§6.2) as a measurement.
+reward: that a judge-only reward can be gamed, as a measurement.
 """
 
 import jax

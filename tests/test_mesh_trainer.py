@@ -19,6 +19,7 @@ equality", in the trainer's own optimiser).
 """
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,8 @@ import pytest
 from jaxagent.train.checkpoint import restore_params_only
 from jaxagent.train.config import load_config
 from jaxagent.train.metrics_log import read_jsonl
+
+QS = str(Path(__file__).resolve().parent.parent / "configs/quickstart.yaml")
 
 TINY = [
     "model.hidden_size=32",
@@ -67,7 +70,7 @@ def _run(tmp_path, name, overrides=()):
     from jaxagent.train.trainer import Trainer
 
     out = tmp_path / name
-    cfg = load_config("configs/quickstart.yaml", TINY + [f"train.out_dir={out}", *overrides])
+    cfg = load_config(QS, TINY + [f"train.out_dir={out}", *overrides])
     Trainer(cfg, echo=lambda s: None).run()
     records = {}
     for r in read_jsonl(out / "metrics.jsonl"):
@@ -141,8 +144,8 @@ def test_mesh_rollout_same_tokens_as_one_device():
     split over rows: each device holds 2 rows) gives exactly the single-device tokens."""
     from jaxagent.generate import Sampler, SamplingConfig
     from jaxagent.models import ModelConfig, init_model
-    from jaxagent.train.mesh import DeviceLayout
-    from jaxagent.parallel import make_mesh
+    from jaxagent.parallel.layout import DeviceLayout
+    from jaxagent.parallel.mesh import make_mesh
     from jaxagent.models import param_logical_axes
 
     graphdef, params = init_model(ModelConfig.test(num_layers=2), jax.random.key(0))
@@ -174,19 +177,22 @@ def test_mesh_rollout_same_tokens_as_one_device():
 
 def test_mesh_config_errors_name_the_field():
     from jaxagent.models import ModelConfig, init_model
-    from jaxagent.train.config import ConfigError
-    from jaxagent.train.mesh import DeviceLayout
+    from jaxagent.errors import ConfigError
+    from jaxagent.parallel.layout import DeviceLayout
+    from jaxagent.train.run import rows_multiple
 
     with pytest.raises(ConfigError, match=r"mesh.fsdp=0"):
-        load_config("configs/quickstart.yaml", ["mesh.fsdp=0"])
+        load_config(QS, ["mesh.fsdp=0"])
     with pytest.raises(ConfigError, match=r"mesh.tensor=-1"):
-        load_config("configs/quickstart.yaml", ["mesh.tensor=-1"])
+        load_config(QS, ["mesh.tensor=-1"])
     graphdef, params = init_model(ModelConfig.test(num_layers=1), jax.random.key(0))
-    cfg = load_config("configs/quickstart.yaml", ["mesh.data=-1", "mesh.fsdp=3"])
+    cfg = load_config(QS, ["mesh.data=-1", "mesh.fsdp=3"])
     with pytest.raises(ConfigError, match="does not fit 8 devices"):
-        DeviceLayout.build(cfg, graphdef, params)
+        DeviceLayout.build(cfg.mesh, graphdef, params)
     # minibatch 32 rows split over 8 devices is fine; 4 rows is not
-    bad = load_config("configs/quickstart.yaml", ["mesh.data=8", "rl.update.minibatch_size=4"])
+    bad = load_config(QS, ["mesh.data=8", "rl.update.minibatch_size=4"])
+    layout = DeviceLayout.build(bad.mesh, graphdef, params)
+    assert rows_multiple(load_config(QS, ["mesh.data=8"]), layout.batch_devices) == 32
     with pytest.raises(ConfigError, match="rl.update.minibatch_size=4"):
-        DeviceLayout.build(bad, graphdef, params)
-    assert DeviceLayout.build(load_config("configs/quickstart.yaml"), graphdef, params).mesh is None
+        rows_multiple(bad, layout.batch_devices)
+    assert DeviceLayout.build(load_config(QS).mesh, graphdef, params).mesh is None

@@ -8,8 +8,8 @@ import pytest
 
 import jaxagent
 from jaxagent.agents.methods.config import SECTIONS, load_method, parse_method
-from jaxagent.cli import main
-from jaxagent.train.validate import ConfigError
+from jaxagent.cli.main import main
+from jaxagent.errors import ConfigError
 
 ROOT = Path(jaxagent.__file__).parent.parent
 QS = str(ROOT / "configs/quickstart.yaml")

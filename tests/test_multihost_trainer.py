@@ -28,7 +28,7 @@ from jaxagent.train.metrics_log import read_jsonl
 from test_mesh_trainer import NONDETERMINISTIC, TINY, assert_same_run
 
 ROOT = Path(__file__).parent.parent
-RUN = "import sys; from jaxagent.cli import main; sys.exit(main(sys.argv[1:]))"
+RUN = "import sys; from jaxagent.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _free_port() -> int:
@@ -52,7 +52,7 @@ def _train_one(out: Path, iterations: int) -> None:
     from jaxagent.train.trainer import Trainer
 
     extra = ["mesh.data=2", "rollout.row_keys=true"]
-    cfg = load_config("configs/quickstart.yaml", _overrides(out, iterations) + extra)
+    cfg = load_config(ROOT / "configs/quickstart.yaml", _overrides(out, iterations) + extra)
     Trainer(cfg, echo=lambda s: None).run()
 
 
@@ -73,7 +73,7 @@ def _train_two(out: Path, iterations: int) -> list[str]:
                 "-c",
                 RUN,
                 "train",
-                "configs/quickstart.yaml",
+                str(ROOT / "configs/quickstart.yaml"),
                 *_overrides(out, iterations),
                 "mesh.data=-1",
                 "distributed.mode=explicit",
@@ -82,7 +82,7 @@ def _train_two(out: Path, iterations: int) -> list[str]:
                 f"distributed.process_id={i}",
                 "distributed.local_device_count=1",
             ],
-            cwd=ROOT,
+            cwd=out.parent,  # the test's tmp_path: nothing lands in the checkout
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -9,10 +9,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxagent.models import ModelConfig, abstract_graphdef, param_logical_axes
-from jaxagent.parallel import (
+from jaxagent.parallel.distributed import DistributedConfig, start_distributed
+from jaxagent.parallel.mesh import (
     MeshConfig,
     batch_shardings,
-    initialize_distributed,
     logical_to_spec,
     make_mesh,
     state_shardings,
@@ -27,20 +27,20 @@ def test_mesh_config_and_specs():
     assert jax.device_count() == 8
     mesh = make_mesh(data=4, fsdp=2)
     assert dict(mesh.shape) == {"data": 4, "fsdp": 2, "tensor": 1}
-    assert dict(make_mesh(MeshConfig(fsdp=2, tensor=2)).shape) == {
+    assert dict(make_mesh(MeshConfig(data=-1, fsdp=2, tensor=2)).shape) == {
         "data": 2,
         "fsdp": 2,
         "tensor": 2,
     }
     with pytest.raises(ValueError, match="does not fit 8 devices"):
         make_mesh(data=3)
-    with pytest.raises(ValueError, match="MeshConfig.fsdp=0"):
+    with pytest.raises(ValueError, match="mesh.fsdp=0"):
         MeshConfig(fsdp=0)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     assert logical_to_spec(("embed", "mlp"), (64, 96), mesh) == P("fsdp", "tensor")
     # 'vocab' 127 is not divisible by tensor=2: replicated instead of failing.
     assert logical_to_spec(("vocab", "embed"), (127, 64), mesh) == P(None, "fsdp")
-    assert initialize_distributed(MeshConfig()) is False
+    assert start_distributed(DistributedConfig()) is False
 
 
 @pytest.mark.parametrize(

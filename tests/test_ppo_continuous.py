@@ -1,17 +1,21 @@
 """Continuous-control PPO pieces: GAE with truncation bootstrapping, the normalisers, the host
 policy against the Flax modules, the loss against an inline reference, config errors."""
 
+from pathlib import Path
+
 import gymnasium as gym
 import jax
 import numpy as np
 import pytest
 
-from jaxagent.rl.classic.ppo_continuous import PPOConfig, PPOLearner
-from jaxagent.rl.classic.ppo_losses import Minibatch, ppo_loss, rollout_gae
-from jaxagent.rl.classic.ppo_networks import NumpyPolicy, gaussian_logprob, init_networks
-from jaxagent.rl.classic.ppo_normalize import RewardScaler, RunningMoments, update_moments
-from jaxagent.train.config import ConfigError
-from jaxagent.train.ppo_continuous import load_ppo_config
+from jaxagent.learners.ppo_continuous.update import PPOConfig, PPOLearner
+from jaxagent.learners.ppo_continuous.losses import Minibatch, ppo_loss, rollout_gae
+from jaxagent.learners.ppo_continuous.networks import NumpyPolicy, gaussian_logprob, init_networks
+from jaxagent.learners.ppo_continuous.normalize import RewardScaler, RunningMoments, update_moments
+from jaxagent.errors import ConfigError
+from jaxagent.learners.ppo_continuous.train import load_ppo_config
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs/ppo_halfcheetah.yaml"
 
 
 def test_gae_bootstraps_truncations_and_not_terminations_by_hand():
@@ -187,7 +191,7 @@ def test_update_is_one_jitted_call_that_moves_params_and_keeps_shapes():
     state = learner.init(jax.random.key(0))
     before = jax.device_get(state.params)
     rng = np.random.default_rng(0)
-    from jaxagent.rl.classic.ppo_continuous import Rollout
+    from jaxagent.learners.ppo_continuous.update import Rollout
 
     T, N = 16, 2
     rollout = Rollout(
@@ -219,7 +223,7 @@ def test_update_is_one_jitted_call_that_moves_params_and_keeps_shapes():
 )
 def test_bad_config_values_name_the_field_and_the_fix(override, words):
     with pytest.raises(ConfigError) as err:
-        load_ppo_config("configs/ppo_halfcheetah.yaml", override)
+        load_ppo_config(CONFIG, override)
     for w in words:
         assert w in str(err.value)
 

@@ -2,14 +2,15 @@
 its outputs, and `jaxagent eval` reloads the checkpoint."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jaxagent.cli import main as cli_main
-from jaxagent.train.ppo_continuous import train
+from jaxagent.cli.main import main as cli_main
+from jaxagent.learners.ppo_continuous.train import train
 
-CONFIG = "configs/ppo_halfcheetah.yaml"
+CONFIG = str(Path(__file__).resolve().parent.parent / "configs/ppo_halfcheetah.yaml")
 PENDULUM = ["env.name=InvertedPendulum-v5", "train.eval_every=0", "train.log_every=0"]
 
 

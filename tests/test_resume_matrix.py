@@ -48,7 +48,10 @@ POINTS = {
 
 DRIVER = textwrap.dedent(
     """
-    import os, signal, sys
+    import importlib, os, signal, sys
+    # A shell that starts this in the background hands it SIGINT ignored; a terminal's
+    # Ctrl-C is what is simulated here, so Python's own handler is put back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     point, signame, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
     scripted = {int(k): v for k, v in [kv.split(":") for kv in sys.argv[4].split(",")]}
     argv = sys.argv[5:]
@@ -59,9 +62,9 @@ DRIVER = textwrap.dedent(
         if calls[0] == nth:  # like a terminal's Ctrl-C: the whole process group
             os.killpg(os.getpgid(0), getattr(signal, signame))
 
-    import jaxagent.agents.evaluate as E
-    import jaxagent.train.sft as S
-    import jaxagent.train.trainer as T
+    E = importlib.import_module("jaxagent.agents.evaluate")  # the package exports a function
+    S = importlib.import_module("jaxagent.train.sft")
+    T = importlib.import_module("jaxagent.train.trainer")
 
     validate = T.Trainer._validate
 
@@ -102,7 +105,7 @@ DRIVER = textwrap.dedent(
             fire()
 
         T.Checkpointer.save = saving
-    from jaxagent.cli import main
+    from jaxagent.cli.main import main
     sys.exit(main(argv))
     """
 )
@@ -158,14 +161,25 @@ def _cases():
     return cases
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """One persistent XLA cache for every subprocess of this module: the runs share their
+    programs, so each after the first loads them instead of compiling."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
 @pytest.mark.parametrize("point,sig,mode", _cases())
-def test_interrupted_run_ends_whole(point, sig, mode, references, tmp_path):
+def test_interrupted_run_ends_whole(point, sig, mode, references, compile_cache, tmp_path):
     run = tmp_path / "run"
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     settings = [*SETTINGS, f"train.out_dir={run}"]
     scripted = ",".join(f"{k}:{v}" for k, v in SCRIPTED_VAL.items())
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **compile_cache}
     first = [sys.executable, str(script), point, sig, str(POINTS[point]), scripted]
     first += ["train", QS, *settings, f"train.iterations={SHORT}"]
     killed = subprocess.run(

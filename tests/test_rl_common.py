@@ -124,7 +124,7 @@ def single_and_sharded_update(config, tx, logprob_fn, graphdef, params, batch, *
     given), from the same params and RNG: ``(single_state, single_metrics, sharded_state,
     sharded_metrics)``."""
     from jaxagent.models import param_logical_axes
-    from jaxagent.parallel import batch_shardings, make_mesh, state_shardings
+    from jaxagent.parallel.mesh import batch_shardings, make_mesh, state_shardings
     from jaxagent.rl.train_state import TrainState
     from jaxagent.rl.update import make_update_step
 

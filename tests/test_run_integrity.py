@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from jaxagent.cli import main
+from jaxagent.cli.main import main
 
 from test_train import ROOT, TINY
 

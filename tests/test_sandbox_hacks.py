@@ -2,8 +2,9 @@
 accepts, run as root and as an unprivileged user, and none turns its run into an ``error``.
 
 The unprivileged runs go through a small driver executed as ``nobody`` (``setpriv``) with the
-system Python, loading the sandbox modules by path (the trainer's Python lives under /root,
-which ``nobody`` cannot enter). ``isolation="unsafe"`` is not accepted for untrusted code; it
+system Python, loading the sandbox modules by path from a world-readable copy (the trainer's
+Python lives under /root, and the checkout may sit in a directory of mode 0700, neither of
+which ``nobody`` can enter). ``isolation="unsafe"`` is not accepted for untrusted code; it
 is run once to show that these tests have teeth (a hack does win there).
 """
 
@@ -19,7 +20,9 @@ import pytest
 from jaxagent.envs.code import CodeEnv, CodeEnvConfig, Sandbox, SandboxConfig, TestSpec
 from jaxagent.envs.code.tasks import assemble_program, generated_tasks, hidden_tests
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CODE_PKG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jaxagent/envs/code"
+)
 CONFIG = dict(timeout_s=6.0, memory_mb=512, max_processes=16, max_output_bytes=1024)
 SECRET_TESTS = (
     "def check(candidate):\n"
@@ -248,6 +251,12 @@ def results():
                 json.dump({"modes": modes, "config": CONFIG, "jobs": _jobs(data)}, f)
             with open(f"{tmp}/driver.py", "w") as f:
                 f.write(DRIVER)
+            # the sandbox's modules (stdlib only) next to the driver: ``nobody`` may not be
+            # able to read the checkout, wherever it lives
+            os.makedirs(f"{tmp}/pkg/jaxagent/envs/code")
+            for name in os.listdir(CODE_PKG):
+                if name.endswith(".py"):
+                    shutil.copy(os.path.join(CODE_PKG, name), f"{tmp}/pkg/jaxagent/envs/code")
             for dirpath, dirs, files in os.walk(tmp):
                 os.chmod(dirpath, 0o755)
                 for name in files:
@@ -261,7 +270,7 @@ def results():
                     "/usr/bin/python3",
                     "-I",
                     f"{tmp}/driver.py",
-                    ROOT,
+                    f"{tmp}/pkg",
                     f"{tmp}/spec.json",
                 ],
                 capture_output=True,

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jaxagent.cli import main
+from jaxagent.cli.main import main
 from jaxagent.envs.base import StepResult, Task, supports_snapshot
 from jaxagent.envs.render import RenderingEnv
-from jaxagent.train import classic
+from jaxagent.learners import registry as classic
 
 
 class _Painter:

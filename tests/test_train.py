@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxagent.cli import main as cli_main
+from jaxagent.cli.main import main as cli_main
 from jaxagent.train.config import load_config
 from jaxagent.train.metrics_log import read_jsonl
 

@@ -18,7 +18,8 @@ import pytest
 
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import make_optimizer
-from jaxagent.train.config import ConfigError, load_config
+from jaxagent.train.config import load_config
+from jaxagent.errors import ConfigError
 from jaxagent.train.policy import rl_optimizer
 
 ROOT = Path(__file__).parent.parent

@@ -17,9 +17,9 @@ from jaxagent.models import ModelConfig, init_model
 from jaxagent.rl.lora import merge_lora
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling, on_sampling_params
-from jaxagent.train import host_memory
+from jaxagent.perf import host_memory
 from jaxagent.train.checkpoint import Checkpointer
-from jaxagent.train.roofline import Roofline
+from jaxagent.perf.roofline import Roofline
 
 
 def _params():
@@ -278,7 +278,7 @@ def test_release_compiled_reloads_programs_from_the_cache_and_changes_no_metric(
 
 _MAPPED_PROBE = """
 import ctypes, os, sys
-from jaxagent.train import host_memory
+from jaxagent.perf import host_memory
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20

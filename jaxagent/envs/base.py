@@ -50,7 +50,7 @@ class StepResult:
     """What ``TextEnv.step`` returns.
 
     ``info`` keys used across jaxagent (all optional):
-      ``reward_terms``: dict with "process", "outcome", "task" floats (survey §3.3 reward ladder);
+      ``reward_terms``: dict with "process", "outcome", "task" floats (``envs/rewards.py``);
       ``failure_mode``: a ``FailureMode`` value (str) or None;
       ``truncated``: bool, True when ``done`` came from a budget or timeout rather than a real end;
       ``success``: bool, the task's verifiable success at the end of the episode;
@@ -156,7 +156,7 @@ def check_disjoint_splits(
                     )
 
 
-# --- Additions for the environment pool (issue 4). Additive only: names above are stable. ---
+# --- Additions for the environment pool. Additive only: names above are stable. ---
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """Fault injection: make any text environment hang, crash, return corrupt data or slow down.
 
-Survey §6.1 asks for pre-launch health checks with injected failures. ``FaultyEnv`` wraps a
+A pre-launch health check runs episodes with injected failures. ``FaultyEnv`` wraps a
 ``TextEnv`` and, on every ``reset``/``step`` call, draws one uniform number from its own seeded
 stream and picks at most one fault:
 

@@ -1,4 +1,4 @@
-"""The reward ladder (survey §3.3): process rewards guide, task rewards gate.
+"""The reward ladder: process rewards guide, task rewards gate.
 
 Three rungs, densest first:
   process  per step: was the call well-formed? ``process_score`` climbs a ladder: valid syntax

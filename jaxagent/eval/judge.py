@@ -1,7 +1,7 @@
 """LLM-judge rewards, their calibration against ground truth, and mixing with rule rewards.
 
 A judge reads an episode's transcript and answers "did this response complete the task?"
-with ``Verdict.p_yes`` in [0, 1] (survey §6.2: flexible, but gameable; calibrate it).
+with ``Verdict.p_yes`` in [0, 1] (flexible, but gameable: calibrate it against verified success).
 
 - ``PolicyJudge``: the policy model as judge. Its prompt is the transcript followed by
   ``JUDGE_QUESTION``; it samples ``samples`` answers (any ``TurnPolicy``: ``start`` on the

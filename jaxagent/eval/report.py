@@ -2,7 +2,7 @@
 
 Episodes whose environment failed (``Termination.ENV_ERROR``) are counted and reported, but
 excluded from the policy's success rate and failure modes: a crashed tool is not the agent's
-fault (survey §6.1). ``seed_summary`` gives a mean and a t-interval over seeds.
+fault. ``seed_summary`` gives a mean and a t-interval over seeds.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from jaxagent.generate.sampling import (
 )
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
 from jaxagent.models.api import model_config
-from jaxagent.parallel import batch_mesh_axes
+from jaxagent.parallel.mesh import batch_mesh_axes
 
 
 @struct.dataclass
@@ -360,7 +360,7 @@ class Sampler:
 
 def _row_sharding(params, batch_size: int) -> Optional[NamedSharding]:
     """How the rows of a call are split: over the batch axes of the mesh the parameters live
-    on (``jaxagent.parallel``'s default rules), or None for unsharded parameters. Each device
+    on (``jaxagent.parallel.mesh``'s default rules), or None for unsharded parameters. Each device
     then holds the KV cache of its own rows only; rows that do not divide evenly are
     replicated instead."""
     sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)

@@ -1,4 +1,4 @@
-"""Health counters of the environment pool (survey §6: health monitoring)."""
+"""Health counters of the environment pool: timeouts, crashes, restarts, corrupt data, latency."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pre-launch health check (survey §6.1): run episodes through a pool with injected faults.
+"""Pre-launch health check: run episodes through a pool with injected faults.
 
     report = run_health_check(make_env, tasks, policy=lambda obs: "...",
                               pool_config=PoolConfig(num_envs=16, backend="process",

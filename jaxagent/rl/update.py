@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxagent.parallel import DEFAULT_RULES, batch_mesh_axes
+from jaxagent.parallel.mesh import DEFAULT_RULES, batch_mesh_axes
 from jaxagent.rl import losses as L
 from jaxagent.rl.fused_step import ParamPlan, check_elementwise, fused_pass
 from jaxagent.rl.guards import guarded_step, step_decision
@@ -215,7 +215,7 @@ def make_update_step(
         ``batch.advantages`` (and ``returns``) as given.
       mesh: device mesh; with it, microbatches are constrained to be split over the mesh axes
         that ``rules`` maps the logical 'batch' axis to.
-      state_sharding, batch_sharding: NamedSharding pytrees (see ``jaxagent.parallel``) for
+      state_sharding, batch_sharding: NamedSharding pytrees (see ``jaxagent.parallel.mesh``) for
         the state and the batch; metrics come back replicated.
       jit: False returns the raw function (for tests and ``jax.jit(...).lower`` elsewhere).
 
@@ -260,7 +260,7 @@ def make_update_step(
 
     batch_axes = None
     if mesh is not None:
-        # The mesh axes the logical 'batch' axis maps to (``rules``, jaxagent.parallel).
+        # The mesh axes the logical 'batch' axis maps to (``rules``, jaxagent.parallel.mesh).
         batch_axes = batch_mesh_axes(mesh, rules)
         batch_size_dev = math.prod(mesh.shape[a] for a in batch_axes)
 

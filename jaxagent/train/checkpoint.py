@@ -30,7 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from jaxagent.train.validate import ConfigError
+from jaxagent.errors import ConfigError
 
 BEST_METRIC = "eval_success"
 # files every finished checkpoint has (orbax writes them last, before the final rename)

@@ -26,9 +26,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from jaxagent.train.validate import _DC, ConfigError, _choice, _positive, _prob  # noqa: F401
+from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive, check_prob  # noqa: F401
 from jaxagent.train.guards import GuardSection  # noqa: F401  (resolved by name, like the rest)
-from jaxagent.train.mesh_section import DistributedSection, MeshSection  # noqa: F401
+from jaxagent.parallel.distributed import DistributedConfig
+from jaxagent.parallel.mesh import MeshConfig
 from jaxagent.train.model_section import ModelSection, TokenizerSection  # noqa: F401
 from jaxagent.train.rl_section import (  # noqa: F401  (names _section_type resolves)
     AdvantageFields,
@@ -43,7 +44,7 @@ from jaxagent.train.rl_section import (  # noqa: F401  (names _section_type reso
 )
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class EnvSection:
     """The environment suite and its pool."""
 
@@ -64,16 +65,16 @@ class EnvSection:
         from jaxagent.envs import registry  # local: keeps config import light
 
         if ":" not in self.name:  # "package.module:name" is checked when imported below
-            _choice("env.name", self.name, registry.env_names())
+            check_choice("env.name", self.name, registry.env_names())
         try:  # the suite's typed options: errors name env.options.<key>, value, allowed keys
             registry.parse_options(self.name, self.options)
         except (KeyError, ValueError) as exc:
             raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
-        _choice("env.backend", self.backend, ("inline", "thread", "process"))
-        _positive("env.num_workers", self.num_workers)
-        _positive("env.step_timeout_s", self.step_timeout_s)
-        _prob("env.fault_hang_prob", self.fault_hang_prob)
-        _prob("env.fault_crash_prob", self.fault_crash_prob)
+        check_choice("env.backend", self.backend, ("inline", "thread", "process"))
+        check_positive("env.num_workers", self.num_workers)
+        check_positive("env.step_timeout_s", self.step_timeout_s)
+        check_prob("env.fault_hang_prob", self.fault_hang_prob)
+        check_prob("env.fault_crash_prob", self.fault_crash_prob)
         if (self.fault_hang_prob or self.fault_crash_prob) and self.backend == "inline":
             raise ConfigError(
                 "env.fault_hang_prob / env.fault_crash_prob need env.backend='thread' or "
@@ -81,7 +82,7 @@ class EnvSection:
             )
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class RolloutSection:
     """Sampling and the episode budgets (turns, tokens per turn, total tokens)."""
 
@@ -101,25 +102,25 @@ class RolloutSection:
 
     def __post_init__(self):
         for name in ("tasks_per_iteration", "max_turns", "max_new_tokens"):
-            _positive(f"rollout.{name}", getattr(self, name))
+            check_positive(f"rollout.{name}", getattr(self, name))
         if self.samples_per_task < 0:
             raise ConfigError(
                 f"rollout.samples_per_task={self.samples_per_task!r} must be >= 1 "
                 "(K samples per task), or 0 for the recipe's default group size"
             )
-        _positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
+        check_positive("rollout.max_total_tokens", self.max_total_tokens, allow_zero=True)
         if 0 < self.max_observation_chars < 64:
             raise ConfigError(
                 f"rollout.max_observation_chars={self.max_observation_chars} "
                 "must be 0 (off) or >= 64 (room for the truncation marker)"
             )
-        _positive("rollout.temperature", self.temperature, allow_zero=True)
-        _positive("rollout.top_k", self.top_k, allow_zero=True)
+        check_positive("rollout.temperature", self.temperature, allow_zero=True)
+        check_positive("rollout.top_k", self.top_k, allow_zero=True)
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"rollout.top_p={self.top_p!r} must be in (0, 1]")
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class SFTSection:
     """Optional warm-start by supervised fine-tuning on scripted-expert demonstrations."""
 
@@ -147,21 +148,21 @@ class SFTSection:
     cache_dir: str = ""
 
     def __post_init__(self):
-        _positive("sft.num_demos", self.num_demos)
-        _prob("sft.expert_error_rate", self.expert_error_rate)
-        _positive("sft.steps", self.steps, allow_zero=True)
-        _positive("sft.batch_size", self.batch_size)
-        _positive("sft.microbatch_size", self.microbatch_size, allow_zero=True)
+        check_positive("sft.num_demos", self.num_demos)
+        check_prob("sft.expert_error_rate", self.expert_error_rate)
+        check_positive("sft.steps", self.steps, allow_zero=True)
+        check_positive("sft.batch_size", self.batch_size)
+        check_positive("sft.microbatch_size", self.microbatch_size, allow_zero=True)
         if self.microbatch_size and self.batch_size % self.microbatch_size:
             raise ConfigError(
                 f"sft.microbatch_size={self.microbatch_size} must divide "
                 f"sft.batch_size={self.batch_size} (or be 0: the whole batch)"
             )
-        _positive("sft.learning_rate", self.learning_rate)
-        _prob("sft.observation_weight", self.observation_weight)
+        check_positive("sft.learning_rate", self.learning_rate)
+        check_prob("sft.observation_weight", self.observation_weight)
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class EvalSection:
     """Periodic evaluation on the held-out split."""
 
@@ -175,14 +176,14 @@ class EvalSection:
     val_tasks: int = 0
 
     def __post_init__(self):
-        _positive("eval.every", self.every, allow_zero=True)
-        _positive("eval.val_tasks", self.val_tasks, allow_zero=True)
-        _positive("eval.num_tasks", self.num_tasks)
-        _positive("eval.temperature", self.temperature, allow_zero=True)
-        _positive("eval.samples_per_task", self.samples_per_task)
+        check_positive("eval.every", self.every, allow_zero=True)
+        check_positive("eval.val_tasks", self.val_tasks, allow_zero=True)
+        check_positive("eval.num_tasks", self.num_tasks)
+        check_positive("eval.temperature", self.temperature, allow_zero=True)
+        check_positive("eval.samples_per_task", self.samples_per_task)
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class TrainSection:
     """The outer loop, checkpoints and logging."""
 
@@ -201,13 +202,13 @@ class TrainSection:
     release_compiled: bool = False
 
     def __post_init__(self):
-        _positive("train.iterations", self.iterations, allow_zero=True)
-        _positive("train.checkpoint_every", self.checkpoint_every, allow_zero=True)
-        _positive("train.keep_checkpoints", self.keep_checkpoints)
-        _choice("train.progress", self.progress, ("rich", "tqdm", "none"))
+        check_positive("train.iterations", self.iterations, allow_zero=True)
+        check_positive("train.checkpoint_every", self.checkpoint_every, allow_zero=True)
+        check_positive("train.keep_checkpoints", self.keep_checkpoints)
+        check_choice("train.progress", self.progress, ("rich", "tqdm", "none"))
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class Config:
     """A whole run. ``name`` and ``paper`` say what the run reproduces."""
 
@@ -222,8 +223,8 @@ class Config:
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     guards: GuardSection = dataclasses.field(default_factory=GuardSection)
-    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
-    distributed: DistributedSection = dataclasses.field(default_factory=DistributedSection)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
     @property
     def run_dir(self) -> Path:

@@ -15,12 +15,13 @@ probe string of rare characters tells them apart, and the check then costs nothi
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Callable
 
 import jax
 
-from jaxagent.train.validate import ConfigError
+from jaxagent.errors import ConfigError
 
 # Unknown ids in prompts and observations: above this fraction the run is refused, below it
 # the unknown words are listed as a warning (an observation may quote rare text verbatim).
@@ -85,8 +86,12 @@ def check_coverage(run, *, echo: Callable[[str], None] = print, tasks: int = 8) 
             return _Recorded(run.env.make_expert(task, error_rate, rng), written)
 
         expert = ExpertTurnPolicy(recorded, run.chat, error_rate=0.0, seed=0)
+        # Observations whole: a cut leaves its marker and half-words, which are no gap of
+        # the vocabulary.
+        whole = dataclasses.replace(run.budget, max_observation_chars=0)
+        spec = dataclasses.replace(run.rollout, budget=whole)
         episodes, _ = collect_episodes(
-            expert, None, sample, samples_per_task=1, spec=run.rollout, key=jax.random.key(0)
+            expert, None, sample, samples_per_task=1, spec=spec, key=jax.random.key(0)
         )
         for ep in episodes:
             read += [ep.first_observation, *(t.observation for t in ep.turns)]

@@ -18,12 +18,12 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from jaxagent.train.validate import _DC, _positive
+from jaxagent.errors import FROZEN, check_positive
 
 _WINDOW = 20  # iterations in the running median
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class GuardSection:
     """Limits on a run's health (``guards.<field>`` in a config)."""
 
@@ -36,9 +36,9 @@ class GuardSection:
     kl_spike: float = 10.0  # the same for the approximate KL(old || new) (0 = off)
 
     def __post_init__(self):
-        _positive("guards.max_skipped_updates", self.max_skipped_updates, allow_zero=True)
-        _positive("guards.grad_norm_spike", self.grad_norm_spike, allow_zero=True)
-        _positive("guards.kl_spike", self.kl_spike, allow_zero=True)
+        check_positive("guards.max_skipped_updates", self.max_skipped_updates, allow_zero=True)
+        check_positive("guards.grad_norm_spike", self.grad_norm_spike, allow_zero=True)
+        check_positive("guards.kl_spike", self.kl_spike, allow_zero=True)
 
 
 class TrainingStopped(RuntimeError):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxagent.train.validate import _DC, ConfigError, _choice, _positive
+from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class ModelSection:
     """The policy network. Sizes are static (they set array shapes)."""
 
@@ -36,7 +36,7 @@ class ModelSection:
             "intermediate_size",
             "max_seq_len",
         ):
-            _positive(f"model.{name}", getattr(self, name))
+            check_positive(f"model.{name}", getattr(self, name))
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} must be divisible by "
@@ -47,12 +47,12 @@ class ModelSection:
                 f"model.num_heads={self.num_heads} must be a multiple of "
                 f"model.num_kv_heads={self.num_kv_heads}"
             )
-        _choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
-        _choice("model.dtype", self.dtype, ("float32", "bfloat16"))
-        _choice("model.kv_cache_dtype", self.kv_cache_dtype, ("", "float32", "bfloat16"))
+        check_choice("model.param_dtype", self.param_dtype, ("float32", "bfloat16"))
+        check_choice("model.dtype", self.dtype, ("float32", "bfloat16"))
+        check_choice("model.kv_cache_dtype", self.kv_cache_dtype, ("", "float32", "bfloat16"))
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class TokenizerSection:
     """The tokenizer: loaded with the model (``model.init_from``) or trained from scratch."""
 
@@ -62,10 +62,10 @@ class TokenizerSection:
     num_corpus_demos: int = 400  # expert demonstrations added to the BPE corpus
 
     def __post_init__(self):
-        _choice("tokenizer.kind", self.kind, ("word", "bpe", "chatml"))
+        check_choice("tokenizer.kind", self.kind, ("word", "bpe", "chatml"))
         if self.vocab_size < 300:
             raise ConfigError(
                 f"tokenizer.vocab_size={self.vocab_size} must be >= 300 "
                 "(256 byte symbols + special tokens + merges)"
             )
-        _positive("tokenizer.num_corpus_demos", self.num_corpus_demos, allow_zero=True)
+        check_positive("tokenizer.num_corpus_demos", self.num_corpus_demos, allow_zero=True)

@@ -26,8 +26,28 @@ from jaxagent.models import (
 )
 from jaxagent.rl.config import RLConfig
 from jaxagent.rl.train_state import make_optimizer
-from jaxagent.train.validate import hf_input
+from jaxagent.errors import ConfigError
 from jaxagent.train.config import Config, ModelSection
+
+
+def hf_input(fn):
+    """``fn`` (a Hugging Face directory loader: ``fn(path, ...)``) with its input errors as
+    ``ConfigError`` naming ``model.init_from``, the path and what a valid directory holds (the
+    CLI then exits 2 with one line instead of a traceback)."""
+
+    def call(path, *args, **kwargs):
+        try:
+            return fn(path, *args, **kwargs)
+        except ConfigError:
+            raise
+        except (OSError, ValueError, KeyError) as err:
+            text = str(err.args[0]) if err.args else type(err).__name__
+            raise ConfigError(
+                f"model.init_from={str(path)!r}: {text}; pass a local Hugging Face directory "
+                "of a Llama or Qwen2 model (config.json, model*.safetensors, tokenizer files)"
+            ) from None
+
+    return call
 
 
 def model_config(section: ModelSection, tokenizer) -> ModelConfig:

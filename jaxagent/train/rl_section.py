@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional
 
-from jaxagent.train.validate import _DC, ConfigError, _choice, _positive, _prob
+from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive, check_prob
 
 
 def _preset_fields(cls: type, doc: str) -> type:
@@ -27,7 +27,7 @@ def _preset_fields(cls: type, doc: str) -> type:
         if typing.get_origin(hint) is tuple:  # OmegaConf reads sequences as lists
             hint = List[typing.get_args(hint)[0]]
         fields.append((f.name, Optional[hint], dataclasses.field(default=None)))
-    made = dataclasses.make_dataclass(f"{cls.__name__[:-6]}Fields", fields, **_DC)
+    made = dataclasses.make_dataclass(f"{cls.__name__[:-6]}Fields", fields, **FROZEN)
     made.__doc__ = doc
     made.__module__ = __name__
     return made
@@ -52,7 +52,7 @@ LoraFields = _preset_fields(_rl.LoraConfig, "rl.lora: low-rank adapters (rank 0:
 UpdateFields = _preset_fields(_rl.UpdateConfig, "rl.update: epochs, minibatches, microbatches.")
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class RLDataSection:
     """Data-side sample selection and reward shaping over episodes (``jaxagent.train.dapo``),
     off by default; ``configs/dapo_code.yaml`` turns on DAPO's (arXiv 2503.14476)."""
@@ -76,11 +76,11 @@ class RLDataSection:
     length_multiple: int = 32
 
     def __post_init__(self):
-        _positive("rl.data.max_sampling_rounds", self.max_sampling_rounds)
-        _positive("rl.data.length_multiple", self.length_multiple)
-        _positive("rl.data.overlong_penalty", self.overlong_penalty, allow_zero=True)
-        _positive("rl.data.overlong_max_len", self.overlong_max_len, allow_zero=True)
-        _positive("rl.data.overlong_cache_len", self.overlong_cache_len, allow_zero=True)
+        check_positive("rl.data.max_sampling_rounds", self.max_sampling_rounds)
+        check_positive("rl.data.length_multiple", self.length_multiple)
+        check_positive("rl.data.overlong_penalty", self.overlong_penalty, allow_zero=True)
+        check_positive("rl.data.overlong_max_len", self.overlong_max_len, allow_zero=True)
+        check_positive("rl.data.overlong_cache_len", self.overlong_cache_len, allow_zero=True)
         if self.overlong_penalty and not self.overlong_cache_len:
             raise ConfigError(
                 "rl.data.overlong_penalty > 0 needs rl.data.overlong_cache_len > 0 "
@@ -88,7 +88,7 @@ class RLDataSection:
             )
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class RLSection:
     """The RL recipe (``jaxagent.rl.recipes``) and the fields that change its preset.
 
@@ -115,8 +115,8 @@ class RLSection:
 
     def __post_init__(self):
         self.build()  # validates the recipe name and every set field
-        _choice("rl.lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
-        _prob("rl.lr_final_ratio", self.lr_final_ratio)
+        check_choice("rl.lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
+        check_prob("rl.lr_final_ratio", self.lr_final_ratio)
 
     def set_fields(self) -> Dict[str, Dict[str, Any]]:
         """``{section: {field: value}}`` of the keys set here (not None)."""
@@ -136,7 +136,7 @@ class RLSection:
         """The recipe's ``RLConfig`` with the fields set here applied over its preset."""
         from jaxagent.rl import recipes
 
-        _choice("rl.recipe", self.recipe, recipes.recipe_names())
+        check_choice("rl.recipe", self.recipe, recipes.recipe_names())
         try:
             return recipes.get_recipe(self.recipe, **self.set_fields())
         except ValueError as err:

@@ -13,6 +13,7 @@ one ``val_key(seed, it)``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -28,9 +29,9 @@ from jaxagent.envs.base import Task
 from jaxagent.envs.registry import EnvFactory, EnvSpec, get_env_spec
 from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, load_tokenizer
-from jaxagent.train.validate import hf_input
-from jaxagent.train.config import Config, ConfigError
-from jaxagent.train.policy import build_model, make_turn_sampler
+from jaxagent.train.config import Config
+from jaxagent.errors import ConfigError
+from jaxagent.train.policy import build_model, hf_input, make_turn_sampler
 from jaxagent.train.tokenizer import build_chatml_tokenizer, build_tokenizer, build_word_tokenizer
 
 
@@ -110,8 +111,8 @@ def run_tokenizer(
     config: Config, env: EnvSpec, train_tasks: list[Task], directory: Optional[Path] = None
 ):
     """The run's tokenizer: the one saved in ``directory`` when there is one, else the
-    model's (``model.init_from``), else built from scratch (``tokenizer.kind``) and saved in
-    ``directory`` (when given)."""
+    model's (``model.init_from``), else built from scratch (``tokenizer.kind``). Nothing is
+    written: the trainer saves it once every input has been checked."""
     if directory is not None and (directory / "tokenizer.json").exists():
         return load_tokenizer(str(directory))
     section = config.tokenizer
@@ -136,8 +137,6 @@ def run_tokenizer(
     else:
         corpus = [env.system_prompt] + [t.prompt for t in train_tasks]
         tok = build_tokenizer(corpus, section.vocab_size)
-    if directory is not None:
-        tok.save_pretrained(str(directory))
     return tok
 
 
@@ -227,8 +226,8 @@ def build_run(
       config: the run config.
       policy: a ``jaxagent.train.session.LoadedPolicy``: use its tokenizer and model instead
         of building them (``jaxagent eval`` / ``rollout`` on a checkpoint).
-      tokenizer_dir: where the run keeps its tokenizer (the trainer: ``<run_dir>/tokenizer``,
-        reused on resume); None builds it without saving.
+      tokenizer_dir: where a resumed run keeps its tokenizer (``<run_dir>/tokenizer``),
+        loaded from there; None builds it (nothing is saved here).
 
     Returns:
       The ``Run``.
@@ -287,3 +286,38 @@ def build_run(
         state_key=state_key,
         sample_key=sample_key,
     )
+
+
+def rows_multiple(config: Config, batch_devices: int) -> int:
+    """The packed-row multiple of this process's learner batch, refusing a layout or a
+    multi-host split the update cannot take: the minibatch (and its microbatch) must split
+    over the batch devices, and with several processes every host samples an equal slice."""
+    hosts, r, update = jax.process_count(), config.rollout, config.rl_config().update
+    if update.minibatch_size % batch_devices or update.microbatch % batch_devices:
+        raise ConfigError(
+            f"rl.update.minibatch_size={update.minibatch_size} and its microbatch "
+            f"({update.microbatch}) must be multiples of the {batch_devices} devices the batch "
+            "is split over (mesh data x fsdp); change them or the mesh"
+        )
+    multiple = math.lcm(update.minibatch_size, batch_devices)
+    if hosts == 1:
+        return multiple
+    if config.rl.data.dynamic_sampling:
+        raise ConfigError(
+            "rl.data.dynamic_sampling=true is single-process for now (each host would refill "
+            "its own groups and the hosts' row counts would differ); set it false or run one "
+            "process"
+        )
+    if r.tasks_per_iteration % hosts:
+        raise ConfigError(
+            f"rollout.tasks_per_iteration={r.tasks_per_iteration} must be a multiple of the "
+            f"{hosts} processes (each samples an equal slice of the tasks)"
+        )
+    rows = r.tasks_per_iteration // hosts * config.group_size
+    if multiple % hosts or rows % (multiple // hosts):
+        raise ConfigError(
+            f"each of the {hosts} processes packs {rows} rows, which must be a multiple of "
+            f"{multiple} (lcm of rl.update.minibatch_size and the batch devices) / {hosts}; "
+            "change rollout.tasks_per_iteration or rl.update.minibatch_size"
+        )
+    return multiple // hosts

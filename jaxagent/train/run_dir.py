@@ -27,7 +27,7 @@ import socket
 from pathlib import Path
 from typing import Any, Optional
 
-from jaxagent.train.validate import ConfigError
+from jaxagent.errors import ConfigError
 
 LOCK_NAME = "train.lock"
 

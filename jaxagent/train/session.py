@@ -118,3 +118,36 @@ def load_policy(checkpoint: str | Path, step: str | int = "latest") -> LoadedPol
     finally:
         ckpt.close()
     return LoadedPolicy(config, tokenizer, graphdef, state.model_params(), model_config, step, meta)
+
+
+# Model and tokenizer settings come from a checkpoint's own config: overrides of them on
+# ``eval`` / ``rollout --checkpoint`` cannot apply.
+_CHECKPOINT_OWNED = ("model.", "tokenizer.")
+
+
+def checkpoint_notes(config: Config, policy: LoadedPolicy, overrides: list[str]) -> list[str]:
+    """Lines for the user when a checkpoint runs under ``config``: the ``key=value`` overrides
+    it ignores (its own model and tokenizer are used), and an environment other than the one
+    it was trained on."""
+    from jaxagent.train.config import config_to_dict
+    from jaxagent.train.run_dir import flat
+
+    notes = []
+    asked, own = flat(config_to_dict(config)), flat(config_to_dict(policy.config))
+    last = {o.split("=", 1)[0]: o for o in overrides}  # a later override wins
+    ignored = [
+        o for k, o in last.items() if k.startswith(_CHECKPOINT_OWNED) and asked.get(k) != own.get(k)
+    ]
+    if ignored:
+        notes.append(
+            f"note: {', '.join(ignored)} ignored: the checkpoint's own model and tokenizer are used"
+        )
+    mine, theirs = config.env, policy.config.env
+    if (mine.name, dict(mine.options)) != (theirs.name, dict(theirs.options)):
+        notes.append(
+            f"warning: the checkpoint was trained on env {theirs.name!r} (options "
+            f"{dict(theirs.options)}), this config runs env {mine.name!r} (options "
+            f"{dict(mine.options)}); pass the run's own config (its config.yaml) to evaluate "
+            "it where it was trained"
+        )
+    return notes

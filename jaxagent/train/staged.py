@@ -20,7 +20,8 @@ import json
 import time
 from typing import Callable
 
-from jaxagent.train.config import Config, ConfigError, replace
+from jaxagent.train.config import Config, replace
+from jaxagent.errors import ConfigError
 
 
 def run_sft_then_rl(config: Config, echo: Callable[[str], None] = print) -> dict:

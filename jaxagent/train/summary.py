@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from jaxagent.train.distributed import is_writer
+from jaxagent.parallel.distributed import is_writer
 from jaxagent.train.metrics_log import read_jsonl
 
 

@@ -35,14 +35,15 @@ from jaxagent.train.checkpoint import refuse_overwrite
 from jaxagent.train.coverage import check_coverage
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
-from jaxagent.train import host_memory, hosts
-from jaxagent.train.distributed import host_local, is_writer, start_distributed, task_shard
-from jaxagent.train.mesh import DeviceLayout, ShardedUpdate, place
-from jaxagent.train.roofline import Roofline, iteration_metrics, progress_fields
+from jaxagent.perf import host_memory
+from jaxagent.agents import hosts
+from jaxagent.parallel.distributed import host_local, is_writer, start_distributed, task_shard
+from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate, place
+from jaxagent.perf.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
 from jaxagent.train.policy import make_logprob_fn, run_optimizer
 from jaxagent.train.run import build_run, eval_key, iteration_tasks, make_runner, sample_keys
-from jaxagent.train.run import val_key
+from jaxagent.train.run import rows_multiple, val_key
 from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_atomic
 from jaxagent.train.sft import warm_start
 from jaxagent.train.summary import best_val_record, history_entry
@@ -60,6 +61,7 @@ class Trainer:
 
     def __init__(self, config: Config, echo: Callable[[str], None] = print):
         self._t_init = time.perf_counter()  # wall_s counts set-up (world, tokenizer, model) too
+        host_memory.limit_arenas()  # before threads start: a long run's memory stays flat
         start_distributed(config.distributed)  # before anything touches a device
         # Several processes: each prints, logs and writes nothing; process 0 does it once.
         self.config, self.echo = config, echo if is_writer() else (lambda *_: None)
@@ -109,13 +111,13 @@ class Trainer:
         self.rl = config.rl_config()
         self.optimizer = run_optimizer(config)
         # The mesh (config.mesh), built once: train state, packed batches, update, rollout.
-        self.layout = DeviceLayout.build(config, self.graphdef, run.params)
+        self.layout = DeviceLayout.build(config.mesh, self.graphdef, run.params)
         if self.layout.mesh is not None:
             self.echo(f"[mesh] {self.layout.describe()}")
         # Per host: each process's rollout and its share of the update over its devices.
         devices = self.layout.devices() if jax.process_count() == 1 else jax.local_devices()
         self.roofline = Roofline.create(run.model_config, run.params, devices)
-        self._rows_multiple = hosts.check_config(config, self.layout.batch_devices)
+        self._rows_multiple = rows_multiple(config, self.layout.batch_devices)
         self.row_keys = config.rollout.row_keys or jax.process_count() > 1
         # The memory-lean learner pass (block remat unless rl.update.remat is off; the
         # vocabulary head only over positions that carry loss): benchmarks/update_memory.py.

@@ -1,4 +1,4 @@
-"""Training-free agent methods (survey §3.4), each wrapping any turn policy.
+"""Training-free agent methods, each wrapping any turn policy.
 
 ``react`` (ReAct prompting: a thought before each action), ``reflexion`` (a verbal lesson
 after each failed attempt, prepended to the next; attempts capped), ``self_refine``

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import yaml
 
-from jaxagent.train.validate import ConfigError
+from jaxagent.errors import ConfigError
 
 _DC = dict(frozen=True, kw_only=True)
 

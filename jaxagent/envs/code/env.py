@@ -5,7 +5,7 @@ the sandbox against the task's hidden tests; the harness (outside the candidate'
 records each test. Rewards: ``"shaped"`` = fraction of tests passed, ``"binary"`` = 1 only if
 all pass. With ``max_turns > 1`` a failed attempt is not the end: the execution feedback (the
 failing test, the error, the tail of stdout/stderr) is the next observation and the agent may
-revise (survey §4.2: state = code so far + test results). Only the last attempt is rewarded;
+revise (the state is the code so far plus the test results). Only the last attempt is rewarded;
 each attempt's test fraction is reported as the process reward term.
 
 The feedback comes from the *public* tests (the examples in the problem's own prompt) run

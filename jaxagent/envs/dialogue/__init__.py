@@ -3,7 +3,7 @@
 See ``domain`` (slots, database, goals, held-out routes and simulator setting), ``simulator``
 (the user), ``env`` (the TextEnv and its reward), ``tracker`` (belief state, DQN features,
 act ids), ``policies`` (rule policy, scripted expert, random) and ``suite`` (the registry
-entry). Never imports JAX; the DQN lives in ``jaxagent.rl.classic.dqn``.
+entry). Never imports JAX; the DQN lives in ``jaxagent.learners.dqn_dialogue.dqn``.
 """
 
 from jaxagent.envs.dialogue.domain import DialogueConfig, DialogueSource, SimulatorConfig

@@ -11,7 +11,7 @@ System acts, one per step (words separated by spaces):
   ``end``                                  end without booking
 
 Observations are ``user : <utterance>`` or ``db : <n> flights , <best flight>`` (cheapest
-match first). Reward (Zhao & Eskenazi 2016 / the survey §2.1): ``success_reward`` for booking
+match first). Reward (Zhao & Eskenazi 2016): ``success_reward`` for booking
 a flight that fulfils the user's current goal, ``-turn_cost`` every step,
 ``-wrong_booking_penalty`` for booking a wrong flight and ``-wrong_confirm_penalty`` for
 confirming a value the user does not want. Failure modes: ``wrong_state`` (wrong booking),

@@ -1,6 +1,6 @@
 """Generated math problems: levels, templates, difficulties, and train/test splits.
 
-Levels (the issue's list): ``arith`` (multi-step arithmetic), ``fraction`` (fractions and
+Levels: ``arith`` (multi-step arithmetic), ``fraction`` (fractions and
 percentages), ``word`` (word problems from templates, with distractor quantities that the
 question does not use) and ``linear`` (linear equations in x). Each template builds, from a
 generator and a difficulty (1 easy .. 3 hard: larger numbers, more steps), the problem text,

@@ -2,7 +2,7 @@
 
 ``click(id)``, ``type(id, text)``, ``select(id, option)``, ``scroll(up|down)``, ``back()``,
 ``search(query)``, ``finish()``; each is a ``ToolSpec`` so that a wrong argument gets the shared
-parser's readable message. ``scroll(down)`` (a bare word, as the issue writes it) is accepted
+parser's readable message. ``scroll(down)`` (a bare word, as the list above writes it) is accepted
 as ``scroll("down")``, and an id may be written as the view writes it, ``click ( [3] )``
 (WebArena's ``click [id]``), so that one token names an element in the view and in the
 action. The embedded sites and MiniWoB++ take the same vocabulary.

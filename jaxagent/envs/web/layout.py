@@ -5,7 +5,7 @@ sits, whether a category filter exists), how results are listed (rows per page, 
 how a row reads) and the order of the item page's parts (title, price, features, reviews, the
 option select, the buy / save buttons and their labels). Train and test tasks draw layouts
 from disjoint pools (``layout_pool``), so held-out success measures generalisation to sites
-the policy never saw, not only to unseen items (survey §7.2).
+the policy never saw, not only to unseen items.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Environment health check (survey §6.1): run before any training launch on BFCL worlds.
+"""Environment health check: run before any training launch on BFCL worlds.
 
   python -m jaxagent.envs.tools.bfcl --list
   python -m jaxagent.envs.tools.bfcl --check multi_turn_base [--limit N] [--drop-check]

@@ -1,6 +1,6 @@
 """Quickstart task generator: templates by difficulty level, plans, and the TaskSource.
 
-Levels (the issue's list): ``single`` (one call), ``chain`` (a call's result feeds the next
+Levels: ``single`` (one call), ``chain`` (a call's result feeds the next
 call), ``arith`` (results used in arithmetic through the calculator tools), ``docs`` (the
 cancel code is only in ``help("cancel")``'s documentation), ``distractor`` (a look-alike tool
 such as ``quote`` next to ``price`` and extra irrelevant tools in the list).

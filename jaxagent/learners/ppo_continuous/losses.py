@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxagent.rl.advantages import compute_gae
-from jaxagent.rl.classic.ppo_networks import gaussian_entropy, gaussian_logprob
+from jaxagent.learners.ppo_continuous.networks import gaussian_entropy, gaussian_logprob
 
 
 def rollout_gae(

@@ -1,6 +1,6 @@
 """``jaxagent train`` for ``learner: dqn_dialogue`` configs: a DQN dialogue policy.
 
-``train(config_path, overrides)`` trains ``jaxagent.rl.classic.dqn`` from scratch on the
+``train(config_path, overrides)`` trains ``jaxagent.learners.dqn_dialogue.dqn`` from scratch on the
 dialogue suite's training goals (``num_envs`` dialogues stepped in lockstep over the state
 tracker's features; epsilon-greedy; replay; double DQN), once per seed, then evaluates the
 greedy policy and the hand-written rule policy (``envs.dialogue.policies.rule_policy``) on
@@ -22,15 +22,15 @@ from typing import Any, Callable, Dict, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
-from jaxagent.rl.classic.dqn import DQNConfig
-from jaxagent.train.validate import _DC, ConfigError
+from jaxagent.learners.dqn_dialogue.dqn import DQNConfig
+from jaxagent.errors import FROZEN, ConfigError
 
 # Two-sided 97.5% Student-t quantiles by degrees of freedom (no scipy dependency).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}  # fmt: skip
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class DialogueEnvSection:
     """The dialogue suite's ``env.options`` (validated by the registry)."""
 
@@ -45,7 +45,7 @@ class DialogueEnvSection:
             raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from None
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class DQNTrainSection:
     """The run: length, seeds, evaluation and outputs."""
 
@@ -72,7 +72,7 @@ class DQNTrainSection:
             raise ConfigError(f"train.num_seeds={self.num_seeds} must be <= {len(_T975) + 1}")
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class DQNDialogueConfig:
     """A ``learner: dqn_dialogue`` YAML file."""
 
@@ -91,7 +91,7 @@ def _fields(cls) -> list[str]:
 def load_dqn_config(path: str | Path | None, overrides: Sequence[str] = ()) -> DQNDialogueConfig:
     """YAML + ``key=value`` overrides onto ``DQNDialogueConfig``; errors are ``ConfigError``
     naming the key, the value and the fix."""
-    from jaxagent.train.classic import load_learner_config
+    from jaxagent.learners.registry import load_learner_config
 
     return load_learner_config(
         DQNDialogueConfig,
@@ -196,7 +196,7 @@ def train_seed(config: DQNDialogueConfig, seed: int, spec, rule_return: float, e
     import jax
 
     from jaxagent.envs.dialogue.tracker import NUM_ACTS, NUM_FEATURES
-    from jaxagent.rl.classic import dqn
+    from jaxagent.learners.dqn_dialogue import dqn
 
     cfg, tr = config.dqn, config.train
     max_turns = spec.make_env().config.max_turns

@@ -1,4 +1,4 @@
-"""Device mesh, parameter / optimiser-state / batch shardings, and multi-host start-up.
+"""Device mesh (the ``mesh:`` config section), parameter / optimiser-state / batch shardings.
 
 One mesh with three named axes: ``data`` (pure data parallelism), ``fsdp`` (data parallel with
 parameters and optimiser state sharded, ZeRO-3 style) and ``tensor`` (model dimensions split).
@@ -8,8 +8,8 @@ partitioner inserts the collectives (no pmap, which is in maintenance mode).
 
 Typical use (one host or many)::
 
-    initialize_distributed(mesh_cfg)                 # no-op on a single host
-    mesh = make_mesh(mesh_cfg)                       # e.g. data=4, fsdp=2
+    start_distributed(DistributedConfig())           # parallel.distributed; no-op on one host
+    mesh = make_mesh(MeshConfig(data=4, fsdp=2))
     st_sh = state_shardings(state, mesh, param_logical_axes(graphdef, params), tx)
     state = jax.device_put(state, st_sh)
     update = make_update_step(cfg, apply_fn, tx, mesh=mesh, state_sharding=st_sh,
@@ -19,7 +19,6 @@ Typical use (one host or many)::
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -27,6 +26,8 @@ import jax
 import numpy as np
 import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from jaxagent.errors import ConfigError, check_choice
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -42,50 +43,50 @@ DEFAULT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+ROLLOUT_LAYOUTS = ("train", "no_fsdp")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeshConfig:
-    """Mesh shape and multi-host start-up.
+    """The device mesh: the ``mesh:`` section of a run config. Static: a change rebuilds the
+    mesh and recompiles every step. The default (1 x 1 x 1) is one device and no mesh, exactly
+    the single-device program; ``data=-1`` takes every device left over, on every host."""
 
-    Static: changing any field rebuilds the mesh and recompiles.
-    """
-
-    data: int = -1  # data-parallel size; -1: all devices left after fsdp x tensor
-    fsdp: int = 1  # parameter-sharded data-parallel size
-    tensor: int = 1  # tensor-parallel size
+    data: int = 1  # pure data-parallel size; -1: every device left after fsdp x tensor
+    fsdp: int = 1  # data-parallel size with parameters and Adam moments sharded (ZeRO-3)
+    tensor: int = 1  # model-parallel size (heads, MLP width, vocabulary split)
+    # The sampler's weight layout: "train" samples from the training shardings (no copy;
+    # every decode step all-gathers FSDP-sharded weights), "no_fsdp" reshards the weights
+    # once per iteration to replicated-over-fsdp (one extra model copy while sampling, no
+    # per-step all-gathers), as the PyTorch stacks' hybrid engines do.
+    rollout_layout: str = "train"
     rules: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_RULES  # logical -> mesh axes
-    distributed: str = (
-        "off"  # off | auto (jax.distributed.initialize() auto-detects TPU/SLURM) | explicit
-    )
-    coordinator_address: Optional[str] = (
-        None  # "host:port" (explicit; or env JAX_COORDINATOR_ADDRESS)
-    )
-    num_processes: Optional[int] = None  # explicit; or env JAX_NUM_PROCESSES
-    process_id: Optional[int] = None  # explicit; or env JAX_PROCESS_ID
 
     def __post_init__(self) -> None:
         for name in ("data", "fsdp", "tensor"):
             value = getattr(self, name)
             if value == 0 or value < -1 or (value == -1 and name != "data"):
-                raise ValueError(
-                    f"MeshConfig.{name}={value} is invalid; use a positive size"
-                    + (" or -1 (all remaining devices)" if name == "data" else "")
+                raise ConfigError(
+                    f"mesh.{name}={value!r} is invalid; use a positive size"
+                    + (" or -1 (every remaining device)" if name == "data" else "")
                 )
-        if self.distributed not in ("off", "auto", "explicit"):
-            raise ValueError(
-                f"MeshConfig.distributed={self.distributed!r}; use off, auto or explicit"
-            )
+        check_choice("mesh.rollout_layout", self.rollout_layout, ROLLOUT_LAYOUTS)
+        # YAML hands the rules back as lists: the config stays hashable and comparable.
+        object.__setattr__(self, "rules", tuple((n, tuple(a)) for n, a in self.rules))
         known = {name for name, _ in self.rules}
         for name, axes in self.rules:
             bad = [a for a in axes if a not in MESH_AXES]
             if bad:
-                raise ValueError(
-                    f"MeshConfig.rules maps {name!r} to unknown mesh axes {bad}; "
+                raise ConfigError(
+                    f"mesh.rules maps {name!r} to unknown mesh axes {bad}; "
                     f"mesh axes are {MESH_AXES}"
                 )
         if "batch" not in known:
-            raise ValueError(
-                "MeshConfig.rules needs a 'batch' entry (e.g. ('batch', ('data', 'fsdp')))"
-            )
+            raise ConfigError("mesh.rules needs a 'batch' entry (e.g. ['batch', ['data', 'fsdp']])")
+
+    @property
+    def single_device(self) -> bool:
+        return self.data == 1 and self.fsdp == 1 and self.tensor == 1
 
     def axis_sizes(self, num_devices: int) -> tuple[int, int, int]:
         """(data, fsdp, tensor) for ``num_devices``; raises when they do not multiply out."""
@@ -221,42 +222,3 @@ def host_local_to_global(batch: Any, shardings: Any) -> Any:
     return jax.tree.map(
         lambda sh, x: jax.make_array_from_process_local_data(sh, np.asarray(x)), shardings, batch
     )
-
-
-def initialize_distributed(config: Optional[MeshConfig] = None) -> bool:
-    """Start multi-host JAX (``jax.distributed.initialize``) when the config or environment asks.
-
-    ``distributed="auto"`` lets JAX detect the cluster (Cloud TPU pods, SLURM, ...);
-    ``"explicit"`` (or the environment variables JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
-    JAX_PROCESS_ID) passes the coordinator address, process count and id. Must run before any
-    other JAX call. Returns True when it initialised, False on a single host.
-    """
-    config = config or MeshConfig()
-    env = os.environ
-    address = config.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
-    mode = config.distributed
-    if mode == "off" and address:
-        mode = "explicit"
-    if mode == "off":
-        return False
-    if mode == "auto":
-        jax.distributed.initialize()
-        return True
-    num = config.num_processes or (
-        int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env else None
-    )
-    pid = config.process_id
-    if pid is None and "JAX_PROCESS_ID" in env:
-        pid = int(env["JAX_PROCESS_ID"])
-    missing = [
-        n
-        for n, v in (("coordinator_address", address), ("num_processes", num), ("process_id", pid))
-        if v is None
-    ]
-    if missing:
-        raise ValueError(
-            f"distributed start-up needs {missing}: set MeshConfig fields or the "
-            "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables"
-        )
-    jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
-    return True

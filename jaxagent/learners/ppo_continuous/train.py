@@ -1,6 +1,6 @@
 """``jaxagent train`` / ``jaxagent eval`` for ``learner: ppo_continuous`` configs.
 
-``train(config_path, overrides)`` runs PPO (``jaxagent.rl.classic.ppo_continuous``) on one of
+``train(config_path, overrides)`` runs PPO (``jaxagent.learners.ppo_continuous.update``) on one of
 the pool's MuJoCo tasks and writes to ``train.out_dir``: ``curve.png`` (training-episode
 returns against env steps, evaluation points on top), ``summary.json`` (the returned dict),
 ``metrics.jsonl`` (one line per iteration), ``config.yaml`` and ``checkpoint.msgpack`` (params
@@ -19,11 +19,11 @@ from typing import Any, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
-from jaxagent.rl.classic.ppo_continuous import PPOConfig
-from jaxagent.train.validate import _DC, ConfigError
+from jaxagent.learners.ppo_continuous.update import PPOConfig
+from jaxagent.errors import FROZEN, ConfigError
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class PPOEnvSection:
     """Which MuJoCo task, and how the pool steps it."""
 
@@ -48,7 +48,7 @@ class PPOEnvSection:
             )
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class PPOTrainSection:
     """The run: length, seed, evaluation and outputs."""
 
@@ -68,7 +68,7 @@ class PPOTrainSection:
             )
 
 
-@dataclasses.dataclass(**_DC)
+@dataclasses.dataclass(**FROZEN)
 class PPORunConfig:
     """A ``learner: ppo_continuous`` YAML file."""
 
@@ -81,7 +81,7 @@ class PPORunConfig:
 def load_ppo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> PPORunConfig:
     """YAML + ``key=value`` overrides onto ``PPORunConfig``; every error is a ``ConfigError``
     naming the key, the value and the fix."""
-    from jaxagent.train.classic import load_learner_config
+    from jaxagent.learners.registry import load_learner_config
 
     return load_learner_config(
         PPORunConfig,
@@ -116,9 +116,9 @@ def train(config_path: str | None, overrides: Sequence[str] = ()) -> dict[str, A
     """Train; returns the summary (also written to ``<out_dir>/summary.json``)."""
     import jax
 
-    from jaxagent.rl.classic.ppo_continuous import PPOLearner
-    from jaxagent.rl.classic.ppo_normalize import RunningMoments, obs_stats, update_moments
-    from jaxagent.train.ppo_rollout import Collector, evaluate_policy
+    from jaxagent.learners.ppo_continuous.update import PPOLearner
+    from jaxagent.learners.ppo_continuous.normalize import RunningMoments, obs_stats, update_moments
+    from jaxagent.learners.ppo_continuous.rollout import Collector, evaluate_policy
 
     config = load_ppo_config(config_path, overrides)
     c, t = config.ppo, config.train
@@ -216,7 +216,7 @@ def save_checkpoint(path: Path, params, stats) -> None:
 def load_checkpoint(path: Path):
     from flax import serialization
 
-    from jaxagent.rl.classic.ppo_normalize import ObsStats
+    from jaxagent.learners.ppo_continuous.normalize import ObsStats
 
     blob = serialization.msgpack_restore(Path(path).read_bytes())
     return blob["params"], ObsStats(np.asarray(blob["obs_mean"]), np.asarray(blob["obs_inv_std"]))
@@ -225,8 +225,8 @@ def load_checkpoint(path: Path):
 def evaluate(config_path: str, checkpoint: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Mean return of the checkpoint's mean policy over ``train.eval_episodes`` episodes (an
     override: ``train.eval_episodes=N``), on env seeds the training run never used."""
-    from jaxagent.rl.classic.ppo_continuous import PPOLearner
-    from jaxagent.train.ppo_rollout import evaluate_policy
+    from jaxagent.learners.ppo_continuous.update import PPOLearner
+    from jaxagent.learners.ppo_continuous.rollout import evaluate_policy
 
     config = load_ppo_config(config_path, overrides)
     episodes = config.train.eval_episodes

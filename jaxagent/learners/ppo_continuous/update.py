@@ -4,7 +4,7 @@ update (GAE, then epochs x minibatches of the clipped loss under ``lax.scan``).
 The pieces are apart, brax-style: networks in ``ppo_networks.py``, observation / reward
 normalisers in ``ppo_normalize.py``, GAE and the loss in ``ppo_losses.py``; this module only
 assembles them. The host loop that steps the pool's MuJoCo engine and writes outputs is
-``jaxagent.train.ppo_continuous``.
+``jaxagent.learners.ppo_continuous.train``.
 
 Defaults are Schulman et al. 2017's MuJoCo setting (horizon 2048, Adam 3e-4 annealed linearly
 to 0, 10 epochs, minibatch 64, gamma 0.99, lambda 0.95, epsilon 0.2) with the CleanRL /
@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from jaxagent.rl.classic.ppo_losses import Minibatch, ppo_loss, rollout_gae
-from jaxagent.rl.classic.ppo_networks import init_networks
+from jaxagent.learners.ppo_continuous.losses import Minibatch, ppo_loss, rollout_gae
+from jaxagent.learners.ppo_continuous.networks import init_networks
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -22,9 +22,7 @@ import argparse
 import json
 import sys
 
-
-class InputError(ValueError):
-    """A command-line argument is invalid; the message names it, its value and the fix."""
+from jaxagent.errors import ConfigError, InputError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,12 +37,12 @@ class Interrupted(Exception):
 
 
 def _cmd_train(args) -> int:
-    from jaxagent.train.classic import learner_of, run_learner
+    from jaxagent.learners.registry import learner_of, run_learner
     from jaxagent.train.config import load_config
     from jaxagent.train.trainer import Trainer
 
     learner = learner_of(args.config)
-    if learner is not None:  # a non-LLM learner (rl/classic): its own config and summary
+    if learner is not None:  # a non-LLM learner (jaxagent/learners): its own config and summary
         summary = run_learner(learner, args.config, args.overrides)
         print(json.dumps(summary), flush=True)
         return 0
@@ -73,11 +71,6 @@ def _cmd_train(args) -> int:
     return 0
 
 
-# Model and tokenizer settings come from a checkpoint's own config: overrides of them on
-# ``eval`` / ``rollout --checkpoint`` cannot apply.
-_CHECKPOINT_OWNED = ("model.", "tokenizer.")
-
-
 def _run_for(args, render_dir=None):
     """(config, run) for ``eval`` / ``rollout``: the config's tasks and settings, with the
     checkpoint's policy when one is given (else the config's untrained model)."""
@@ -94,35 +87,16 @@ def _run_for(args, render_dir=None):
 
 
 def note_checkpoint_mismatch(args, config, policy) -> None:
-    """Warn (stderr) about overrides a checkpoint ignores and about evaluating it under an
-    environment other than the one it was trained on."""
-    from jaxagent.train.config import config_to_dict
-    from jaxagent.train.run_dir import flat
+    """Print (stderr) what ``checkpoint_notes`` finds: overrides the checkpoint ignores, and
+    an environment other than the one it was trained on."""
+    from jaxagent.train.session import checkpoint_notes
 
-    asked, own = flat(config_to_dict(config)), flat(config_to_dict(policy.config))
-    last = {o.split("=", 1)[0]: o for o in args.overrides}  # a later override wins
-    ignored = [
-        o for k, o in last.items() if k.startswith(_CHECKPOINT_OWNED) and asked.get(k) != own.get(k)
-    ]
-    if ignored:
-        print(
-            f"jaxagent {args.command}: note: {', '.join(ignored)} ignored: the checkpoint's "
-            "own model and tokenizer are used",
-            file=sys.stderr,
-        )
-    mine, theirs = config.env, policy.config.env
-    if (mine.name, dict(mine.options)) != (theirs.name, dict(theirs.options)):
-        print(
-            f"jaxagent {args.command}: warning: the checkpoint was trained on env "
-            f"{theirs.name!r} (options {dict(theirs.options)}), this config runs env "
-            f"{mine.name!r} (options {dict(mine.options)}); pass the run's own config "
-            "(its config.yaml) to evaluate it where it was trained",
-            file=sys.stderr,
-        )
+    for note in checkpoint_notes(config, policy, args.overrides):
+        print(f"jaxagent {args.command}: {note}", file=sys.stderr)
 
 
 def _cmd_eval(args) -> int:
-    from jaxagent.cli_eval import cmd_eval
+    from jaxagent.cli.eval import cmd_eval
 
     return cmd_eval(args)
 
@@ -134,7 +108,7 @@ def _cmd_rollout(args) -> int:
 
     if args.n < 1:
         raise InputError(f"--n {args.n} must be >= 1 (the number of episodes to print)")
-    from jaxagent.train.classic import learner_of, run_evaluator
+    from jaxagent.learners.registry import learner_of, run_evaluator
 
     if (learner := learner_of(args.config)) is not None:  # e.g. PPO on a MuJoCo task
         if not args.checkpoint:
@@ -312,9 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(_one_line(f"jaxagent {command}: {err}"), file=sys.stderr)
         return 2
-    from jaxagent.train.config import ConfigError
     from jaxagent.train.guards import TrainingStopped
-    from jaxagent.train.session import CheckpointError
+    from jaxagent.train.checkpoint import CheckpointError
 
     handlers = {
         "train": _cmd_train,

@@ -1,6 +1,6 @@
 """Multi-host start-up and the one-writer rule.
 
-``start_distributed(config.distributed)`` runs ``jax.distributed.initialize`` before anything
+``start_distributed(config.distributed)`` (a ``DistributedConfig``) runs ``jax.distributed.initialize`` before anything
 touches a device: the coordinator address, process count and id come from the config, else
 from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, and ``mode: auto`` lets
 JAX detect Cloud TPU pods, SLURM and Open MPI itself. On CPU the collectives go through gloo
@@ -17,6 +17,7 @@ exchanged with ``allgather_objects`` (tests/test_multihost_trainer.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from typing import Any, Sequence, TypeVar
@@ -24,32 +25,83 @@ from typing import Any, Sequence, TypeVar
 import jax
 import numpy as np
 
-from jaxagent.parallel import MeshConfig, initialize_distributed
-from jaxagent.train.mesh_section import DistributedSection
+from jaxagent.errors import ConfigError, FROZEN, check_choice
 
 T = TypeVar("T")
 _started = False
 
 
-def start_distributed(section: DistributedSection) -> bool:
-    """Initialise multi-host JAX when the section or the environment asks; True when it did.
+@dataclasses.dataclass(**FROZEN)
+class DistributedConfig:
+    """Multi-host start-up (``jax.distributed.initialize``), one process per host: the
+    ``distributed:`` section of a run config.
 
-    Idempotent (a second Trainer in the same process reuses the first start-up)."""
+    ``mode``: "off" (one process; still "explicit" when JAX_COORDINATOR_ADDRESS is set),
+    "auto" (JAX detects Cloud TPU pods, SLURM, Open MPI, ...), or "explicit" (the fields below,
+    each falling back to JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID).
+    """
+
+    mode: str = "off"  # off | auto | explicit
+    coordinator_address: str = ""  # "host:port" of process 0
+    num_processes: int = 0  # 0: from the environment
+    process_id: int = -1  # -1: from the environment
+    local_device_count: int = 0  # CPU only: simulated devices per process (0: leave as is)
+
+    def __post_init__(self):
+        check_choice("distributed.mode", self.mode, ("off", "auto", "explicit"))
+        if self.num_processes < 0:
+            raise ConfigError(
+                f"distributed.num_processes={self.num_processes} must be >= 1 (or 0: from "
+                "the environment variable JAX_NUM_PROCESSES)"
+            )
+        if self.process_id < -1 or (self.num_processes and self.process_id >= self.num_processes):
+            raise ConfigError(
+                f"distributed.process_id={self.process_id} must be in [0, num_processes) "
+                "(or -1: from the environment variable JAX_PROCESS_ID)"
+            )
+        if self.coordinator_address and ":" not in self.coordinator_address:
+            raise ConfigError(
+                f"distributed.coordinator_address={self.coordinator_address!r} must be "
+                "host:port, e.g. 10.0.0.1:1234"
+            )
+
+
+def start_distributed(config: DistributedConfig) -> bool:
+    """Initialise multi-host JAX when the config or the environment asks; True when it did.
+    Must run before any other JAX call. Idempotent (a second Trainer in the same process
+    reuses the first start-up)."""
     global _started
-    env_address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if _started or (section.mode == "off" and not env_address):
+    env = os.environ
+    address = config.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+    if _started or (config.mode == "off" and not address):
         return _started
-    if section.local_device_count:
-        jax.config.update("jax_num_cpu_devices", section.local_device_count)
+    if config.local_device_count:
+        jax.config.update("jax_num_cpu_devices", config.local_device_count)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    initialize_distributed(
-        MeshConfig(
-            distributed="explicit" if section.mode == "off" else section.mode,
-            coordinator_address=section.coordinator_address or None,
-            num_processes=section.num_processes or None,
-            process_id=None if section.process_id < 0 else section.process_id,
+    if config.mode == "auto":
+        jax.distributed.initialize()
+    else:
+        num = config.num_processes or (
+            int(env["JAX_NUM_PROCESSES"]) if "JAX_NUM_PROCESSES" in env else None
         )
-    )
+        pid = config.process_id if config.process_id >= 0 else None
+        if pid is None and "JAX_PROCESS_ID" in env:
+            pid = int(env["JAX_PROCESS_ID"])
+        missing = [
+            n
+            for n, v in (
+                ("coordinator_address", address),
+                ("num_processes", num),
+                ("process_id", pid),
+            )
+            if v is None
+        ]
+        if missing:
+            raise ConfigError(
+                f"distributed start-up needs {missing}: set distributed.* or the "
+                "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables"
+            )
+        jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
     _started = True
     return True
 

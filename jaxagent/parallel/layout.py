@@ -1,7 +1,7 @@
-"""The trainer's device layout: one mesh from ``config.mesh``, built once, used everywhere.
+"""A run's device layout: one mesh from its ``mesh:`` section, built once, used everywhere.
 
-``DeviceLayout.build(config, graphdef, params)`` makes the ('data', 'fsdp', 'tensor') mesh
-(``jaxagent.parallel``) and keeps the logical axes of the model's parameters. It then places
+``DeviceLayout.build(config.mesh, graphdef, params)`` makes the ('data', 'fsdp', 'tensor') mesh
+(``jaxagent.parallel.mesh``) and keeps the logical axes of the model's parameters. It then places
 
 - the train state: parameters and Adam moments by the logical-axis rules (``state``);
 - each packed batch: rows split over the mesh axes of the logical 'batch' axis, assembled
@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxagent.models import param_logical_axes
-from jaxagent.parallel import (
+from jaxagent.parallel.mesh import (
     DEFAULT_RULES,
     MeshConfig,
     batch_mesh_axes,
@@ -35,8 +35,8 @@ from jaxagent.parallel import (
     param_shardings,
     state_shardings,
 )
-from jaxagent.train import host_memory
-from jaxagent.train.config import Config, ConfigError
+from jaxagent.perf import host_memory
+from jaxagent.errors import ConfigError
 
 # Sampling layout "no_fsdp": the rules with 'embed' (the FSDP-sharded dimension) unsharded.
 NO_FSDP_RULES = tuple(
@@ -54,8 +54,8 @@ class DeviceLayout:
     rules: tuple = DEFAULT_RULES
 
     @classmethod
-    def build(cls, config: Config, graphdef, params) -> "DeviceLayout":
-        m = config.mesh
+    def build(cls, m: MeshConfig, graphdef, params) -> "DeviceLayout":
+        """The layout ``m`` (a run's ``mesh:`` section) asks for, over the model's params."""
         if m.single_device and jax.process_count() == 1:
             return cls(mesh=None, logical_axes=None)
         devices = jax.devices()
@@ -68,18 +68,10 @@ class DeviceLayout:
                 )
             devices = devices[:size]  # a smaller mesh on one host: the first devices
         try:
-            mesh = make_mesh(MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor), devices=devices)
+            mesh = make_mesh(m, devices=devices)
         except ValueError as exc:
             raise ConfigError(f"mesh: {exc}") from None
-        layout = cls(mesh, param_logical_axes(graphdef, params), m.rollout_layout)
-        n, mb = layout.batch_devices, config.rl_config().update
-        if mb.minibatch_size % n or mb.microbatch % n:
-            raise ConfigError(
-                f"rl.update.minibatch_size={mb.minibatch_size} and its microbatch "
-                f"({mb.microbatch}) must be multiples of the {n} devices the batch is split "
-                f"over (mesh data x fsdp); change them or the mesh"
-            )
-        return layout
+        return cls(mesh, param_logical_axes(graphdef, params), m.rollout_layout, m.rules)
 
     @property
     def batch_devices(self) -> int:

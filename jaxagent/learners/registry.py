@@ -1,4 +1,4 @@
-"""``jaxagent train`` for non-LLM learners (``rl/classic``): dispatch on the config's ``learner``.
+"""``jaxagent train`` for non-LLM learners (``jaxagent/learners``): dispatch on the config's ``learner``.
 
 A YAML config whose top level has ``learner: NAME`` is not an LM config: ``jaxagent train``
 hands it to ``LEARNERS[NAME]``, a ``"module:function"`` whose function takes
@@ -16,19 +16,19 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from jaxagent.train.config import ConfigError
+from jaxagent.errors import ConfigError
 
 # name -> "module:function"; the modules import JAX lazily through their own learner.
 LEARNERS: dict[str, str] = {
-    "dqn_dialogue": "jaxagent.train.dqn_dialogue:train",
-    "ppo_continuous": "jaxagent.train.ppo_continuous:train",
+    "dqn_dialogue": "jaxagent.learners.dqn_dialogue.train:train",
+    "ppo_continuous": "jaxagent.learners.ppo_continuous.train:train",
 }
 
 
 # name -> "module:function" with (config_path, checkpoint, overrides) -> summary dict, for
 # `jaxagent eval CONFIG --checkpoint DIR` on a `learner:` config.
 EVALUATORS: dict[str, str] = {
-    "ppo_continuous": "jaxagent.train.ppo_continuous:evaluate",
+    "ppo_continuous": "jaxagent.learners.ppo_continuous.train:evaluate",
 }
 
 

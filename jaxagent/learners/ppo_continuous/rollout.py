@@ -18,9 +18,9 @@ import numpy as np
 
 from jaxagent.envs.robot import MujocoVectorEnv
 from jaxagent.pool.array_pool import ArrayEnvPool
-from jaxagent.rl.classic.ppo_continuous import PPOLearner, Rollout
-from jaxagent.rl.classic.ppo_networks import NumpyPolicy
-from jaxagent.rl.classic.ppo_normalize import ObsStats, RewardScaler, normalize_obs
+from jaxagent.learners.ppo_continuous.update import PPOLearner, Rollout
+from jaxagent.learners.ppo_continuous.networks import NumpyPolicy
+from jaxagent.learners.ppo_continuous.normalize import ObsStats, RewardScaler, normalize_obs
 
 
 class Collector:

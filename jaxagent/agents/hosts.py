@@ -17,7 +17,6 @@ With one process every function here is the identity, apart from ``rows_multiple
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import numpy as np
@@ -25,35 +24,7 @@ import numpy as np
 from jaxagent.agents.evaluate import Evaluation, evaluate
 from jaxagent.agents.rollout import RolloutSpec, RolloutStats
 from jaxagent.eval.report import summarize
-from jaxagent.train.config import Config, ConfigError
-from jaxagent.train.distributed import allgather_objects, host_local, task_slice
-
-
-def check_config(config: Config, batch_devices: int) -> int:
-    """Refuse what a multi-host rollout cannot do; return the packed-row multiple per host."""
-    hosts, r = jax.process_count(), config.rollout
-    rows_multiple = math.lcm(config.rl_config().update.minibatch_size, batch_devices)
-    if hosts == 1:
-        return rows_multiple
-    if config.rl.data.dynamic_sampling:
-        raise ConfigError(
-            "rl.data.dynamic_sampling=true is single-process for now (each host would refill "
-            "its own groups and the hosts' row counts would differ); set it false or run one "
-            "process"
-        )
-    if r.tasks_per_iteration % hosts:
-        raise ConfigError(
-            f"rollout.tasks_per_iteration={r.tasks_per_iteration} must be a multiple of the "
-            f"{hosts} processes (each samples an equal slice of the tasks)"
-        )
-    rows = r.tasks_per_iteration // hosts * config.group_size
-    if rows_multiple % hosts or rows % (rows_multiple // hosts):
-        raise ConfigError(
-            f"each of the {hosts} processes packs {rows} rows, which must be a multiple of "
-            f"{rows_multiple} (lcm of rl.update.minibatch_size and the batch devices) / {hosts}; "
-            "change rollout.tasks_per_iteration or rl.update.minibatch_size"
-        )
-    return rows_multiple // hosts
+from jaxagent.parallel.distributed import allgather_objects, host_local, task_slice
 
 
 def set_row_offset(sampler, first_row: int, enabled: bool) -> None:

@@ -6,14 +6,15 @@ errors (an ``InputError`` raised here exits 2 with one line)."""
 from __future__ import annotations
 
 import json
+import sys
 
-from jaxagent.cli import InputError, note_checkpoint_mismatch
+from jaxagent.errors import InputError
 
 
 def cmd_eval(args) -> int:
     if args.compare:
         return _cmd_compare(args)
-    from jaxagent.train.classic import learner_of, run_evaluator
+    from jaxagent.learners.registry import learner_of, run_evaluator
 
     if args.config is not None and (learner := learner_of(args.config)) is not None:
         if not args.checkpoint or len(args.checkpoint) != 1:
@@ -29,7 +30,7 @@ def cmd_eval(args) -> int:
     from jaxagent.eval.report import summarize
     from jaxagent.train.config import config_to_yaml, load_config
     from jaxagent.train.run import build_run, eval_key, val_key
-    from jaxagent.train.session import load_policy, parse_step
+    from jaxagent.train.session import checkpoint_notes, load_policy, parse_step
 
     if args.config is None:
         raise InputError("CONFIG is missing: pass a YAML config, or --compare A.json B.json")
@@ -56,7 +57,8 @@ def cmd_eval(args) -> int:
         step = parse_step(args.step)
         policies = [load_policy(c, step) for c in args.checkpoint]
         for policy in policies:
-            note_checkpoint_mismatch(args, config, policy)
+            for note in checkpoint_notes(config, policy, args.overrides):
+                print(f"jaxagent eval: {note}", file=sys.stderr)
         seeds = (
             [config.train.seed]
             if len(policies) == 1

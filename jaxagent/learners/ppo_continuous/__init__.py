@@ -1,0 +1,1 @@
+"""Continuous-control PPO (Gaussian actor, critic) over batched MuJoCo robots."""
