@@ -291,15 +291,23 @@ def markdown(summary: dict, records: list[dict]) -> str:
             f"## {world} (`{wc.config}` + `{' '.join(wc.overrides)}`)",
             "",
             "| method | seeds | success (± 95%) | IQM [95% CI] | pass@1 | pass@k | gain over SFT "
-            "(± 95%) | train s / cell (mean) |",
-            "|---|---|---|---|---|---|---|---|",
+            "(± 95%) | train s / cell (mean) | command (all seeds) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        sft_rows = [v for v in s["variants"].values() if "sft_success" in v]
+
+        def command(variant: str) -> str:
+            seeds = " ".join(str(x) for x in s["variants"][variant]["seeds"])
+            return (
+                f"`python experiments/loop_ablation.py --worlds {world} --variants {variant} "
+                f"--seeds {seeds}`"
+            )
+
+        sft_rows = [(n, v) for n, v in s["variants"].items() if "sft_success" in v]
         if sft_rows:
-            v = sft_rows[0]
+            n, v = sft_rows[0]
             lines.append(
                 f"| SFT start (before RL) | {len(v['seeds'])} | "
-                f"{C.fmt_interval(v['sft_success'])} | | | | | |"
+                f"{C.fmt_interval(v['sft_success'])} | | | | | | {command(n)} (step 0) |"
             )
         for name, v in s["variants"].items():
             iqm = v["iqm"]
@@ -309,7 +317,8 @@ def markdown(summary: dict, records: list[dict]) -> str:
                 f"| {v['label']} | {len(v['seeds'])} | {C.fmt_interval(v['success'])} | "
                 f"{iqm['value']:.3f} [{iqm['ci_low']:.3f}, {iqm['ci_high']:.3f}] | "
                 f"{pk['pass@1']:.3f} | {kmax} {pk[kmax]:.3f} | "
-                f"{C.fmt_interval(v['gain'], 100, 1, signed=True)} pts | {v['train_s']['mean']:.0f} |"
+                f"{C.fmt_interval(v['gain'], 100, 1, signed=True)} pts | {v['train_s']['mean']:.0f} | "
+                f"{command(name)} |"
             )
         lines += [
             "",
