@@ -295,15 +295,16 @@ def markdown(summary: dict, records: list[dict]) -> str:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         mine = [r for r in records if r["world"] == world]
-        secs = sorted(r["train_s"] for r in mine)
-        loads = [r["load_start"][0] for r in mine]
-        lines[-2:-2] = [
-            f"Cells in the file: {len(mine)} of {len(VARIANTS) * 3} (ten variants x 3 seeds); "
-            f"training time a cell (SFT shared): median {secs[len(secs) // 2]:.0f} s, "
-            f"{secs[0]:.0f}-{secs[-1]:.0f} s, one cell at a time at a 1-minute load average "
-            f"of {min(loads):.1f}-{max(loads):.1f} at its start (other jobs on the machine).",
-            "",
-        ]
+        secs = sorted(r["train_s"] for r in mine if "train_s" in r)
+        loads = [r["load_start"][0] for r in mine if r.get("load_start")]
+        if secs and loads:
+            lines[-2:-2] = [
+                f"Cells in the file: {len(mine)} of {len(VARIANTS) * 3} (ten variants x 3 "
+                f"seeds); training time a cell (SFT shared): median {secs[len(secs) // 2]:.0f} s, "
+                f"{secs[0]:.0f}-{secs[-1]:.0f} s, one cell at a time at a 1-minute load average "
+                f"of {min(loads):.1f}-{max(loads):.1f} at its start (other jobs on the machine).",
+                "",
+            ]
 
         def command(variant: str) -> str:
             seeds = " ".join(str(x) for x in s["variants"][variant]["seeds"])
