@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -145,8 +146,12 @@ def run_cell(world_name: str, variant_name: str, seed: int, runs: Path) -> dict:
     overrides = cell_overrides(world, variant, seed, runs, name)
     run_dir = runs / name / f"seed{seed}"
     load_start, t0 = C.load_average(), time.time()
-    summary = C.run_train(world.config, overrides, runs / name / f"seed{seed}.log")
+    log = runs / name / f"seed{seed}.log"
+    summary = C.run_train(world.config, overrides, log)
     train_s = time.time() - t0
+    # A cell killed after some of its iterations resumes from its last checkpoint: its time is
+    # then only the rest, so the time figures leave it out.
+    resumed = re.search(r"^\[resume\] from checkpoint (\d+)", log.read_text(), re.M)
     final = C.evaluate_checkpoint(run_dir, "latest", world.eval_samples)
     record = {
         "world": world_name,
@@ -168,6 +173,7 @@ def run_cell(world_name: str, variant_name: str, seed: int, runs: Path) -> dict:
         "eval": final,
         "curves": C.curves(run_dir),
         "train_s": round(train_s, 1),
+        "resumed_from": int(resumed.group(1)) if resumed else None,
         "load_start": load_start,
         "load_end": C.load_average(),
         "machine": C.machine(),
@@ -227,7 +233,7 @@ def summarise_world(records: list[dict], world: str) -> dict:
             "after_rl_trainer": C.t_interval(
                 _per_seed(cells, lambda x: x["summary"]["success_after_rl"])
             ),
-            "train_s": C.t_interval(_per_seed(cells, lambda x: x["train_s"])),
+            "train_s": C.t_interval([c["train_s"] for c in cells if not c.get("resumed_from")]),
             "eval_s": C.t_interval(_per_seed(cells, lambda x: x["eval"]["seconds"])),
             "eval_samples": k,
         }
@@ -295,14 +301,16 @@ def markdown(summary: dict, records: list[dict]) -> str:
             "|---|---|---|---|---|---|---|---|---|",
         ]
         mine = [r for r in records if r["world"] == world]
-        secs = sorted(r["train_s"] for r in mine if "train_s" in r)
-        loads = [r["load_start"][0] for r in mine if r.get("load_start")]
+        whole = [r for r in mine if "train_s" in r and not r.get("resumed_from")]
+        secs = sorted(r["train_s"] for r in whole)
+        loads = [r["load_start"][0] for r in whole if r.get("load_start")]
         if secs and loads:
             lines[-2:-2] = [
                 f"Cells in the file: {len(mine)} of {len(VARIANTS) * 3} (ten variants x 3 "
                 f"seeds); training time a cell (SFT shared): median {secs[len(secs) // 2]:.0f} s, "
                 f"{secs[0]:.0f}-{secs[-1]:.0f} s, one cell at a time at a 1-minute load average "
-                f"of {min(loads):.1f}-{max(loads):.1f} at its start (other jobs on the machine).",
+                f"of {min(loads):.1f}-{max(loads):.1f} at its start (other jobs on the machine); "
+                f"{len(mine) - len(whole)} cell(s) resumed from a checkpoint left out of the times.",
                 "",
             ]
 
