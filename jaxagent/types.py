@@ -45,6 +45,11 @@ class TokenBatch:
         and dynamic sampling, ``advantage.truncated: drop``, padding rows); the learner
         multiplies it into ``loss_mask`` and leaves weight-0 rows out of every baseline.
         None: every row trains.
+      turn_rewards: optional [B, M] float32 environment reward of each turn (M: the rollout's
+        turn budget; 0 past a row's last turn). Filled for step-level estimators (GiGPO).
+      anchor_ids: optional [B, M] int32 id of the state each turn acted from: equal ids in one
+        task group are identical observations (ids are only comparable within a group); -1
+        past a row's last turn.
     """
 
     tokens: jax.Array
@@ -62,6 +67,8 @@ class TokenBatch:
     truncated: Optional[jax.Array] = None
     bootstrap_value: Optional[jax.Array] = None
     row_weight: Optional[jax.Array] = None
+    turn_rewards: Optional[jax.Array] = None
+    anchor_ids: Optional[jax.Array] = None
 
     @property
     def shape(self) -> tuple[int, int]:

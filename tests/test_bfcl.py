@@ -213,3 +213,48 @@ def test_check_cli():
     assert missing.returncode == 2
     assert "pip install --no-deps bfcl-eval" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_ground_truth_expert_solves_train_entries_and_its_mistakes_fail():
+    import dataclasses
+
+    import numpy as np
+
+    from jaxagent.envs.base import SplitLeakageError
+    from jaxagent.envs.registry import get_env_spec
+    from jaxagent.envs.tools.bfcl.expert import END_TURN
+
+    spec = get_env_spec("bfcl", {"tool_format": "compact"})
+    source = spec.make_source()
+    train = source.tasks("train")
+
+    def play(task, error_rate):
+        env = spec.make_env()
+        obs = env.reset(task)
+        expert = spec.make_expert(task, error_rate, np.random.default_rng(1))
+        for _ in range(50):
+            step = env.step(expert.act(obs))
+            obs = step.observation
+            if step.done:
+                return step.info["success"]
+        raise AssertionError("the expert never ended the episode")
+
+    assert all(play(t, 0.0) for t in train[:12])
+    # error rate 1: one call left out of every episode, which fails the entry (every base
+    # entry changes some app's state; the health check's drop test shows that removing
+    # such a call fails it), here on entries whose only call list is state-changing
+    assert sum(play(t, 1.0) for t in train[:12]) <= 3
+    first = spec.make_expert(train[0], 0.0, None)
+    actions = [first.act("") for _ in range(2 * len(train[0].data["ground_truth"]))]
+    assert actions[-1] == END_TURN and actions[0].startswith("[")
+    # compact tool docs: signatures without descriptions
+    env = spec.make_env()
+    assert "This tool belongs" not in env.reset(train[0]).split("User:")[0]
+    # the leakage check: a test entry asking a train entry's request is refused
+    leak = dataclasses.replace(
+        source.tasks("test")[0],
+        data={**source.tasks("test")[0].data, "question": train[0].data["question"]},
+    )
+    source._tasks["test"][0] = leak
+    with pytest.raises(SplitLeakageError, match="also a turn of train entry"):
+        source.check_disjoint()

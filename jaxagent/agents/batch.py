@@ -19,6 +19,9 @@ fault), or a ``RowDrops`` rule drops it: DAPO's over-long filter and dynamic sam
 with weight 0 is also left out of group baselines. Episodes cut by a step or token budget
 (``Termination.TRUNCATED``) are flagged in ``TokenBatch.truncated`` as well, so GAE can
 bootstrap at the cut instead of reading it as a real end.
+
+With ``max_turns`` the batch also carries per-turn data for step-level credit (GiGPO):
+``turn_rewards`` and ``anchor_ids`` ``[B, max_turns]`` (``turn_steps``).
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def pack_episodes(
     drops: RowDrops = RowDrops(),
     dense: bool = False,
     observation_weight: float = 0.0,
+    max_turns: int = 0,
 ) -> TokenBatch:
     """Pack episodes into a ``TokenBatch`` of numpy arrays.
 
@@ -120,6 +124,8 @@ def pack_episodes(
       observation_weight: w: the loss mask is 1 on action tokens and w on every other token
         of an episode but its first (nothing in the episode predicts it). SFT on observations
         is practice in copying what the pages repeat.
+      max_turns: > 0 fills ``turn_rewards`` and ``anchor_ids`` [B, max_turns] (``turn_steps``,
+        one episode a row); 0 leaves them None.
 
     Returns:
       The batch: tokens/positions/segment_ids/loss_mask/old_logprobs/turn_ids [B, T],
@@ -189,7 +195,7 @@ def pack_episodes(
         # One episode a row: positions run over the whole row, padding included (the
         # sampler's layout; padding is masked by segment 0).
         positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
-    return TokenBatch(
+    batch = TokenBatch(
         tokens=tokens,
         positions=positions,
         segment_ids=segment,
@@ -202,6 +208,12 @@ def pack_episodes(
         truncated=truncated,
         row_weight=row_weight,
     )
+    if max_turns:
+        if dense:
+            raise ValueError("pack_episodes: max_turns needs one episode a row (dense=False)")
+        turn_rewards, anchor_ids = turn_steps(episodes, rows=b, max_turns=max_turns)
+        batch = batch.replace(turn_rewards=turn_rewards, anchor_ids=anchor_ids)
+    return batch
 
 
 def _length(ep: Episode, max_len: int) -> int:
@@ -226,3 +238,45 @@ def _first_fit(episodes: Sequence[Episode], row_len: int) -> list[list[Episode]]
             rows.append([episodes[i]])
             room.append(row_len - n)
     return rows
+
+
+def turn_steps(
+    episodes: Sequence[Episode], *, rows: int, max_turns: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-turn rewards and anchor states of episodes, for step-level credit (GiGPO).
+
+    The state a turn acts from is the observation the policy read just before it: the reset
+    observation for turn 0, else the previous turn's observation. Within each group (the K
+    samples of one task), identical observation texts share an anchor id, numbered in order of
+    first appearance; ids of different groups are unrelated (the learner pairs them with the
+    group id), so hosts number their own groups without coordinating. Following GiGPO, the key
+    is the current observation alone, not the history: two turns that read the same tool
+    result are the same state.
+
+    Args:
+      episodes: the batch's episodes (rows in this order).
+      rows: the batch's row count (>= len(episodes); extra rows are padding).
+      max_turns: M, the rollout's turn budget; turns past it are left out.
+
+    Returns:
+      (turn_rewards [rows, M] float32, anchor_ids [rows, M] int32, -1 where no turn).
+
+    References:
+      Feng et al. 2025, GiGPO (2505.10978), Sec. 4.2 (anchor states); verl-agent
+      ``gigpo/core_gigpo.py::build_step_group``.
+    """
+    turn_rewards = np.zeros((rows, max_turns), np.float32)
+    anchor_ids = np.full((rows, max_turns), -1, np.int32)
+    anchors: dict[tuple[int, str], int] = {}
+    per_group: dict[int, int] = {}
+    for i, ep in enumerate(episodes):
+        state = ep.first_observation
+        for k, turn in enumerate(ep.turns[:max_turns]):
+            key = (ep.group, state)
+            if key not in anchors:
+                anchors[key] = per_group.get(ep.group, 0)
+                per_group[ep.group] = anchors[key] + 1
+            anchor_ids[i, k] = anchors[key]
+            turn_rewards[i, k] = turn.reward
+            state = turn.observation
+    return turn_rewards, anchor_ids

@@ -1,5 +1,5 @@
 """Pure advantage estimators: GAE, group-normalised (GRPO / Dr.GRPO), leave-one-out (LOOP / RLOO),
-batch-mean (REINFORCE).
+batch-mean (REINFORCE), and GiGPO's group-in-group (episode- plus step-level) advantages.
 
 All functions are jittable, take float32 arrays and never branch on data. Group membership is
 given by integer ``group_ids`` (samples of the same task share an id); grouping uses a [B, B]
@@ -130,15 +130,28 @@ def group_normalized_advantages(
       "Understanding R1-Zero-Like Training" (Dr.GRPO, 2503.20783).
     """
     _check_std_mode(std_mode)
-    r = jnp.asarray(rewards, jnp.float32)
     same, valid = _group_matrix(jnp.asarray(group_ids), mask)
-    n = jnp.maximum(same.sum(axis=1), 1.0)  # [B] group sizes
-    mean = same @ r / n
-    centred = r - mean
+    return _normalize_in_groups(rewards, same, valid, std_mode, eps)
+
+
+def _normalize_in_groups(
+    values: jax.Array, same: jax.Array, valid: jax.Array, std_mode: StdMode, eps: float
+) -> jax.Array:
+    """``(x - mean_group) / (std_group + eps)`` (no division with ``std_mode='none'``).
+
+    Args:
+      values: [N] float32.
+      same: [N, N] float32 {0,1}: 1 where two valid entries share a group.
+      valid: [N] float32 {0,1}; invalid entries come back as 0.
+    """
+    x = jnp.asarray(values, jnp.float32)
+    n = jnp.maximum(same.sum(axis=1), 1.0)  # [N] group sizes
+    mean = same @ x / n
+    centred = x - mean
     if std_mode == "none":
         return centred * valid
-    # Sum of squared deviations from each row's own group mean (no E[r^2] - mean^2 cancellation).
-    var = (same * (r[None, :] - mean[:, None]) ** 2).sum(axis=1)
+    # Sum of squared deviations from each entry's own group mean (no E[x^2] - mean^2 cancellation).
+    var = (same * (x[None, :] - mean[:, None]) ** 2).sum(axis=1)
     denom = n if std_mode == "population" else jnp.maximum(n - 1.0, 1.0)
     std = jnp.sqrt(var / denom)
     return centred / (std + eps) * valid
@@ -195,6 +208,126 @@ def batch_mean_advantages(rewards: jax.Array, mask: Optional[jax.Array] = None) 
     valid = jnp.ones_like(r) if mask is None else jnp.asarray(mask, jnp.float32)
     mean = jnp.sum(r * valid) / jnp.maximum(valid.sum(), 1.0)
     return (r - mean) * valid
+
+
+def discounted_turn_returns(
+    turn_rewards: jax.Array, turn_valid: jax.Array, discount: float
+) -> jax.Array:
+    """Per-turn discounted returns ``R_t = r_t + gamma R_{t+1}`` within each row.
+
+    Args:
+      turn_rewards: [B, M] float32 reward of each turn (the environment's step reward).
+      turn_valid: [B, M] {0,1}: the turn exists (a row's turns are its first columns).
+      discount: gamma.
+
+    Returns:
+      [B, M] float32 returns, 0 on invalid turns.
+    """
+    r = jnp.asarray(turn_rewards, jnp.float32)
+    v = jnp.asarray(turn_valid, jnp.float32)
+
+    def step(next_return, xs):  # [B]: the return of the turn after this one
+        r_t, v_t = xs
+        ret = (r_t + discount * next_return) * v_t
+        return ret, ret
+
+    _, ret_mb = jax.lax.scan(step, jnp.zeros(r.shape[0], jnp.float32), (r.T, v.T), reverse=True)
+    return ret_mb.T
+
+
+def step_group_advantages(
+    step_returns: jax.Array,
+    group_ids: jax.Array,
+    anchor_ids: jax.Array,
+    turn_valid: jax.Array,
+    std_mode: StdMode = "population",
+    eps: float = 1e-6,
+) -> jax.Array:
+    """GiGPO's step-level advantages: each turn's return normalised within its anchor-state group.
+
+    An anchor-state group is every turn, across the K trajectories of one task (one
+    ``group_ids`` value), taken from the same state (equal ``anchor_ids``); a turn is compared
+    only with the other actions taken from that state. A group of one turn gets 0.
+
+    Args:
+      step_returns: [B, M] float32 discounted return of each turn (``discounted_turn_returns``).
+      group_ids: [B] int32 task groups.
+      anchor_ids: [B, M] int32 state ids, comparable within a task group only; -1: no turn.
+      turn_valid: [B, M] {0,1} turns that take part (rows with an env error, dropped rows: 0).
+      std_mode, eps: as in ``group_normalized_advantages`` ("none": mean subtraction only).
+
+    Returns:
+      [B, M] float32 step advantages, 0 on invalid turns.
+
+    References:
+      Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training" (GiGPO,
+      2505.10978), Sec. 4.2, Eq. 7-8; verl-agent ``gigpo/core_gigpo.py`` (``build_step_group``,
+      ``step_norm_reward``).
+    """
+    _check_std_mode(std_mode)
+    b, m = anchor_ids.shape
+    g = jnp.repeat(jnp.asarray(group_ids), m)  # [B*M]
+    a = jnp.asarray(anchor_ids).reshape(-1)  # [B*M]
+    valid = jnp.asarray(turn_valid, jnp.float32).reshape(-1) * (a >= 0)
+    same = ((g[:, None] == g[None, :]) & (a[:, None] == a[None, :])).astype(jnp.float32)
+    same = same * valid[:, None] * valid[None, :]
+    out = _normalize_in_groups(jnp.asarray(step_returns).reshape(-1), same, valid, std_mode, eps)
+    return out.reshape(b, m)
+
+
+def gigpo_advantages(
+    rewards: jax.Array,
+    group_ids: jax.Array,
+    turn_rewards: jax.Array,
+    anchor_ids: jax.Array,
+    turn_ids: jax.Array,
+    mask: jax.Array,
+    *,
+    std_mode: StdMode = "population",
+    eps: float = 1e-6,
+    discount: float = 0.95,
+    step_weight: float = 1.0,
+) -> jax.Array:
+    """GiGPO: per-token ``A = A_episode + step_weight * A_step(turn of the token)``.
+
+    The episode-level term is GRPO's group-normalised episode reward over the task's K
+    trajectories; the step-level term normalises each turn's discounted return among the
+    turns of the same task taken from the same anchor state (``step_group_advantages``), so an
+    action is credited against the alternatives tried from that state rather than against
+    whole trajectories only. Tokens of turns at or past ``M`` (or with ``turn_ids == -1``)
+    get the episode term alone.
+
+    Args:
+      rewards: [B] float32 episode rewards (the episode term's).
+      group_ids: [B] int32 task groups.
+      turn_rewards: [B, M] float32 per-turn rewards (the step term's returns).
+      anchor_ids: [B, M] int32 state of each turn (-1: no turn); equal ids within a task group
+        are identical states.
+      turn_ids: [B, T] int32 turn of each token (-1 off policy tokens).
+      mask: [B, T] policy-token mask; rows without a masked token take no part.
+      std_mode: the normaliser F_norm of both levels ("none": mean subtraction only).
+      eps: added to the std.
+      discount: gamma of the step returns (the paper's 0.95).
+      step_weight: omega, the weight of the step term (the paper's 1).
+
+    Returns:
+      [B, T] float32 advantages, 0 off the mask.
+
+    References:
+      Feng et al. 2025, GiGPO (2505.10978), Eq. 5 (episode), Eq. 7-9 (step, combination).
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    row_valid = (m.sum(axis=1) > 0).astype(jnp.float32)  # [B]
+    episode = group_normalized_advantages(rewards, group_ids, std_mode, eps, row_valid)  # [B]
+    anchors = jnp.asarray(anchor_ids, jnp.int32)
+    turn_valid = (anchors >= 0).astype(jnp.float32) * row_valid[:, None]  # [B, M]
+    returns = discounted_turn_returns(turn_rewards, turn_valid, discount)
+    step = step_group_advantages(returns, group_ids, anchors, turn_valid, std_mode, eps)
+    tid = jnp.asarray(turn_ids, jnp.int32)
+    n_turns = anchors.shape[1]
+    step_tok = jnp.take_along_axis(step, jnp.clip(tid, 0, n_turns - 1), axis=1)  # [B, T]
+    step_tok = jnp.where((tid >= 0) & (tid < n_turns), step_tok, 0.0)
+    return (episode[:, None] + step_weight * step_tok) * m
 
 
 def drop_small_advantages(advantages: jax.Array, threshold: float) -> jax.Array:

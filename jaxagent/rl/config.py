@@ -65,7 +65,7 @@ class AdvantageConfig:
     eps: float = 1e-6  # added to the group std
     whiten: bool = False  # batch whitening after the estimator
     drop_below: float = 0.0  # samples with |A| below this carry no loss (0: keep all)
-    discount: float = 1.0  # GAE gamma
+    discount: float = 1.0  # gamma: GAE's, and GiGPO's step returns (its paper: 0.95)
     gae_lambda: float = 0.95  # GAE lambda
     # A truncated episode (step or token budget): "keep" trains on it as it is (critic-free:
     # a failure with the reward it got; GAE: bootstraps on the critic's value at the cut),
@@ -73,6 +73,7 @@ class AdvantageConfig:
     truncated: str = "keep"
     filter_reward: bool = False  # keep only samples with reward >= min_reward (RFT)
     min_reward: float = 1.0
+    step_weight: float = 1.0  # GiGPO's omega: weight of the step-level (anchor-state) term
 
     def __post_init__(self):
         _choice("advantage.estimator", self.estimator, ADVANTAGE_ESTIMATORS)
@@ -80,6 +81,7 @@ class AdvantageConfig:
         _choice("advantage.truncated", self.truncated, TRUNCATED_MODES)
         _at_least("advantage.drop_below", self.drop_below, 0.0)
         _at_least("advantage.eps", self.eps, 0.0)
+        _at_least("advantage.step_weight", self.step_weight, 0.0)
         for key in ("discount", "gae_lambda"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise RLConfigError(f"advantage.{key}={getattr(self, key)!r} must be in [0, 1]")
@@ -290,6 +292,12 @@ class RLConfig:
     def needs_reference(self) -> bool:
         """True when the recipe needs reference-policy log-probs (a second model copy)."""
         return self.kl.mode != "none"
+
+    @property
+    def needs_turns(self) -> bool:
+        """True when the estimator reads per-turn data (``TokenBatch.turn_rewards`` and
+        ``anchor_ids``: pack the batch with ``max_turns``)."""
+        return ADVANTAGE_ESTIMATORS[self.advantage.estimator].needs_turns
 
     @property
     def on_policy_sampling(self) -> bool:

@@ -43,6 +43,14 @@ bootstraps at the cut); ``"drop"`` gives them no loss and leaves them out of the
   other tokens ``sft.observation_weight``), one optimiser step per batch in given order,
   AdamW (weight decay 0.01, clipping at 1) with a warm-up + stable + decay schedule
   (``make_optimizer(..., schedule="wsd")``); ``sft_config`` fills it from the ``sft:`` section.
+- ``gigpo``: GiGPO 2505.10978 and verl-agent's ``gigpo`` settings: GRPO's clipped loss with
+  group-in-group advantages, the episode-level group-normalised reward plus (omega = 1) each
+  turn's discounted return (gamma = 0.95) normalised among the task's turns taken from the
+  same anchor state; group size N = 8, k3 KL in the loss with beta 0.01, clip 0.2. F_norm is
+  the std (the paper's default; ``advantage.std_mode="none"`` is its mean-only variant). We
+  take the population std as ``grpo`` does; verl-agent uses torch's sample std
+  (``advantage.std_mode="sample"``). Its episode mean is over trajectories, as in the paper
+  (verl-agent can also average over every step row).
 """
 
 from __future__ import annotations
@@ -214,6 +222,21 @@ register_recipe(
         update=UpdateConfig(num_epochs=1),
     ),
     samples_per_task=1,
+)
+register_recipe(
+    RLConfig(
+        name="gigpo",
+        advantage=AdvantageConfig(
+            estimator="gigpo", std_mode="population", discount=0.95, step_weight=1.0
+        ),
+        loss=LossConfig(
+            policy="ppo", clip_eps_low=0.2, clip_eps_high=0.2, aggregation="seq_mean_token_mean"
+        ),
+        kl=KLConfig(mode="loss", estimator="k3", beta=0.01),
+        optim=OptimConfig(learning_rate=1e-6),
+        update=UpdateConfig(num_epochs=1),
+    ),
+    samples_per_task=8,
 )
 register_recipe(
     RLConfig(

@@ -33,6 +33,7 @@ class Estimator(NamedTuple):
     fn: Callable
     per_token: bool
     needs_critic: bool = False
+    needs_turns: bool = False  # reads TokenBatch.turn_rewards / anchor_ids (step-level credit)
 
 
 def _gae(cfg, batch: TokenBatch, token_rewards, mask):
@@ -70,6 +71,29 @@ def _gae(cfg, batch: TokenBatch, token_rewards, mask):
     return adv, returns
 
 
+def _gigpo(cfg, batch: TokenBatch, token_rewards, mask):
+    if batch.turn_rewards is None or batch.anchor_ids is None:
+        raise ValueError(
+            "TokenBatch.turn_rewards / anchor_ids are None but advantage.estimator='gigpo' "
+            "needs per-turn data; pack the batch with pack_episodes(..., max_turns=M)"
+        )
+    # The episode term reads the row's reward as the update sees it (with a KL-in-reward
+    # penalty when kl.mode='reward'); the step term reads the environment's per-turn rewards.
+    adv = adv_lib.gigpo_advantages(
+        token_rewards.sum(axis=1),
+        batch.group_ids,
+        batch.turn_rewards,
+        batch.anchor_ids,
+        batch.turn_ids,
+        mask,
+        std_mode=cfg.std_mode,
+        eps=cfg.eps,
+        discount=cfg.discount,
+        step_weight=cfg.step_weight,
+    )
+    return adv, batch.returns
+
+
 def _given(cfg, batch: TokenBatch, token_rewards, mask):
     del cfg, token_rewards
     return jnp.asarray(batch.advantages, jnp.float32) * mask, batch.returns
@@ -78,6 +102,7 @@ def _given(cfg, batch: TokenBatch, token_rewards, mask):
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
     "gae": Estimator(_gae, per_token=True, needs_critic=True),
     "given": Estimator(_given, per_token=True),
+    "gigpo": Estimator(_gigpo, per_token=True, needs_turns=True),
     "group_normalized": Estimator(
         lambda c, r, g, v: adv_lib.group_normalized_advantages(r, g, c.std_mode, c.eps, v),
         per_token=False,

@@ -165,6 +165,12 @@ def check_batch(batch: TokenBatch) -> None:
     for name in ("truncated", "bootstrap_value", "row_weight"):
         if getattr(batch, name) is not None:
             chex.assert_shape(getattr(batch, name), (b,))
+    if (batch.turn_rewards is None) != (batch.anchor_ids is None):
+        raise ValueError("TokenBatch.turn_rewards and anchor_ids come together (both or none)")
+    if batch.anchor_ids is not None:
+        chex.assert_equal_shape([batch.turn_rewards, batch.anchor_ids])
+        chex.assert_shape(batch.anchor_ids, (b, None))
+        chex.assert_type(batch.anchor_ids, int)
 
 
 def _advantage_metrics(batch: TokenBatch) -> dict:

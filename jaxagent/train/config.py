@@ -211,6 +211,10 @@ class SFTSection:
     # Write the SFT model as a Hugging Face directory and start RL from it via model.init_from
     # (two stages of one `jaxagent train`: jaxagent/train/staged.py)
     to_hf: bool = False
+    # A directory of fitted SFT results keyed by a hash of everything the fit reads (initial
+    # weights, demonstrations, these settings, seed): a run whose SFT inputs equal an earlier
+    # run's reuses its result (jaxagent/train/sft_cache.py). "" = off.
+    cache_dir: str = ""
 
     def __post_init__(self):
         check_positive("sft.num_demos", self.num_demos)

@@ -32,7 +32,7 @@ from jaxagent.rl.model_fns import model_apply_fn
 from jaxagent.rl.recipes import sft_config
 from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.rl.update import make_update_step
-from jaxagent.train import progress
+from jaxagent.train import progress, sft_cache
 
 
 def expert_episodes(
@@ -164,6 +164,15 @@ def warm_start(
         f"[sft] {len(demos)} expert demonstrations (error rate "
         f"{c.expert_error_rate}, expert success {demo_success:.2f}); {c.steps} steps"
     )
+    key = None
+    if c.cache_dir and sft_cache.usable():  # the same fit done before: its result
+        settings = dataclasses.asdict(c) | {"seed": config.train.seed, "max_len": max_len}
+        settings.update(pad_id=pad_id, cache_dir=None)
+        key = sft_cache.sft_key(params, demos, settings)
+        hit = sft_cache.load(c.cache_dir, key, params)
+        if hit is not None:
+            echo(f"[sft] the fit of these inputs is in sft.cache_dir ({key[:12]}); reused")
+            return hit[0], {**hit[1], "sft/cached": 1.0}
     with progress.Progress(config.train.progress, "sft", c.steps) as bar:
         params, losses = run_sft(
             graphdef,
@@ -179,9 +188,12 @@ def warm_start(
             observation_weight=c.observation_weight,
             microbatch=c.microbatch_size,
         )
-    return params, {
+    metrics = {
         "sft/loss": losses[-1] if losses else float("nan"),
         "sft/demos": len(demos),
         "sft/expert_success": demo_success,
         "sft/time_s": time.perf_counter() - t0,
     }
+    if key is not None:
+        sft_cache.save(c.cache_dir, key, params, metrics)
+    return params, metrics

@@ -247,6 +247,7 @@ class Trainer:
                 truncated=self.rl.advantage.truncated == "drop",
                 uninformative_groups=data.dynamic_sampling,
             ),
+            max_turns=r.max_turns if self.rl.needs_turns else 0,  # step-level credit (GiGPO)
         )
         batch = hosts.common_length(batch, self.chat.pad_id)
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)

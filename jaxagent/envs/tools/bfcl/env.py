@@ -55,6 +55,9 @@ _CHECK_LABEL = {
 }
 
 
+TOOL_FORMATS = ("json", "signature", "compact")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BFCLEnvConfig:
     """Episode settings."""
@@ -63,7 +66,9 @@ class BFCLEnvConfig:
     strict_schema: bool = False  # reject schema-invalid calls instead of running them
     stop_at_first_failed_turn: bool = True  # BFCL fails the entry at its first failed turn
     max_result_chars: int = 2000  # longer tool results are cut with a visible marker (>= 64)
-    tool_format: str = "json"  # "json": full JSON Schema docs; "signature": one line a tool
+    # "json": full JSON Schema docs; "signature": one line a tool with its description;
+    # "compact": the signature alone (a fifth of the prompt: small models on CPU)
+    tool_format: str = "json"
     task_weight: float = 1.0  # RewardMix weights; the episode reward is paid on its last step
     outcome_weight: float = 0.0  # outcome term: fraction of user turns passed
     process_weight: float = 0.0  # mean per-step process score (valid-call ladder)
@@ -79,9 +84,9 @@ class BFCLEnvConfig:
             raise ValueError(
                 f"BFCLEnvConfig.max_result_chars must be >= 64, got {self.max_result_chars}"
             )
-        if self.tool_format not in ("json", "signature"):
+        if self.tool_format not in TOOL_FORMATS:
             raise ValueError(
-                f"BFCLEnvConfig.tool_format must be 'json' or 'signature', got {self.tool_format!r}"
+                f"BFCLEnvConfig.tool_format must be one of {TOOL_FORMATS}, got {self.tool_format!r}"
             )
         self.reward_mix  # validates weights, gate and cap
 
@@ -149,6 +154,8 @@ class BFCLEnv:
     def _tools_text(self, tools: dict[str, ToolSpec], header="Available tools") -> str:
         if self.config.tool_format == "json":
             lines = [json.dumps(s.to_json_schema()) for s in tools.values()]
+        elif self.config.tool_format == "compact":
+            lines = [s.signature() for s in tools.values()]
         else:
             lines = [f"{s.signature()}: {s.description}" for s in tools.values()]
         return f"{header}:\n" + "\n".join(lines)

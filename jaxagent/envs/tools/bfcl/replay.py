@@ -5,7 +5,7 @@ agent would (one action with the turn's calls, then a message ending the turn) a
 episode's verdict. ``replay(entry, drop=(turn, index))`` leaves one call out; dropping a
 *state-changing* call (one that changes some app instance's public state when the ground truth
 runs) must make the entry fail. ``check_category`` runs this for every entry of a category;
-``GroundTruthExpert`` and ``drop_check`` are the suite's expert and figures in ``jaxagent check``.
+``drop_check`` is the suite's figure in ``jaxagent check`` (its expert: ``expert.py``).
 """
 
 from __future__ import annotations
@@ -114,31 +114,6 @@ def check_category(
     if drop_check:
         report.update(drop_tested=drop_tested, drop_failed=drop_failed)
     return report
-
-
-class GroundTruthExpert:
-    """The check's expert: acts out an entry's ground truth as ``replay`` does (each turn's
-    calls in one action, then a message that ends the turn), so through the pool it must
-    succeed on every entry (BFCL's own checkers accept their ground truth). With
-    ``error_rate`` a turn's calls are skipped with that probability."""
-
-    def __init__(self, task, error_rate: float = 0.0, rng=None):
-        if not 0.0 <= error_rate <= 1.0:
-            raise ValueError(f"error_rate={error_rate} is invalid: use a value in [0, 1]")
-        self._actions = []
-        for calls in task.data["ground_truth"]:
-            # An error skips the turn's calls: the turn ends with the work undone.
-            skip = error_rate > 0 and rng is not None and rng.random() < error_rate
-            if calls and not skip:
-                self._actions.append("[" + ", ".join(calls) + "]")
-            self._actions.append("Final: done")
-        self._next = 0
-
-    def act(self, observation: str) -> str:
-        del observation
-        action = self._actions[min(self._next, len(self._actions) - 1)]
-        self._next += 1
-        return action
 
 
 def drop_check(tasks, runs) -> dict[str, Any]:

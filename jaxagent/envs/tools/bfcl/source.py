@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from jaxagent.envs.base import Task, check_disjoint_splits
+from jaxagent.envs.base import SplitLeakageError, Task, check_disjoint_splits
 from jaxagent.envs.tools.bfcl import data as D
 
 
@@ -35,6 +35,7 @@ class BFCLSource:
         for entry in entries:
             split = "test" if self._in_test(entry["id"]) else "train"
             self._tasks[split].append(D.entry_to_task(entry, split))
+        self.check_disjoint()  # SFT demonstrations come from train: nothing of test may be there
 
     def _in_test(self, entry_id: str) -> bool:
         digest = hashlib.sha1(f"{self.config.seed}:{entry_id}".encode()).digest()
@@ -49,4 +50,24 @@ class BFCLSource:
         return list(self._tasks[split])
 
     def check_disjoint(self) -> None:
+        """Raise ``SplitLeakageError`` when an entry id or any user turn's text (the request
+        a ground-truth demonstration answers) appears in both splits."""
         check_disjoint_splits(self, key=lambda t: t.id)
+        seen = {text: t.id for t in self._tasks["train"] for text in user_turns(t)}
+        for task in self._tasks["test"]:
+            for text in user_turns(task):
+                if text in seen:
+                    raise SplitLeakageError(
+                        f"a user turn of test entry {task.id!r} is also a turn of train entry "
+                        f"{seen[text]!r}: {text[:80]!r}; change env.options.seed or dedupe"
+                    )
+
+
+def user_turns(task: Task) -> list[str]:
+    """The user messages of each turn of a BFCL entry. Turns without a user message (the
+    miss-function categories add a tool there instead) are left out: they request nothing."""
+    texts = (
+        " ".join(m["content"] for m in turn if m.get("role") == "user").strip()
+        for turn in task.data["question"]
+    )
+    return [t for t in texts if t]

@@ -7,8 +7,9 @@ import functools
 
 from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 from jaxagent.envs.tools.bfcl.data import require_bfcl
-from jaxagent.envs.tools.bfcl.replay import GroundTruthExpert, drop_check
+from jaxagent.envs.tools.bfcl.replay import drop_check
 from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig, system_prompt
+from jaxagent.envs.tools.bfcl.expert import make_expert
 from jaxagent.envs.tools.bfcl.source import BFCLSource, BFCLSourceConfig
 
 
@@ -29,7 +30,7 @@ def build(options: BFCLOptions) -> EnvSpec:
         make_source=lambda: source,
         make_env=functools.partial(BFCLEnv, options.env),
         system_prompt=system_prompt(),
-        make_expert=GroundTruthExpert,
+        make_expert=make_expert,  # the entry's ground-truth calls (SFT, jaxagent check)
         check_extras=drop_check,
     )
 

@@ -1,0 +1,160 @@
+"""The experiment runners' own logic, without training: every ablation cell's config loads
+(a misspelt override would only surface hours into a run), the results file is resumable
+(a torn last line is skipped, finished cells are not rerun), and the report's verdicts follow
+the paired intervals."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import cells as C  # noqa: E402
+import loop_ablation as LA  # noqa: E402
+
+from jaxagent.train.config import load_config  # noqa: E402
+
+
+@pytest.mark.parametrize("world", sorted(LA.WORLDS))
+def test_every_cell_config_loads_and_differs_from_loop_in_its_named_respect(world, tmp_path):
+    w = LA.WORLDS[world]
+    loaded = {}
+    for name, variant in LA.VARIANTS.items():
+        over = LA.cell_overrides(w, variant, 0, tmp_path, f"{world}/{name}")
+        cfg = load_config(ROOT / w.config, over)
+        assert cfg.rollout.tasks_per_iteration * cfg.group_size == w.batch
+        loaded[name] = cfg
+    rl = {name: cfg.rl_config for name, cfg in loaded.items()}
+    base = rl["loop_token"]
+    assert rl["loop_turn"].loss.ratio_level == "turn"
+    assert rl["loop_trajectory"].loss.ratio_level == "trajectory"
+    assert rl["loop_std"].advantage.estimator == "group_normalized"
+    assert rl["loop_kl"].kl.mode == "loss" and base.kl.mode == "none"
+    rloo = rl["rloo"]
+    assert (rloo.loss.policy, rloo.update.num_epochs, rloo.update.minibatch_size) == (
+        "reinforce",
+        1,
+        w.batch,
+    )
+    assert rl["ppo"].critic.enabled and loaded["ppo"].model.value_head
+    assert rl["rft"].advantage.filter_reward
+    gigpo, grpo = rl["gigpo"], rl["grpo"]
+    assert gigpo.advantage.estimator == "gigpo" and gigpo.needs_turns
+    # GiGPO is GRPO plus the step term: nothing else differs.
+    assert gigpo.replace(advantage=grpo.advantage) == grpo
+    # The shared schedule: learning rate and sample budget of the world's LOOP config.
+    for name, cfg in loaded.items():
+        assert rl[name].optim.learning_rate == base.optim.learning_rate, name
+        assert cfg.train.iterations == loaded["loop_token"].train.iterations, name
+
+
+def _record(world, variant, seed, success, tasks):
+    return {
+        "world": world,
+        "variant": variant,
+        "seed": seed,
+        "summary": {"success_before_rl": 0.4, "success_after_rl": success},
+        "eval": {"success": success, "tasks": tasks, "seconds": 1.0},
+        "curves": {"train": [[1, 0.5], [2, success]], "val": [], "test": []},
+        "train_s": 10.0,
+        "machine": {"cpu": "test cpu", "cores": 2},
+    }
+
+
+def test_results_file_resumes_and_report_verdicts(tmp_path):
+    path = tmp_path / "r.jsonl"
+    rng = np.random.default_rng(0)
+    for seed in range(3):
+        for variant, p in (("loop_token", 0.8), ("loop_turn", 0.5), ("loop_std", 0.79)):
+            wins = rng.random(20) < p
+            tasks = {f"t{i}": [2, 2 * int(w)] for i, w in enumerate(wins)}
+            success = float(np.mean([c / n for n, c in tasks.values()]))
+            C.append_cell(path, _record("quickstart", variant, seed, success, tasks))
+    with open(path, "a") as f:
+        f.write('{"world": "quickstart", "variant": "rl')  # a kill mid-write
+    records = C.read_cells(path)
+    assert len(records) == 9
+    assert ("quickstart", "loop_turn", 2) in {C.cell_key(r, LA.KEY) for r in records}
+    s = LA.summarise_world(records, "quickstart")
+    verdicts = {(o["better"], o["worse"]): o["verdict"] for o in s["orderings"]}
+    assert verdicts[("loop_token", "loop_turn")].startswith("reproduced")
+    assert "contains 0" in verdicts[("loop_token", "loop_std")]
+    row = s["variants"]["loop_token"]
+    assert row["pass_at_k"]["pass@2"] >= row["pass_at_k"]["pass@1"]
+    md = LA.markdown({"quickstart": s}, records)
+    assert "| LOOP (token) | 3 |" in md and "test cpu (2 cores)" in md
+    LA.plot_world(records, "quickstart", tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    json.dumps(s)  # the JSON file's content
+
+
+def test_methods_vs_rl_configs_parse_and_report(tmp_path):
+    import methods_vs_rl as MR
+
+    from jaxagent.agents.methods.config import parse_method
+
+    for name, (_, which, method) in MR.METHODS.items():
+        assert which in ("sft", "rl")
+        if method is not None:
+            parse_method(dict(method), origin=name)
+    records = []
+    for seed in range(2):
+        for name, gen in (("sft", 30), ("best_of_4", 120), ("rl", 28)):
+            r = {
+                "method": name,
+                "seed": seed,
+                "machine": {"cpu": "test cpu", "cores": 2},
+                "eval": {
+                    "success": 0.4 + 0.1 * seed + (0.3 if name != "sft" else 0.0),
+                    "tasks": {f"t{i}": [1, 1] for i in range(10)},
+                    "env_steps": 30,
+                    "tokens": {"prompt": 100, "observation": 50, "generated": gen * 10},
+                },
+            }
+            if name == "rl":
+                r["training"] = {"env_steps": 1000, "episodes": 400, "generated": 9000}
+            records.append(r)
+    s = MR.summarise(records)
+    assert s["best_of_4"]["generated_per_task"]["mean"] == 120
+    # RL's training tokens spread over the 10 test tasks: (9000 + 280) / 10.
+    assert s["rl"]["amortised_generated_per_task"]["mean"] == 928
+    md = MR.markdown(s, records)
+    assert "| RL (LOOP, 20 iterations) | 2 |" in md
+    MR.plot(s, tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "config, variant", [("ppo_tools", "ppo"), ("rloo_tools", "rloo"), ("rft_tools", "rft")]
+)
+def test_recipe_configs_are_their_ablation_cells(config, variant, tmp_path):
+    """configs/{ppo,rloo,rft}_tools.yaml state the ablation's measured figures: they must
+    stay the configs those cells train."""
+    import dataclasses
+
+    world = LA.WORLDS["quickstart"]
+    cell = load_config(
+        ROOT / world.config, LA.cell_overrides(world, LA.VARIANTS[variant], 0, tmp_path, "x")
+    )
+    shipped = load_config(ROOT / "configs" / f"{config}.yaml")
+
+    def comparable(c):
+        d = dataclasses.asdict(c)
+        for key in ("name", "paper"):
+            d.pop(key)
+        for section, key in (
+            ("train", "out_dir"),
+            ("train", "seed"),
+            ("train", "progress"),
+            ("train", "keep_checkpoints"),
+        ):
+            d[section].pop(key)
+        d["sft"].pop("cache_dir")
+        return d
+
+    assert comparable(shipped) == comparable(cell)
+    assert shipped.rl_config == cell.rl_config

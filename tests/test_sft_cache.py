@@ -1,0 +1,99 @@
+"""``sft.cache_dir``: a run whose SFT inputs equal an earlier run's reuses the fitted weights
+(another RL recipe after the same warm-start evaluates exactly as the first run did after
+its own fit), and any change to an input the fit reads is a new entry, never a stale hit."""
+
+from pathlib import Path
+
+import numpy as np
+
+from jaxagent.train.config import load_config
+from jaxagent.train.metrics_log import read_jsonl
+from jaxagent.train.sft_cache import load, save, sft_key
+
+ROOT = Path(__file__).parent.parent
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "model.max_seq_len=160",
+    "env.options.num_train=40",
+    "env.options.num_test=4",
+    "rollout.tasks_per_iteration=4",
+    "rollout.samples_per_task=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=8",
+    "rl.update.minibatch_size=8",
+    "sft.num_demos=8",
+    "sft.steps=3",
+    "sft.batch_size=2",
+    "eval.num_tasks=4",
+    "eval.val_tasks=0",
+    "train.iterations=1",
+    "train.progress=none",
+    "train.tensorboard=false",
+    "train.plot=false",
+]
+
+
+def _run(out: Path, cache: Path, *extra: str) -> dict:
+    from jaxagent.train.trainer import Trainer
+
+    config = load_config(
+        ROOT / "configs/quickstart.yaml",
+        TINY + [f"train.out_dir={out}", f"sft.cache_dir={cache}", *extra],
+    )
+    Trainer(config, echo=lambda s: None).run()
+    first = {}
+    for r in read_jsonl(out / "metrics.jsonl"):
+        if r["step"] == 0:
+            first.update(r)
+    return first
+
+
+def test_second_recipe_reuses_the_fit_and_changed_inputs_miss(tmp_path):
+    cache = tmp_path / "cache"
+    fitted = _run(tmp_path / "loop", cache)
+    assert "sft/cached" not in fitted
+    assert len(list(cache.glob("*.json"))) == 1
+    reused = _run(tmp_path / "grpo", cache, "rl.recipe=grpo")
+    assert reused["sft/cached"] == 1.0
+    # The reused weights are the fitted ones: the same evaluation before RL, token for token.
+    for k in ("eval/success", "eval/avg_steps", "sft/loss"):
+        assert reused[k] == fitted[k], k
+    assert len(list(cache.glob("*.json"))) == 1
+    changed = _run(tmp_path / "lr", cache, "sft.learning_rate=0.001")
+    assert "sft/cached" not in changed
+    assert len(list(cache.glob("*.json"))) == 2
+
+
+def test_key_reads_weights_and_demonstrations_and_entries_round_trip(tmp_path):
+    class Demo:
+        def __init__(self, tokens, success=True):
+            self.tokens, self.loss_mask, self.success = (
+                tokens,
+                [0] + [1] * (len(tokens) - 1),
+                success,
+            )
+
+    params = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+    demos = [Demo([1, 2, 3]), Demo([4, 5])]
+    key = sft_key(params, demos, {"steps": 3})
+    assert key == sft_key(params, demos, {"steps": 3})
+    assert key != sft_key(params, demos, {"steps": 4})
+    assert key != sft_key(params, [Demo([1, 2, 3]), Demo([4, 6])], {"steps": 3})
+    assert key != sft_key(params, demos[:1] + [Demo([4, 5], success=False)], {"steps": 3})
+    assert key != sft_key({**params, "b": np.full(3, 1e-7, np.float32)}, demos, {"steps": 3})
+    assert load(str(tmp_path), key, params) is None
+    fitted = {"w": np.full((2, 3), 2.0, np.float32), "b": np.arange(3, dtype=np.float32)}
+    save(str(tmp_path), key, fitted, {"sft/loss": 0.5})
+    got, metrics = load(str(tmp_path), key, params)
+    np.testing.assert_array_equal(got["w"], fitted["w"])
+    np.testing.assert_array_equal(got["b"], fitted["b"])
+    assert metrics == {"sft/loss": 0.5}
+    # An entry whose shapes do not fit the model is not used.
+    assert load(str(tmp_path), key, {"w": np.ones((3, 2), np.float32), "b": params["b"]}) is None
+    # An entry without its metrics file (a killed write) is incomplete.
+    (tmp_path / f"{key}.json").unlink()
+    assert load(str(tmp_path), key, params) is None
