@@ -222,7 +222,7 @@ def test_dfsdt_steps_through_a_runner_a_crash_ends_the_branch_not_the_search(cha
 
 def test_dfsdt_path_is_recorded_by_the_driver_with_its_observation_cut(chat):
     task = Task("fork", "test", "find the goal")
-    budget = Budget(max_turns=6, max_new_tokens=64, max_total_tokens=4096, max_observation_chars=60)
+    budget = Budget(max_turns=6, max_new_tokens=64, max_total_tokens=4096, max_observation_chars=64)
     spec = RolloutSpec(chat, "", budget, InlineRunner(WordyForkWorld))
     seen = []
 
@@ -244,7 +244,7 @@ def test_dfsdt_path_is_recorded_by_the_driver_with_its_observation_cut(chat):
     # the same tokens, mask and cut observations as the driver's own episode of that path
     assert ep.tokens == ref[0].tokens and ep.loss_mask == ref[0].loss_mask
     assert [t.observation for t in ep.turns] == [t.observation for t in ref[0].turns]
-    assert len(ep.first_observation) <= 60 < len(WordyForkWorld().reset(task))  # cut
+    assert len(ep.first_observation) <= 64 < len(WordyForkWorld().reset(task))  # cut
     assert set(seen) == {ep.first_observation}  # the proposer reads the cut text too
 
 
