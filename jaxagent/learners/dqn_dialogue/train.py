@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from jaxagent.learners.dqn_dialogue.dqn import DQNConfig
 from jaxagent.errors import FROZEN, ConfigError
 from jaxagent.eval.report import T95, seed_summary
+from jaxagent.train.run_dir import learner_run
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -242,15 +243,18 @@ def train_seed(config: DQNDialogueConfig, seed: int, spec, rule_return: float, e
 
 def train(config_path: str | None, overrides: Sequence[str] = (), echo=print) -> dict[str, Any]:
     """Train every seed; returns the summary (also ``<out_dir>/summary.json``)."""
+    t0 = time.perf_counter()
+    config = load_dqn_config(config_path, overrides)
+    out = Path(config.train.out_dir.format(name=config.name))
+    with learner_run(out, OmegaConf.to_yaml(OmegaConf.structured(config))):
+        return _train(config, out, echo, t0)
+
+
+def _train(config: DQNDialogueConfig, out: Path, echo, t0: float) -> dict[str, Any]:
     from jaxagent.envs.dialogue import policies as P
     from jaxagent.envs.registry import get_env_spec
 
-    t0 = time.perf_counter()
-    config = load_dqn_config(config_path, overrides)
     spec = get_env_spec("dialogue", dict(config.env.options))
-    out = Path(config.train.out_dir.format(name=config.name))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
     max_turns = spec.make_env().config.max_turns
     test_tasks = spec.make_source().tasks("test")
 
