@@ -6,7 +6,6 @@ import math
 
 import jax
 import numpy as np
-import pytest
 
 from jaxagent.models import ModelConfig, init_model, load_hf, param_logical_axes, save_hf
 from jaxagent.models import hf as HF
