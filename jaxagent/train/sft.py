@@ -159,6 +159,15 @@ def warm_start(
         spec.runner.close()
     if c.only_successful:
         demos = [d for d in demos if d.success]
+    # A demonstration longer than a packed row cannot be trained on whole; cutting it would
+    # teach a truncated episode, so it is left out (and counted).
+    fitting = [d for d in demos if len(d.tokens) <= max_len]
+    if len(fitting) < len(demos):
+        echo(
+            f"[sft] {len(demos) - len(fitting)} demonstrations longer than the {max_len}-token "
+            "rows left out (raise model.max_seq_len or rollout.max_total_tokens to keep them)"
+        )
+        demos = fitting
     demo_success = float(np.mean([d.success for d in demos])) if demos else 0.0
     echo(
         f"[sft] {len(demos)} expert demonstrations (error rate "
