@@ -23,7 +23,8 @@ from jaxagent.generate import Sampler, SamplingConfig
 from jaxagent.models import ModelConfig, abstract_graphdef
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
-from jaxagent.rl.update import make_update_step, model_logprob_fn
+from jaxagent.rl.update import make_update_step
+from jaxagent.rl.model_fns import model_logprob_fn
 
 
 def _abstract_params(config):

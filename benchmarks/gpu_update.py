@@ -34,7 +34,8 @@ from jaxagent.models import ModelConfig, init_model
 from jaxagent.perf.roofline import device_peaks
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
-from jaxagent.rl.update import make_update_step, model_logprob_fn
+from jaxagent.rl.update import make_update_step
+from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.types import TokenBatch
 
 

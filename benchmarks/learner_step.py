@@ -35,7 +35,8 @@ from jaxagent.models import ModelConfig, init_model
 from jaxagent.rl.model_fns import model_apply_fn
 from jaxagent.rl.recipes import sft_config
 from jaxagent.rl.train_state import TrainState, make_optimizer
-from jaxagent.rl.update import make_update_step, model_logprob_fn
+from jaxagent.rl.update import make_update_step
+from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.train.config import load_config
 from jaxagent.train.policy import run_optimizer
 from jaxagent.perf.roofline import Roofline

@@ -141,7 +141,8 @@ from jaxagent.generate import Sampler, SamplingConfig  # noqa: E402
 from jaxagent.models import ModelConfig, init_model  # noqa: E402
 from jaxagent.rl.recipes import get_recipe  # noqa: E402
 from jaxagent.rl.train_state import TrainState  # noqa: E402
-from jaxagent.rl.update import make_update_step, model_logprob_fn  # noqa: E402
+from jaxagent.rl.update import make_update_step  # noqa: E402
+from jaxagent.rl.model_fns import model_logprob_fn  # noqa: E402
 from jaxagent.types import TokenBatch  # noqa: E402
 from roofline import ceiling_s, decoder_shape, forward_flops, machine_peaks  # noqa: E402
 

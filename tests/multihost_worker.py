@@ -44,7 +44,8 @@ from jaxagent.models import ModelConfig, init_model, param_logical_axes  # noqa:
 from jaxagent.parallel.mesh import make_mesh  # noqa: E402
 from jaxagent.rl.recipes import get_recipe  # noqa: E402
 from jaxagent.rl.train_state import TrainState, make_optimizer  # noqa: E402
-from jaxagent.rl.update import make_update_step, model_apply_fn  # noqa: E402
+from jaxagent.rl.update import make_update_step  # noqa: E402
+from jaxagent.rl.model_fns import model_apply_fn  # noqa: E402
 from jaxagent.train.checkpoint import Checkpointer  # noqa: E402
 from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate  # noqa: E402
 from jaxagent.types import TokenBatch  # noqa: E402

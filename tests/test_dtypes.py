@@ -20,7 +20,8 @@ from jaxagent.models import (
 )
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
-from jaxagent.rl.update import make_update_step, model_apply_fn
+from jaxagent.rl.update import make_update_step
+from jaxagent.rl.model_fns import model_apply_fn
 from jaxagent.types import TokenBatch
 
 EPS_BF16 = float(jnp.finfo(jnp.bfloat16).eps)  # 2^-7 (8 significant bits with the hidden one)

@@ -12,7 +12,8 @@ from jaxagent.rl import get_recipe
 from jaxagent.rl.config import RLConfigError
 from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.rl.train_state import TrainState, clip_by_global_norm_scaled, make_optimizer
-from jaxagent.rl.update import make_update_step, model_apply_fn
+from jaxagent.rl.update import make_update_step
+from jaxagent.rl.model_fns import model_apply_fn
 from test_rl_common import (
     assert_trees_close_f32,
     copy_tree,

@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.models import token_logprobs_and_entropy
-from jaxagent.rl.update import model_apply_fn
+from jaxagent.rl.model_fns import model_apply_fn
 from jaxagent.types import TokenBatch
 
 

@@ -15,7 +15,8 @@ from jaxagent.generate import Sampler, SamplingConfig
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
-from jaxagent.rl.update import make_update_step, model_apply_fn
+from jaxagent.rl.update import make_update_step
+from jaxagent.rl.model_fns import model_apply_fn
 from jaxagent.types import TokenBatch
 
 VOCAB, TARGET, PROMPT, NEW, TASKS, K = 32, 5, 4, 8, 4, 8

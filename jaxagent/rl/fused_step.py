@@ -202,7 +202,7 @@ def fused_pass(loss_of: Callable, tx, plan: ParamPlan, params, opt_state, norm, 
         raise ValueError(
             f"update.fused_optimizer: the model ran {hooks[-1].calls} blocks through the hook "
             f"but the params hold {len(keys)} layer_<i> entries; the fused step needs "
-            "jaxagent.rl.update.model_logprob_fn (full fine-tuning, no LoRA)"
+            "jaxagent.rl.model_fns.model_logprob_fn (full fine-tuning, no LoRA)"
         )
     g_leaves, p_leaves = jax.tree.leaves(g), jax.tree.leaves(params)
     rest_g = [g_leaves[j] for j in plan.rest]

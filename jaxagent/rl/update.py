@@ -44,7 +44,6 @@ from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.models import token_values
 from jaxagent.rl.model_fns import LogprobFn, LoraAwareLogprobFn, logits_logprob_fn
-from jaxagent.rl.model_fns import model_apply_fn, model_logprob_fn  # noqa: F401 (re-exported)
 from jaxagent.rl.prepare import apply_row_weight, compute_advantages as _compute_advantages
 from jaxagent.rl.config import POLICY_LOSSES, RLConfig
 from jaxagent.rl.train_state import TrainState, make_optimizer
@@ -249,7 +248,7 @@ def make_update_step(
         if not getattr(logprob_fn, "block_wrap", False):
             raise ValueError(
                 "update.fused_optimizer needs the model's own log-prob function "
-                "(jaxagent.rl.update.model_logprob_fn with remat), whose blocks it hooks"
+                "(jaxagent.rl.model_fns.model_logprob_fn with remat), whose blocks it hooks"
             )
         check_elementwise(tx)
         fused_tx = optax.with_extra_args_support(tx)

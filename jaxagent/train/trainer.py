@@ -28,7 +28,8 @@ from jaxagent.eval.report import summarize
 from jaxagent.rl.prepare import with_critic_values
 from jaxagent.generate.sampler import release_decode_kernels
 from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling, on_sampling_params
-from jaxagent.rl.update import make_update_step, model_logprob_fn
+from jaxagent.rl.update import make_update_step
+from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import CheckpointError, Checkpointer, complete_steps
 from jaxagent.train.checkpoint import refuse_overwrite
