@@ -5,6 +5,7 @@ its own fit), and any change to an input the fit reads is a new entry, never a s
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from jaxagent.train.config import load_config
 from jaxagent.train.metrics_log import read_jsonl
@@ -52,6 +53,9 @@ def _run(out: Path, cache: Path, *extra: str) -> dict:
     return first
 
 
+# Two short trainings (~65 s on 2 cores): nightly; the key and the entries' round trip are
+# checked in every run below.
+@pytest.mark.slow
 def test_second_recipe_reuses_the_fit_and_changed_inputs_miss(tmp_path):
     cache = tmp_path / "cache"
     fitted = _run(tmp_path / "loop", cache)
