@@ -65,15 +65,16 @@ DRIVER = textwrap.dedent(
     E = importlib.import_module("jaxagent.agents.evaluate")  # the package exports a function
     S = importlib.import_module("jaxagent.train.sft")
     T = importlib.import_module("jaxagent.train.trainer")
+    V = importlib.import_module("jaxagent.train.evaluation")
 
-    validate = T.Trainer._validate
+    validate = V.RunEvaluation.validate
 
     def scripted_validate(self, params, iteration, extra):
         m = validate(self, params, iteration, extra)
         m["val/success"] = extra["val"][-1]["success"] = float(scripted[iteration])
         return m
 
-    T.Trainer._validate = scripted_validate
+    V.RunEvaluation.validate = scripted_validate
     if point == "sft":
         run_sft = S.run_sft
 
@@ -112,16 +113,16 @@ DRIVER = textwrap.dedent(
 
 
 def _scripted(monkeypatch):
-    from jaxagent.train.trainer import Trainer
+    from jaxagent.train.evaluation import RunEvaluation
 
-    validate = Trainer._validate
+    validate = RunEvaluation.validate
 
     def scripted_validate(self, params, iteration, extra):
         m = validate(self, params, iteration, extra)
         m["val/success"] = extra["val"][-1]["success"] = SCRIPTED_VAL[iteration]
         return m
 
-    monkeypatch.setattr(Trainer, "_validate", scripted_validate)
+    monkeypatch.setattr(RunEvaluation, "validate", scripted_validate)
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,7 @@ def selected_run(tmp_path_factory):
     )
     # The tiny model barely learns, so its validation scores would all tie: script them
     # (iteration 2 best) to exercise the selection; test evaluations stay real.
-    scripted, real = [0.25, 0.5, 1 / 3], trainer.evaluate
+    scripted, real = [0.25, 0.5, 1 / 3], trainer.evaluation.evaluate
 
     def evaluate(params, tag, key, split="test"):
         m = real(params, tag, key, split)
@@ -109,7 +109,7 @@ def selected_run(tmp_path_factory):
             m["val/success"] = scripted.pop(0)
         return m
 
-    trainer.evaluate = evaluate
+    trainer.evaluation.evaluate = evaluate
     val_ids = [t.id for t in trainer.val_tasks]
     train_ids = {t.id for t in trainer.train_tasks}
     seen = {t.id for it in range(30) for t in trainer._tasks_for(it)}  # several epochs
@@ -141,7 +141,8 @@ def test_validation_tasks_come_from_train_and_are_never_trained_on(selected_run)
 
 def test_best_validation_checkpoint_is_kept_and_scores_what_the_summary_says(selected_run):
     from jaxagent.train.session import load_policy
-    from jaxagent.train.trainer import Trainer, eval_key
+    from jaxagent.train.run import eval_key
+    from jaxagent.train.trainer import Trainer
 
     out, summary, _, _, _ = selected_run
     assert summary["val_curve"] == [[0, 0.25], [2, 0.5], [4, round(1 / 3, 4)]]
@@ -153,6 +154,8 @@ def test_best_validation_checkpoint_is_kept_and_scores_what_the_summary_says(sel
     fresh = Trainer(
         load_config(out / "config.yaml", [f"train.out_dir={out}_check"]), echo=lambda s: None
     )
-    m = fresh.evaluate(policy.params, "check", eval_key(policy.config.train.seed, best_it))
+    m = fresh.evaluation.evaluate(
+        policy.params, "check", eval_key(policy.config.train.seed, best_it)
+    )
     fresh.close()
     assert m["eval/success"] == summary["success_best_val"]

@@ -54,6 +54,12 @@ class DynamicSample:
     kept_groups: int  # groups in ``episodes``
     sampled_groups: int  # groups sampled over all rounds
 
+    @classmethod
+    def one_round(cls, episodes: list[Episode], stats) -> "DynamicSample":
+        """One collection round kept whole (dynamic sampling off)."""
+        groups = len({ep.group for ep in episodes})
+        return cls(list(episodes), list(episodes), [stats], 1, groups, groups)
+
     def total_stats(self):
         """Every round's stats (times, tokens, decode rounds) summed into a new record."""
         fields = dataclasses.fields(self.stats[0])

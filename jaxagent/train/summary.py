@@ -77,34 +77,6 @@ def plot_learning_curve(
     return path
 
 
-def history_entry(eval_m: dict) -> dict:
-    """One evaluation's entry of the run's history: ``eval/`` metrics without their prefix,
-    the failure modes as one dict."""
-    ours = {k: v for k, v in eval_m.items() if k.startswith("eval/")}
-    groups = {"failure_modes": "/failure/", "failure_details": "/failure_detail/"}
-    keep = {
-        k.split("/", 1)[1]: v for k, v in ours.items() if not any(g in k for g in groups.values())
-    }
-    for name, marker in groups.items():
-        keep[name] = {k.split(marker, 1)[1]: v for k, v in ours.items() if marker in k}
-    return keep
-
-
-def best_val_record(history: Sequence[dict], val: Sequence[dict], test_at) -> dict:
-    """Test-split figures of the checkpoint with the best validation success (ties: the later
-    one). Reuses a test evaluation of that iteration in ``history`` when there is one (the
-    start, or the end); otherwise ``test_at(iteration)`` evaluates it (flat eval metrics)."""
-    best = max(val, key=lambda v: (v["success"], v["iteration"]))
-    it = best["iteration"]
-    done = [h for h in history if h["iteration"] == it]
-    test = done[0] if done else {"iteration": it, **history_entry(test_at(it))}
-    return {
-        "iteration": it,
-        "val_success": best["success"],
-        "test": {k: v for k, v in test.items() if k != "iteration"},
-    }
-
-
 def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> dict:
     """Print the final table, write the PNG and ``summary.json``; return the summary."""
     cfg = trainer.config

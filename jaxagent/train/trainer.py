@@ -43,13 +43,12 @@ from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate, place
 from jaxagent.perf.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
 from jaxagent.train.policy import make_logprob_fn, run_optimizer
-from jaxagent.train.run import build_run, eval_key, iteration_tasks, make_runner, sample_keys
-from jaxagent.train.run import rows_multiple, val_key
+from jaxagent.train.evaluation import RunEvaluation
+from jaxagent.train.run import build_run, iteration_tasks, rows_multiple
 from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_atomic
 from jaxagent.train.sft import warm_start
-from jaxagent.train.summary import best_val_record, history_entry
 
-__all__ = ["Trainer", "eval_key", "make_runner", "sample_keys"]
+__all__ = ["Trainer"]
 
 
 class Trainer:
@@ -103,7 +102,7 @@ class Trainer:
         self.sft_tasks, self.eval_tasks = run.tasks.sft, run.tasks.eval
         self.tokenizer, self.model_config = run.tokenizer, run.model_config
         self.max_len, self.budget, self.runner = run.max_len, run.budget, run.runner
-        self.sampler, self.eval_sampler, self.rollout = run.sampler, run.eval_sampler, run.rollout
+        self.sampler, self.rollout = run.sampler, run.rollout
         self._init_params = run.params  # handed to the first TrainState, then dropped
         self._params_like = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.params
@@ -134,6 +133,7 @@ class Trainer:
         )
         self._programs = (self.update_step,)  # what holds compiled programs besides jit caches
         self.logprob_fn = make_logprob_fn(self.graphdef)
+        self.evaluation = RunEvaluation(config, run, self.row_keys, self.echo, self._release)
 
     def _write_run_files(self) -> None:
         """The run's config, tokenizer, checkpoint manager and logs (after every check)."""
@@ -161,26 +161,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
 
-    def evaluate(self, params, tag: str, key, split: str = "test") -> dict:
-        """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
-        evaluation; returns flat metrics."""
-        tasks, prefix = (self.eval_tasks, "eval") if split == "test" else (self.val_tasks, "val")
-        result = hosts.evaluate_sharded(
-            self.eval_sampler,
-            tasks,
-            self.rollout,
-            key,
-            params,
-            samples_per_task=self.config.eval.samples_per_task,
-            row_keys=self.row_keys,
-        )
-        release_decode_kernels()  # the eval sampler's weight copy is not kept between uses
-        self._release()
-        self.echo(
-            f"[{tag}] " + result.report.describe("held-out" if prefix == "eval" else "validation")
-        )
-        return result.metrics(prefix)
-
     def sft(self, params):
         """SFT warm-start on the env's scripted expert (``jaxagent.train.sft.warm_start``)."""
         return warm_start(
@@ -196,19 +176,42 @@ class Trainer:
         )
 
     def iteration(self, state: TrainState, it: int) -> tuple[TrainState, dict]:
-        """One RL iteration: collect -> advantages -> update (advantages inside the step)."""
+        """One RL iteration: collect -> pack -> update (advantages inside the step)."""
         t0 = time.perf_counter()
-        tasks = self._tasks_for(it)
-        mine = task_shard(tasks)  # this host's slice (every task with one process)
-        first = jax.process_index() * len(mine)
-        key = jax.random.fold_in(self._sample_key, it)
-        # One model copy: LoRA merges into the base's own buffers for the rollout (a
-        # donation: a checkpoint still streaming those buffers must finish first).
+        # LoRA merges into the base's own buffers for the rollout (a donation: a checkpoint
+        # still streaming those buffers must finish first).
         if state.uses_lora:
             self.checkpointer.before_mutation()
         merged, state = begin_sampling(state)
         params = host_local(self.layout.rollout_params(merged))
-        per_task, data, r = self.config.group_size, self.config.rl.data, self.config.rollout
+        tasks = self._tasks_for(it)
+        mine = task_shard(tasks)  # this host's slice (every task with one process)
+        drawn = self._collect(params, it, tasks, mine)
+        t1 = time.perf_counter()
+        batch, data_m = self._pack(drawn.episodes, rows=len(mine) * self.config.group_size)
+        if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
+            batch = with_critic_values(self.logprob_fn, params, batch)
+        # The rollout's extra buffers go before the update allocates gradients and moments.
+        release_decode_kernels()
+        params = None
+        state, merged = end_sampling(state, merged), None
+        self.checkpointer.before_mutation()  # the update donates the state
+        # The rollout's freed buffers (and, release_compiled, its programs) go back before the
+        # update's peak; the step's gradients, activations and program before the next rollout.
+        self._release()
+        state, m = self.update_step(state, batch)
+        m = {k: float(v) for k, v in jax.device_get(m).items()}
+        self._release()
+        m.update(data_m)
+        m.update(self._rollout_metrics(drawn, batch, t0, t1))
+        return state, m
+
+    def _collect(self, params, it: int, tasks: list, mine: list) -> dapo.DynamicSample:
+        """This host's episodes of iteration ``it`` (``mine``: its slice of ``tasks``; with
+        dynamic sampling, refilled until the batch holds enough informative groups)."""
+        first = jax.process_index() * len(mine)
+        key = jax.random.fold_in(self._sample_key, it)
+        per_task, data = self.config.group_size, self.config.rl.data
         hosts.set_row_offset(self.sampler, first * per_task, self.row_keys)
 
         def collect(round_):  # round 0: the iteration's tasks; later: dynamic-sampling refills
@@ -230,18 +233,20 @@ class Trainer:
             )  # unique within the batch
 
         if data.dynamic_sampling:
-            drawn = dapo.dynamic_sample(collect, len(tasks), data.max_sampling_rounds)
-            eps, report_eps, stats = drawn.episodes, drawn.first_round, drawn.total_stats()
-        else:
-            eps, stats = collect(0)
-            report_eps = eps
-        t1 = time.perf_counter()
+            return dapo.dynamic_sample(collect, len(tasks), data.max_sampling_rounds)
+        return dapo.DynamicSample.one_round(*collect(0))
+
+    def _pack(self, eps: list, rows: int):
+        """The episodes as one host-side token batch of ``rows`` rows (row drops decided here,
+        as a row-weight column) and the data-shaping metrics; ``update_step`` places it on
+        the mesh."""
+        data, r = self.config.rl.data, self.config.rollout
         batch = pack_episodes(
             eps,
             pad_id=self.chat.pad_id,
             max_len=self.max_len,
             length_multiple=data.length_multiple,
-            rows=len(mine) * per_task,
+            rows=rows,
             rows_multiple=self._rows_multiple,
             drops=RowDrops(
                 overlong=data.overlong_filter,
@@ -252,26 +257,15 @@ class Trainer:
         )
         batch = hosts.common_length(batch, self.chat.pad_id)
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
-        batch = jax.tree.map(np.asarray, batch)  # placed on the mesh by update_step
-        if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
-            batch = with_critic_values(self.logprob_fn, params, batch)
-        # The rollout's extra buffers go before the update allocates gradients and moments.
-        release_decode_kernels()
-        params = None
-        state, merged = end_sampling(state, merged), None
-        self.checkpointer.before_mutation()  # the update donates the state
-        # The rollout's freed buffers (and, release_compiled, its programs) go back before the
-        # update's peak; the step's gradients, activations and program before the next rollout.
-        self._release()
-        state, m = self.update_step(state, batch)
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
-        self._release()
-        m.update(data_m)
-        if data.dynamic_sampling:
-            m.update(drawn.metrics())
+        return jax.tree.map(np.asarray, batch), data_m
+
+    def _rollout_metrics(self, drawn: dapo.DynamicSample, batch, t0: float, t1: float) -> dict:
+        """Train-episode report (every host's first-round episodes), rollout throughput,
+        environment health and the roofline of the iteration."""
+        m = dict(drawn.metrics()) if self.config.rl.data.dynamic_sampling else {}
         t2 = time.perf_counter()
-        report = summarize(hosts.gather_episodes(report_eps))
-        stats = hosts.gather_stats(stats)
+        report = summarize(hosts.gather_episodes(drawn.first_round))
+        stats = hosts.gather_stats(drawn.total_stats())
         m.update(report.as_metrics("train"))
         m.update(
             hosts.rollout_record(stats, batch, batch.row_weight, t2 - t1, time.perf_counter() - t0)
@@ -279,6 +273,7 @@ class Trainer:
         m["sampler/recompiles"] = self.sampler.recompiles
         for k, v in self.runner.health().items():
             m[f"env_health/{k}"] = v
+        r = self.config.rollout
         m.update(
             iteration_metrics(
                 self.roofline,
@@ -289,7 +284,7 @@ class Trainer:
                 update=self.rl.update,
             )
         )
-        return state, m
+        return m
 
     # ------------------------------------------------------------------ the loop
 
@@ -311,7 +306,7 @@ class Trainer:
         self._t_run, self._wall_offset = self._t_init, 0.0
         state, start, history, extra = self._start_or_resume()
         self.logger.truncate_after(start)
-        every, ck_every = cfg.eval.every, cfg.train.checkpoint_every
+        ck_every = cfg.train.checkpoint_every
         with progress.Progress(
             cfg.train.progress if is_writer() else "none", "rl", cfg.train.iterations, start
         ) as bar:
@@ -319,18 +314,11 @@ class Trainer:
                 state, m = self.iteration(state, it)
                 done = it + 1
                 self.guard.check(done, m)  # skipped-update count, grad-norm / KL spikes
-                last, periodic = done == cfg.train.iterations, every and done % every == 0
-                val_m = eval_m = None
-                if self.val_tasks and (last or periodic):
-                    state, val_m = self._on_model(state, lambda p: self._validate(p, done, extra))
-                    m.update(val_m)
-                if last or (periodic and not self.val_tasks):
-                    key = eval_key(cfg.train.seed, done)
-                    state, eval_m = self._on_model(
-                        state, lambda p: self.evaluate(p, f"iter {done}", key)
-                    )
-                    m.update(eval_m)
-                    history.append({"iteration": done, **history_entry(eval_m)})
+                state, val_m, eval_m = self.evaluation.after_iteration(
+                    state, done, self._on_model, history, extra
+                )
+                m.update(val_m)
+                m.update(eval_m)
                 self.logger.log(done, m)
                 self.guard.stop_if_needed()  # past guards.max_skipped_updates: stop, clearly
                 bar.update(
@@ -339,13 +327,14 @@ class Trainer:
                     reward=f"{m['train/avg_reward']:.2f}",
                     **progress_fields(m),
                 )
-                if last or val_m or (ck_every and done % ck_every == 0):
-                    best = val_m["val/success"] if val_m else eval_m and eval_m["eval/success"]
+                if done == cfg.train.iterations or val_m or (ck_every and done % ck_every == 0):
+                    best = val_m["val/success"] if val_m else eval_m.get("eval/success")
                     self.checkpointer.save(done, state, self._meta(done, history, extra), best)
         self.checkpointer.wait()
         state = None  # the best-validation test below restores its own
-        if self.val_tasks:
-            self._test_best_val(history, extra)
+        self.evaluation.record_best_val(
+            history, extra, lambda it: self._restore(it)[0], self._on_model
+        )
         from jaxagent.train.summary import finish_run
 
         summary = finish_run(self, history, extra, self._wall_s())
@@ -358,26 +347,6 @@ class Trainer:
         if state.uses_lora:
             self.checkpointer.before_mutation()
         return on_sampling_params(state, fn)
-
-    def _validate(self, params, iteration: int, extra: dict) -> dict:
-        """Validation evaluation; appends ``(iteration, success)`` to ``extra["val"]``."""
-        val_m = self.evaluate(
-            params, f"iter {iteration}", val_key(self.config.train.seed, iteration), split="val"
-        )
-        extra.setdefault("val", []).append(
-            {"iteration": iteration, "success": val_m["val/success"]}
-        )
-        return val_m
-
-    def _test_best_val(self, history: list, extra: dict) -> None:
-        """``extra["best_val"]``: the best-validation checkpoint's test figures."""
-
-        def test_at(it: int) -> dict:
-            state, _ = self._restore(it)
-            key = eval_key(self.config.train.seed, it)
-            return self._on_model(state, lambda p: self.evaluate(p, f"best val iter {it}", key))[1]
-
-        extra["best_val"] = best_val_record(history, extra["val"], test_at)
 
     def _start_or_resume(self):
         cfg = self.config
@@ -405,14 +374,8 @@ class Trainer:
             params, sft_m = self.sft(params)
             self.logger.log(0, sft_m)
             extra["sft"] = sft_m
-        m0 = self.evaluate(params, "before RL", eval_key(cfg.train.seed, 0))
-        best = m0["eval/success"]
-        if self.val_tasks:
-            val_m = self._validate(params, 0, extra)
-            m0.update(val_m)
-            best = val_m["val/success"]
+        m0, best, history = self.evaluation.at_start(params, extra)
         self.logger.log(0, m0)
-        history = [{"iteration": 0, **history_entry(m0)}]
         state = self._new_state(params)
         self.checkpointer.save(0, state, self._meta(0, history, extra), best)
         return state, 0, history, extra
