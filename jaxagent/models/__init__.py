@@ -3,6 +3,7 @@
 from jaxagent.models.api import (
     ModelOutput,
     abstract_graphdef,
+    abstract_params,
     apply_model,
     init_model,
     model_config,
@@ -20,6 +21,7 @@ __all__ = [
     "ModelConfig",
     "ModelOutput",
     "abstract_graphdef",
+    "abstract_params",
     "apply_model",
     "grow_cache",
     "init_cache",

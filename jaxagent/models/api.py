@@ -28,17 +28,26 @@ class ModelOutput:
     cache: Optional[KVCache]
 
 
-def init_model(config: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, Params]:
-    """Randomly initialised model: (graphdef, params as a nested dict of arrays)."""
+def init_model(
+    config: ModelConfig, key: jax.Array, shardings: Any = None
+) -> tuple[nnx.GraphDef, Params]:
+    """Randomly initialised model: (graphdef, params as a nested dict of arrays).
+
+    ``shardings`` (a pytree of ``jax.sharding.Sharding`` shaped like the params, e.g. a device
+    layout's): every parameter is created in its shards, never whole on one device."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"init_model: config must be a ModelConfig, got {type(config).__name__}")
 
-    @jax.jit
     def make(key):
         return nnx.to_pure_dict(nnx.state(Transformer(config, nnx.Rngs(params=key))))
 
     graphdef = abstract_graphdef(config)
-    return graphdef, make(key)
+    return graphdef, jax.jit(make, out_shardings=shardings)(key)
+
+
+def abstract_params(config: ModelConfig) -> Params:
+    """The parameters' shapes and dtypes (``jax.ShapeDtypeStruct``), allocating nothing."""
+    return nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))))
 
 
 def abstract_graphdef(config: ModelConfig) -> nnx.GraphDef:

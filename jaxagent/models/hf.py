@@ -195,6 +195,7 @@ def load_hf(
     key: Optional[jax.Array] = None,
     kv_cache_dtype: str = "",
     shardings: Optional[Callable[[ModelConfig], Any]] = None,
+    abstract: bool = False,
 ):
     """Load a local HF Llama / Qwen2 checkpoint.
 
@@ -212,6 +213,8 @@ def load_hf(
         slices its own devices hold (``jax.make_array_from_callback``), laid out and cast
         per slice, so no device and no host ever holds a whole tensor. None: whole tensors
         on the default device.
+      abstract: check the directory (config, tensor names) but read no weight: the params
+        are ``jax.ShapeDtypeStruct``s (a resumed run restores its weights from a checkpoint).
 
     Returns:
       (config, graphdef, params).
@@ -254,6 +257,8 @@ def load_hf(
     graphdef = abstract_graphdef(config)
     expected = _abstract_params(config)
     placement = None if shardings is None else shardings(config)
+    if abstract:
+        return config, graphdef, expected
     for file, names in by_file.items():
         framework = "flax" if placement is None else "numpy"
         with safe_open(file, framework=framework) as fh:
@@ -281,11 +286,9 @@ def load_hf(
 
 
 def _abstract_params(config: ModelConfig) -> Params:
-    from flax import nnx
+    from jaxagent.models.api import abstract_params
 
-    from jaxagent.models.transformer import Transformer
-
-    return nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))))
+    return abstract_params(config)
 
 
 def _load_value_head(config, params, vh_path, key):

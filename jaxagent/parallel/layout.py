@@ -104,9 +104,13 @@ class DeviceLayout:
         """(state placed on the mesh, its sharding tree); (state, None) without a mesh."""
         if self.mesh is None:
             return state, None
-        shardings = state_shardings(state, self.mesh, self.logical_axes, optimizer, self.rules)
+        shardings = self.state_shardings(state, optimizer)
         # donate: the single-device buffers are freed as the sharded ones are made
         return place(state, shardings, donate=True), shardings
+
+    def state_shardings(self, state, optimizer) -> Any:
+        """The sharding tree of a train state (concrete or abstract) on this mesh."""
+        return state_shardings(state, self.mesh, self.logical_axes, optimizer, self.rules)
 
     def abstract_state(self, abstract, optimizer) -> Any:
         """``abstract`` (ShapeDtypeStructs, e.g. from ``jax.eval_shape``) with the shardings
@@ -115,9 +119,7 @@ class DeviceLayout:
             one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
             shardings = jax.tree.map(lambda _: one, abstract)
         else:
-            shardings = state_shardings(
-                abstract, self.mesh, self.logical_axes, optimizer, self.rules
-            )
+            shardings = self.state_shardings(abstract, optimizer)
         return jax.tree.map(
             lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract, shardings
         )

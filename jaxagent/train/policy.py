@@ -18,6 +18,8 @@ from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.generate import SamplingConfig
 from jaxagent.models import (
     ModelConfig,
+    abstract_graphdef,
+    abstract_params,
     apply_model,
     init_model,
     load_hf,
@@ -58,8 +60,21 @@ def model_config(section: ModelSection, tokenizer) -> ModelConfig:
     return build(section, ModelConfig, **derived_model_fields(section, tokenizer))
 
 
-def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, Any, ModelConfig]:
-    """(graphdef, params, model config): loaded from ``section.init_from`` or built anew."""
+def build_model(
+    section: ModelSection,
+    tokenizer,
+    key: jax.Array,
+    *,
+    shardings: Callable[[ModelConfig], Any] | None = None,
+    abstract: bool = False,
+) -> tuple[Any, Any, ModelConfig]:
+    """(graphdef, params, model config): loaded from ``section.init_from`` or built anew.
+
+    ``shardings(model_config)``: the params' target shardings (None: one device), asked for
+    once the model's shapes are known and before any weight exists, so that every parameter
+    is born in its shards (``load_hf``'s slice reads; a jitted init with ``out_shardings``).
+    ``abstract``: shapes and dtypes only, no weight read or made (a resumed run restores
+    its weights from its checkpoint)."""
     if section.init_from:
         # The run's dtypes apply to a loaded model too; a critic asked for but absent from the
         # checkpoint gets a fresh value head.
@@ -70,6 +85,8 @@ def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, 
             kv_cache_dtype=section.kv_cache_dtype,
             value_head=True if section.value_head else None,
             key=key,
+            shardings=shardings,
+            abstract=abstract,
         )
         if config.vocab_size < len(tokenizer):
             raise ValueError(
@@ -78,7 +95,10 @@ def build_model(section: ModelSection, tokenizer, key: jax.Array) -> tuple[Any, 
             )
         return graphdef, params, config
     config = model_config(section, tokenizer)
-    graphdef, params = init_model(config, key)
+    placement = None if shardings is None else shardings(config)
+    if abstract:
+        return abstract_graphdef(config), abstract_params(config), config
+    graphdef, params = init_model(config, key, shardings=placement)
     return graphdef, params, config
 
 

@@ -202,6 +202,8 @@ def build_run(
     policy: Any = None,
     tokenizer_dir: Optional[Path] = None,
     render_dir: Optional[str] = None,
+    shardings: Optional[Callable[[ModelConfig], Any]] = None,
+    abstract_params: bool = False,
 ) -> Run:
     """Build a run's pieces from its config.
 
@@ -211,6 +213,8 @@ def build_run(
         of building them (``jaxagent eval`` / ``rollout`` on a checkpoint).
       tokenizer_dir: where a resumed run keeps its tokenizer (``<run_dir>/tokenizer``),
         loaded from there; None builds it (nothing is saved here).
+      shardings, abstract_params: how the model's parameters are made
+        (``jaxagent.train.policy.build_model``: born in their shards; shapes only).
 
     Returns:
       The ``Run``.
@@ -220,7 +224,9 @@ def build_run(
     model_key, state_key, sample_key = sample_keys(config.train.seed)
     if policy is None:
         tokenizer = run_tokenizer(config, env, tasks.train, tokenizer_dir)
-        graphdef, params, model_config = build_model(config.model, tokenizer, model_key)
+        graphdef, params, model_config = build_model(
+            config.model, tokenizer, model_key, shardings=shardings, abstract=abstract_params
+        )
     else:
         tokenizer, graphdef, params, model_config = (
             policy.tokenizer,

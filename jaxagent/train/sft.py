@@ -19,7 +19,6 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.agents.batch import pack_episodes
@@ -94,6 +93,9 @@ def run_sft(
 ) -> tuple[Any, list[float]]:
     """Fit ``params`` to the demonstrations; returns (params, per-step losses).
 
+    ``params`` are handed over: the first step donates them (no second copy of the model; on
+    a mesh they keep their shardings and the step runs sharded).
+
     ``batch_size`` counts packed rows of ``max_len`` tokens (several episodes each);
     ``microbatch`` rows a forward/backward pass (0: the whole batch), gradients summed over
     the batch's microbatches: the same loss and gradient as one pass, in a smaller working
@@ -110,7 +112,6 @@ def run_sft(
     config = sft_config(learning_rate, steps, batch_size, microbatch)
     tx = make_optimizer(config, "wsd", steps)
     step_fn = make_update_step(config, model_apply_fn(graphdef), tx, compute_advantages=False)
-    params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
     state = TrainState.create(params, config, jax.random.key(seed), optimizer=tx)
     rng = np.random.default_rng([seed, 11])
     losses = []

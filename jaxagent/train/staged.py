@@ -41,7 +41,7 @@ def run_sft_then_rl(config: Config, echo: Callable[[str], None] = print) -> dict
     if not (hf_dir / "config.json").exists() or not config.train.resume:
         stage = Trainer(replace(config, [f"train.out_dir={run_dir / 'sft_stage'}"]), echo=echo)
         try:
-            params, metrics = stage.sft(stage.built.params)
+            params, metrics = stage.sft(stage.take_initial_params())
             stage.logger.log(0, metrics)
             save_hf(str(hf_dir), stage.model_config, stage.graphdef, params)
             stage.tokenizer.save_pretrained(str(hf_dir))

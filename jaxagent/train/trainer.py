@@ -14,6 +14,7 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 import time
@@ -25,6 +26,7 @@ import numpy as np
 from jaxagent.agents.batch import RowDrops, pack_episodes
 from jaxagent.agents.rollout import collect_episodes
 from jaxagent.eval.report import summarize
+from jaxagent.models import abstract_graphdef, abstract_params
 from jaxagent.rl.prepare import with_critic_values
 from jaxagent.generate.sampler import release_decode_kernels
 from jaxagent.rl.train_state import TrainState, begin_sampling, end_sampling, on_sampling_params
@@ -92,10 +94,19 @@ class Trainer:
         # A resumed run keeps its saved tokenizer; a new one builds it (saved once checked).
         # Other processes build the same tokenizer (deterministic) without reading it.
         tok_dir = self.run_dir / "tokenizer"
-        self.built = build_run(
-            config, tokenizer_dir=tok_dir if self._resuming and is_writer() else None
+        # The weights are born in their shards (the layout is built from the model's shapes
+        # first); a resumed run reads none: its checkpoint has them.
+        self.layout: DeviceLayout | None = None
+        run = build_run(
+            config,
+            tokenizer_dir=tok_dir if self._resuming and is_writer() else None,
+            shardings=self._param_shardings,
+            abstract_params=self._resuming,
         )
-        run = self.built
+        # The loaded / initial parameters are handed to the first TrainState (donated), so
+        # the run object keeps none.
+        self._init_params = None if self._resuming else run.params
+        self.built = dataclasses.replace(run, params=None)
         check_coverage(run, echo=self.echo)
         self.env, self.chat, self.graphdef = run.env, run.chat, run.graphdef
         self.train_tasks, self.val_tasks = run.tasks.train, run.tasks.val
@@ -103,7 +114,6 @@ class Trainer:
         self.tokenizer, self.model_config = run.tokenizer, run.model_config
         self.max_len, self.budget, self.runner = run.max_len, run.budget, run.runner
         self.sampler, self.rollout = run.sampler, run.rollout
-        self._init_params = run.params  # handed to the first TrainState, then dropped
         self._params_like = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.params
         )
@@ -111,7 +121,7 @@ class Trainer:
         self.rl = config.rl_config
         self.optimizer = run_optimizer(config)
         # The mesh (config.mesh), built once: train state, packed batches, update, rollout.
-        self.layout = DeviceLayout.build(config.mesh, self.graphdef, run.params)
+        assert self.layout is not None  # build_model asked for the params' shardings
         if self.layout.mesh is not None:
             self.echo(f"[mesh] {self.layout.describe()}")
         # Per host: each process's rollout and its share of the update over its devices.
@@ -154,6 +164,20 @@ class Trainer:
             config.name if config.train.wandb else "",
             config_to_dict(config),
         )
+
+    def _param_shardings(self, model_config):
+        """The device layout of ``config.mesh`` over the model's shapes (built before any
+        weight is read or made) and the params' shardings in it (None on one device)."""
+        params = abstract_params(model_config)
+        self.layout = DeviceLayout.build(self.config.mesh, abstract_graphdef(model_config), params)
+        return None if self.layout.mesh is None else self.layout.param_shardings(params)
+
+    def take_initial_params(self):
+        """The loaded or initialised parameters, handed over once (the caller owns them)."""
+        params, self._init_params = self._init_params, None
+        if params is None:
+            raise RuntimeError("the initial parameters were handed over already (or resumed)")
+        return params
 
     def _tasks_for(self, iteration: int) -> list:
         per, seed = self.config.rollout.tasks_per_iteration, self.config.train.seed
@@ -364,7 +388,7 @@ class Trainer:
         # A new run (or one killed before its first checkpoint) starts its record afresh.
         self.logger.truncate_after(-1)
         # The loaded / initial parameters become the state's own (no second copy).
-        params, extra, self._init_params = self._init_params, {}, None
+        params, extra = self.take_initial_params(), {}
         if cfg.sft.enabled:
             if self.env.make_expert is None:
                 raise ValueError(
@@ -409,8 +433,18 @@ class Trainer:
         )
 
     def _new_state(self, params) -> TrainState:
-        """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference."""
-        return self.layout.state(self._new_state_unplaced(params), self.optimizer)[0]
+        """A fresh TrainState; KL recipes keep a frozen copy of the start as the reference.
+
+        Made under ``jit`` with the state's shardings as ``out_shardings`` and ``params``
+        donated: the Adam moments are born in their shards (never whole on one device) and
+        the parameters become the state's own buffers (no second copy)."""
+        if self.layout.mesh is None:
+            return self._new_state_unplaced(params)
+        shardings = self.layout.state_shardings(
+            jax.eval_shape(self._new_state_unplaced, params), self.optimizer
+        )
+        make = jax.jit(self._new_state_unplaced, out_shardings=shardings, donate_argnums=0)
+        return make(params)
 
     def _release(self) -> None:
         """Freed buffers (with ``train.release_compiled`` also every compiled program) go back
