@@ -27,7 +27,7 @@ from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvRunner
 from jaxagent.pool.steps import EnvReply
 from jaxagent.agents.chat import Chat
-from jaxagent.agents.turn_policy import TurnPolicy
+from jaxagent.agents.turn_policy import TurnPolicy, release
 from jaxagent.envs.base import (
     FailureMode,
     Task,
@@ -122,8 +122,26 @@ def collect_episodes(
       on_round: optional callback ``(finished, total)`` after each round (progress bars).
 
     Returns:
-      (episodes in input order, one per (task, sample); none is ever dropped), stats.
+      (episodes in input order, one per (task, sample); none is ever dropped), stats. The
+      policy's per-episode device state (the cached sampler's KV cache) is freed before the
+      return (``turn_policy.release``): every episode has ended, nothing continues them.
     """
+    try:
+        return _drive(policy, params, tasks, samples_per_task, spec, key, group_offset, on_round)
+    finally:
+        release(policy)
+
+
+def _drive(
+    policy: TurnPolicy,
+    params: Any,
+    tasks: Sequence[Task],
+    samples_per_task: int,
+    spec: RolloutSpec,
+    key: jax.Array,
+    group_offset: int,
+    on_round: Callable[[int, int], None] | None,
+) -> tuple[list[Episode], RolloutStats]:
     stats = RolloutStats()
     chat, budget, runner = spec.chat, spec.budget, spec.runner
 
