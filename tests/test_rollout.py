@@ -287,3 +287,29 @@ def test_the_kv_cache_is_freed_when_the_episodes_end(setup):
     assert collect(kept, 5) == first
     assert kept.inner._cache is not None  # this one would carry it into the update
     assert collect(kept, 6) == second
+
+
+def test_a_prompt_over_the_budget_is_a_prompt_overflow(setup):
+    from jaxagent.eval.report import summarize
+
+    _, chat, graphdef, params, _ = setup
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, stop_token_ids=chat.stop_ids)
+    sampler = ReferenceSampler(make_logits_fn(graphdef), sampling, 256)
+    short, long = _tasks()  # first observations of 2 and 5 colour words
+    n_short = len(chat.prompt("", ScriptedEnv().reset(short)))
+    n_long = len(chat.prompt("", ScriptedEnv().reset(long)))
+    assert n_long > n_short
+    budget = Budget(max_turns=1, max_new_tokens=4, max_total_tokens=n_short + 4)
+    spec = RolloutSpec(chat, "", budget, InlineRunner(ScriptedEnv))
+    eps, _ = collect_episodes(
+        sampler, params, [short, long], samples_per_task=1, spec=spec, key=jax.random.key(7)
+    )
+    ok, over = eps
+    assert ok.num_turns == 1 and ok.termination != Termination.PROMPT_OVERFLOW
+    assert over.termination == Termination.PROMPT_OVERFLOW != Termination.TRUNCATED
+    assert over.failure_mode == FailureMode.PROMPT_OVERFLOW.value == "prompt_overflow"
+    assert over.num_turns == 0 and over.tokens == [] and over.info["prompt_tokens"] == n_long
+    batch = pack_episodes(eps, pad_id=0, max_len=256, length_multiple=16)
+    assert batch.row_weight.tolist() == [1.0, 0.0] and batch.truncated[1] == 0
+    metrics = summarize(eps).as_metrics("train")
+    assert metrics["train/failure/prompt_overflow"] == 1
