@@ -271,6 +271,15 @@ CASES = {
         ],
         ["model.init_from=", "foreign", "lacks words", "quickstart"],
     ),
+    # the first prompt must leave room for a turn within the episode's token budget
+    "prompt over rollout.max_total_tokens": (
+        lambda tmp: ["train", QS, "rollout.max_total_tokens=40", f"train.out_dir={tmp / 'run'}"],
+        ["first prompt", "rollout.max_total_tokens (now 40)", "is 24 tokens", "at least 48"],
+    ),
+    "prompt over model.max_seq_len": (
+        lambda tmp: ["train", QS, "model.max_seq_len=60", f"train.out_dir={tmp / 'run'}"],
+        ["first prompt", "model.max_seq_len (now 60)", "is 24 tokens", "at least 72"],
+    ),
     # CLI arguments
     "unknown flag after the overrides": (
         lambda tmp: ["eval", QS, "--checkpoint", str(tmp), "train.seed=1", "--bogus"],

@@ -6,6 +6,8 @@ sampled by the policy, every prompt/observation token has 0, and the recorded lo
 the learner's teacher-forced log-probs to 1e-4 in float32.
 """
 
+import weakref
+
 import jax
 import numpy as np
 import pytest
@@ -222,3 +224,92 @@ def test_fault_injection_through_the_pool_loses_no_episode(setup):
         ep.termination == Termination.TERMINATED and ep.success for ep in eps if not ep.env_failed
     )
     assert health.get("timeouts", 0) >= faults["hang"]
+
+
+class CacheWatch:
+    """Forwards to a ``CachedTurnSampler`` and keeps weak references to its cache's buffers
+    after every call (none of them alive through the watch itself)."""
+
+    def __init__(self, inner):
+        self.inner, self.refs = inner, []
+
+    @property
+    def recompiles(self):
+        return self.inner.recompiles
+
+    def _watch(self, out):
+        self.refs += [weakref.ref(x) for x in jax.tree.leaves(self.inner._cache)]
+        return out
+
+    def start(self, params, prompts, key, **texts):
+        return self._watch(self.inner.start(params, prompts, key, **texts))
+
+    def resume(self, params, chunks, key, **texts):
+        return self._watch(self.inner.resume(params, chunks, key, **texts))
+
+    def release(self):
+        self.inner.release()
+
+
+class KeepsCache:
+    """A cached sampler whose cache is never released (the behaviour before ``release``)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.recompiles = 0
+        self.start, self.resume = inner.start, inner.resume
+
+
+def test_the_kv_cache_is_freed_when_the_episodes_end(setup):
+    _, chat, graphdef, params, _ = setup
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
+    budget = Budget(max_turns=5, max_new_tokens=6, max_total_tokens=256)
+    spec = RolloutSpec(chat, "one two", budget, InlineRunner(ScriptedEnv))
+
+    def collect(policy, seed):
+        eps, _ = collect_episodes(
+            policy, params, _tasks(), samples_per_task=2, spec=spec, key=jax.random.key(seed)
+        )
+        return [(ep.tokens, ep.logprobs, ep.termination) for ep in eps]
+
+    cached = make_turn_sampler(graphdef, sampling, 256, kind="cached", pad_id=chat.pad_id)
+    watch = CacheWatch(cached)
+    first = collect(watch, 5)
+    assert cached._cache is None and watch.refs
+    live = jax.live_arrays()
+    for ref in watch.refs:  # every buffer the cache ever had is gone or deleted
+        x = ref()
+        assert x is None or (x.is_deleted() and not any(a is x for a in live))
+    # The next rollout starts afresh and samples exactly what it would have with the cache
+    # kept alive in between.
+    second = collect(watch, 6)
+    kept = KeepsCache(make_turn_sampler(graphdef, sampling, 256, kind="cached", pad_id=chat.pad_id))
+    assert collect(kept, 5) == first
+    assert kept.inner._cache is not None  # this one would carry it into the update
+    assert collect(kept, 6) == second
+
+
+def test_a_prompt_over_the_budget_is_a_prompt_overflow(setup):
+    from jaxagent.eval.report import summarize
+
+    _, chat, graphdef, params, _ = setup
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, stop_token_ids=chat.stop_ids)
+    sampler = ReferenceSampler(make_logits_fn(graphdef), sampling, 256)
+    short, long = _tasks()  # first observations of 2 and 5 colour words
+    n_short = len(chat.prompt("", ScriptedEnv().reset(short)))
+    n_long = len(chat.prompt("", ScriptedEnv().reset(long)))
+    assert n_long > n_short
+    budget = Budget(max_turns=1, max_new_tokens=4, max_total_tokens=n_short + 4)
+    spec = RolloutSpec(chat, "", budget, InlineRunner(ScriptedEnv))
+    eps, _ = collect_episodes(
+        sampler, params, [short, long], samples_per_task=1, spec=spec, key=jax.random.key(7)
+    )
+    ok, over = eps
+    assert ok.num_turns == 1 and ok.termination != Termination.PROMPT_OVERFLOW
+    assert over.termination == Termination.PROMPT_OVERFLOW != Termination.TRUNCATED
+    assert over.failure_mode == FailureMode.PROMPT_OVERFLOW.value == "prompt_overflow"
+    assert over.num_turns == 0 and over.tokens == [] and over.info["prompt_tokens"] == n_long
+    batch = pack_episodes(eps, pad_id=0, max_len=256, length_multiple=16)
+    assert batch.row_weight.tolist() == [1.0, 0.0] and batch.truncated[1] == 0
+    metrics = summarize(eps).as_metrics("train")
+    assert metrics["train/failure/prompt_overflow"] == 1

@@ -14,7 +14,8 @@ that decides which rows train.
 Which rows carry loss is decided here, on the host, once: ``row_weights`` writes
 ``TokenBatch.row_weight`` and the learner only multiplies it into the loss mask
 (``jaxagent.rl.prepare``). A row trains unless its environment failed (never the policy's
-fault), or a ``RowDrops`` rule drops it: DAPO's over-long filter and dynamic sampling
+fault) or its prompt overflowed the token budget (no turn was sampled), or a ``RowDrops``
+rule drops it: DAPO's over-long filter and dynamic sampling
 (Yu et al. 2025, arXiv 2503.14476, Sec. 3.2 / 3.4) and ``advantage.truncated: drop``. A row
 with weight 0 is also left out of group baselines. Episodes cut by a step or token budget
 (``Termination.TRUNCATED``) are flagged in ``TokenBatch.truncated`` as well, so GAE can
@@ -82,7 +83,7 @@ def row_weights(episodes: Sequence[Episode], drops: RowDrops = RowDrops()) -> np
     informative = informative_group_ids(episodes) if drops.uninformative_groups else None
 
     def weight(ep: Episode) -> float:
-        if ep.env_failed:
+        if ep.env_failed or ep.termination == Termination.PROMPT_OVERFLOW:
             return 0.0
         if drops.overlong and is_overlong(ep):
             return 0.0

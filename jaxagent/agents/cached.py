@@ -5,6 +5,11 @@
 every active row's new chunk (the prompt, then each observation chunk: ragged lengths) at
 that row's own length and decodes, so episodes at different turns share one batched call and
 history is never re-encoded. Finished episodes are passed as empty rows and append nothing.
+
+The cache lives only as long as its episodes: ``collect_episodes`` calls ``release()`` when
+they have all ended, so the cache's buffers (layers x rows x capacity x KV heads x head dim,
+twice) are not held through the learner's update, whose gradients and optimiser moments need
+that memory.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ class CachedTurnSampler:
         self, params, prompts: Sequence[Sequence[int]], key, *, tasks=(), observations=()
     ) -> TurnOutput:
         del tasks, observations  # an LM acts on tokens alone
-        self._cache = None
+        self.release()
         return self._run(params, [list(p) for p in prompts], key)
 
     def resume(
@@ -54,6 +59,15 @@ class CachedTurnSampler:
         if self._cache is None or len(chunks) != self._cache.batch_size:
             raise ValueError("resume() needs start() first and one chunk (or None) per row")
         return self._run(params, [[] if c is None else list(c) for c in chunks], key)
+
+    def release(self) -> None:
+        """Free the KV cache's device buffers now (the episodes it served have ended); the
+        next ``start`` builds a new one. ``resume`` needs ``start`` again afterwards."""
+        cache, self._cache = self._cache, None
+        if cache is not None:
+            for x in jax.tree.leaves(cache):
+                if isinstance(x, jax.Array) and not x.is_deleted():
+                    x.delete()
 
     def _run(self, params, rows, key) -> TurnOutput:
         lengths = (

@@ -56,6 +56,35 @@ PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
 SPECIAL_TOKENS = (PAD, BOS, END, SYSTEM, USER, ASSISTANT, UNK)
 
+# Special tokens that end a turn or a message in the chat families jaxagent renders. A model
+# may close its turn with any of them, not only the one its template writes: Llama 3.1 ends a
+# tool-call message with <|eom_id|> (its generation_config stops on <|end_of_text|>,
+# <|eom_id|> and <|eot_id|>), Qwen2.5 may end with <|endoftext|> (its generation_config stops
+# on <|im_end|> and <|endoftext|>). Missing one runs such a turn to max_new_tokens.
+END_OF_TURN_TOKENS = (
+    END,  # the project's template
+    "<|im_end|>",  # ChatML (Qwen2.5, Hermes)
+    "<|endoftext|>",  # Qwen2 / GPT-2 end of text
+    "<|eot_id|>",  # Llama 3.x end of turn
+    "<|eom_id|>",  # Llama 3.1 end of message (a tool call awaiting its result)
+    "<|end_of_text|>",  # Llama 3.x end of text
+    "<end_of_turn>",  # Gemma
+)
+
+
+def stop_ids_of(tokenizer, *extra: int | None) -> tuple[int, ...]:
+    """The token ids that end a policy turn: the tokenizer's eos, every ``END_OF_TURN_TOKENS``
+    entry its vocabulary holds, and ``extra`` (a template's own end-of-turn token, a model
+    directory's ``generation_config.json`` eos ids). Sorted, no duplicates."""
+    stop = {tokenizer.eos_token_id, *extra}
+    vocab = tokenizer.get_vocab()
+    for name in END_OF_TURN_TOKENS:
+        tid = vocab.get(name)
+        if tid is not None and tid != tokenizer.unk_token_id:
+            stop.add(int(tid))
+    return tuple(sorted(int(t) for t in stop if t is not None))
+
+
 # Each message renders on its own (no cross-message whitespace), so the rendering of a whole
 # conversation is the concatenation of per-message renderings: the incremental chunks the
 # rollout driver appends are exactly what apply_chat_template gives for the full conversation.
@@ -95,7 +124,7 @@ class ChatFormat:
     beyond the rendering of the conversation so far; it is tokenised once and appended.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, *, extra_stop_ids: Sequence[int] = ()):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat_template; set tokenizer.chat_template "
@@ -103,12 +132,9 @@ class ChatFormat:
             )
         self.tokenizer = tokenizer
         self._ours = tokenizer.chat_template == CHAT_TEMPLATE
-        stop = {tokenizer.eos_token_id}
-        for name in (END, "<|im_end|>", "<|eot_id|>"):
-            tid = tokenizer.convert_tokens_to_ids(name)
-            if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
-                stop.add(tid)
-        self.stop_ids: tuple[int, ...] = tuple(sorted(t for t in stop if t is not None))
+        self.stop_ids: tuple[int, ...] = stop_ids_of(tokenizer, *extra_stop_ids)
+        # The turn end a demonstration writes: the template's <|end|>, else the eos.
+        self.eot_id: int = tokenizer.get_vocab()[END] if self._ours else tokenizer.eos_token_id
         self.pad_id: int = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         )
@@ -138,7 +164,7 @@ class ChatFormat:
         return self._ids(full[len(head) :])
 
     def action(self, text: str) -> list[int]:
-        return self._ids(text) + [self.stop_ids[0] if self._ours else self.tokenizer.eos_token_id]
+        return self._ids(text) + [self.eot_id]
 
     def decode(self, ids: Sequence[int]) -> str:
         keep = [int(t) for t in ids if int(t) not in self.stop_ids and int(t) != self.pad_id]
@@ -160,6 +186,8 @@ class TemplateChat:
         "react"); None detects it from the template.
       observation_role: "tool" (the template's tool role; "user" where it fails to render
         one) or "user".
+      extra_stop_ids: more ids that end a turn (a model directory's generation_config.json
+        eos ids), besides ``stop_ids_of``'s.
     """
 
     def __init__(
@@ -169,6 +197,7 @@ class TemplateChat:
         tools_of: Optional[ToolsOf] = None,
         tool_call_syntax: Optional[str] = None,
         observation_role: str = "tool",
+        extra_stop_ids: Sequence[int] = (),
     ):
         template = getattr(tokenizer, "chat_template", None)
         if not template:
@@ -184,10 +213,7 @@ class TemplateChat:
         if observation_role == "tool" and not self._renders_tool_role():
             self.observation_role = "user"
         self.eot_text, self.eot_id = self._end_of_turn()
-        stop = {self.eot_id}
-        if tokenizer.eos_token_id is not None:
-            stop.add(tokenizer.eos_token_id)
-        self.stop_ids: tuple[int, ...] = tuple(sorted(stop))
+        self.stop_ids: tuple[int, ...] = stop_ids_of(tokenizer, self.eot_id, *extra_stop_ids)
         pad = tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else self.eot_id
 
@@ -269,9 +295,12 @@ class TemplateChat:
         )
 
 
-def make_chat(tokenizer, *, tools_of: Optional[ToolsOf] = None) -> Chat:
+def make_chat(
+    tokenizer, *, tools_of: Optional[ToolsOf] = None, extra_stop_ids: Sequence[int] = ()
+) -> Chat:
     """The chat for a tokenizer: ``ChatFormat`` for the project's from-scratch template,
-    ``TemplateChat`` (tools, tool role, native calls) for any other template."""
+    ``TemplateChat`` (tools, tool role, native calls) for any other template. Its turns end
+    on ``stop_ids_of(tokenizer)`` plus ``extra_stop_ids``."""
     if getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE:
-        return ChatFormat(tokenizer)
-    return TemplateChat(tokenizer, tools_of=tools_of)
+        return ChatFormat(tokenizer, extra_stop_ids=extra_stop_ids)
+    return TemplateChat(tokenizer, tools_of=tools_of, extra_stop_ids=extra_stop_ids)

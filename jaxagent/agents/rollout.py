@@ -11,8 +11,12 @@ terms and a termination reason. Text is decoded only for the environment.
 
 Budgets: ``max_turns`` policy turns, ``max_new_tokens`` per turn (enforced by the sampler) and
 ``max_total_tokens`` per episode; an exhausted budget is a truncation labelled
-``step_budget``. An environment failure ends that episode with ``Termination.ENV_ERROR``; the
-episode is kept (never dropped) and excluded from the gradient by the batch builder.
+``step_budget``. A first prompt that leaves no room for one turn ends its episode before any
+turn as ``Termination.PROMPT_OVERFLOW`` (failure mode ``prompt_overflow``): a configuration
+problem (``jaxagent.train.coverage.check_prompt_budget`` refuses it at start-up), kept out of
+the gradient and counted in the reports. An environment failure ends that episode with
+``Termination.ENV_ERROR``; the episode is kept (never dropped) and excluded from the gradient
+by the batch builder.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvRunner
 from jaxagent.pool.steps import EnvReply
 from jaxagent.agents.chat import Chat
-from jaxagent.agents.turn_policy import TurnPolicy
+from jaxagent.agents.turn_policy import TurnPolicy, release
 from jaxagent.envs.base import (
     FailureMode,
     Task,
@@ -122,8 +126,26 @@ def collect_episodes(
       on_round: optional callback ``(finished, total)`` after each round (progress bars).
 
     Returns:
-      (episodes in input order, one per (task, sample); none is ever dropped), stats.
+      (episodes in input order, one per (task, sample); none is ever dropped), stats. The
+      policy's per-episode device state (the cached sampler's KV cache) is freed before the
+      return (``turn_policy.release``): every episode has ended, nothing continues them.
     """
+    try:
+        return _drive(policy, params, tasks, samples_per_task, spec, key, group_offset, on_round)
+    finally:
+        release(policy)
+
+
+def _drive(
+    policy: TurnPolicy,
+    params: Any,
+    tasks: Sequence[Task],
+    samples_per_task: int,
+    spec: RolloutSpec,
+    key: jax.Array,
+    group_offset: int,
+    on_round: Callable[[int, int], None] | None,
+) -> tuple[list[Episode], RolloutStats]:
     stats = RolloutStats()
     chat, budget, runner = spec.chat, spec.budget, spec.runner
 
@@ -149,8 +171,12 @@ def collect_episodes(
             ep.first_observation = cut(reply.observation)
             ids = chat.prompt(spec.system_prompt, ep.first_observation, task=ep.task)
             if len(ids) + budget.max_new_tokens > budget.max_total_tokens:
-                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
-            ep.append(ids, sampled=False)
+                # Not a truncation: no turn was sampled and nothing is to bootstrap. The
+                # prompt is not kept (it may not fit a learner row); its length is.
+                ep.info = {"prompt_tokens": len(ids)}
+                ep.finish(Termination.PROMPT_OVERFLOW, FailureMode.PROMPT_OVERFLOW)
+            else:
+                ep.append(ids, sampled=False)
         prompts.append(ids if not ep.done else ids[:1] or [0])
 
     key, sub = jax.random.split(key)

@@ -18,6 +18,11 @@ rows) come along for policies that act on text: scripted experts
 
 ``recompiles`` counts the compilations the policy caused (0 for host-only policies), for the
 trainer's ``sampler/recompiles`` metric.
+
+A policy that keeps device state across turns (the cached sampler's KV cache) may define
+``release()``: ``collect_episodes`` calls it (``release``) once its episodes have all ended,
+so that state is freed before the caller moves on (the learner's update); wrappers forward
+it to the policy they wrap.
 """
 
 from __future__ import annotations
@@ -64,3 +69,10 @@ class TurnPolicy(Protocol):
         *,
         observations: Sequence[Optional[str]],
     ) -> TurnOutput: ...
+
+
+def release(policy: Any) -> None:
+    """Free the per-episode device state ``policy`` keeps (``policy.release()``), if any."""
+    fn = getattr(policy, "release", None)
+    if callable(fn):
+        fn()

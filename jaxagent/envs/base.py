@@ -32,6 +32,9 @@ class FailureMode(str, enum.Enum):
     TESTS_FAILED = "tests_failed"  # code ran, unit tests failed
     TIMEOUT = "timeout"  # the agent's code / call exceeded its time limit
     ENV_ERROR = "env_error"  # the environment itself failed (crash, hang, corrupt data)
+    # The first prompt alone leaves no room for a turn within the episode's token budget: the
+    # policy never acted (a configuration problem, not the policy's failure).
+    PROMPT_OVERFLOW = "prompt_overflow"
 
 
 class Termination(str, enum.Enum):
@@ -40,6 +43,7 @@ class Termination(str, enum.Enum):
     TERMINATED = "terminated"  # the task ended (success or failure)
     TRUNCATED = "truncated"  # cut by a budget or a timeout: bootstrap, do not treat as an end
     ENV_ERROR = "env_error"  # the environment failed; excluded from policy statistics
+    PROMPT_OVERFLOW = "prompt_overflow"  # the first prompt exceeded the token budget: no turn
 
 
 REWARD_TERMS = ("process", "outcome", "task")

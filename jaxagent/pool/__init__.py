@@ -2,10 +2,9 @@
 
 ``EnvPool`` for text environments (its workers run on a backend from
 ``jaxagent.pool.backends``: threads or processes), ``AsyncEnvPool`` for asyncio code,
-``ArrayEnvPool`` for batched array environments (MuJoCo), ``run_episodes`` (every task to
-its end, one policy per episode), and ``DevicePrefetcher`` (imports JAX lazily) for
-double-buffered transfer in user loops. Episodes become learner rows in one place,
-``jaxagent.agents.batch.pack_episodes``.
+``ArrayEnvPool`` for batched array environments (MuJoCo) and ``run_episodes`` (every task to
+its end, one policy per episode). Nothing here touches a device: episodes become learner rows
+in one place, ``jaxagent.agents.batch.pack_episodes``.
 """
 
 from jaxagent.pool.aio import AsyncEnvPool
@@ -20,7 +19,6 @@ __all__ = [
     "ArrayBatch",
     "ArrayEnvPool",
     "AsyncEnvPool",
-    "DevicePrefetcher",
     "EnvPool",
     "EnvReply",
     "EpisodeEnd",
@@ -30,12 +28,3 @@ __all__ = [
     "episode_seed",
     "run_episodes",
 ]
-
-
-def __getattr__(name):
-    # DevicePrefetcher imports JAX; keep worker processes (which import this package) JAX-free.
-    if name == "DevicePrefetcher":
-        from jaxagent.pool.prefetch import DevicePrefetcher
-
-        return DevicePrefetcher
-    raise AttributeError(f"module 'jaxagent.pool' has no attribute {name!r}")

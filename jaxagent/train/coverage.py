@@ -1,4 +1,11 @@
-"""Start-up check that the run's tokenizer covers its environment's words.
+"""Start-up checks of what the model will read: the tokenizer covers the environment's words,
+and the first prompts fit the episode's token budget.
+
+A first prompt that leaves no room for one turn within the budget ends its episode before the
+policy acts (``Termination.PROMPT_OVERFLOW``): every such task would train on nothing and
+score 0, a configuration problem that looks like a weak policy. ``check_prompt_budget``
+renders the first prompt of a sample of train and eval tasks through the run's chat template
+and refuses the run, naming the budget field to raise.
 
 A word-level tokenizer maps every word outside its vocabulary to ``<|unk|>``. When that word is
 one the scripted expert types (a tool name, an option), the environment receives ``<|unk|>``
@@ -66,16 +73,67 @@ class _Recorded:
         return action
 
 
+def check_prompt_budget(run, *, tasks: int = 8) -> int:
+    """The longest first prompt, in tokens, of the first ``tasks`` train and eval tasks.
+
+    Each task's environment is reset (in this process) and its first observation rendered
+    with the run's chat, system prompt and observation cut, exactly as the rollout driver
+    renders it. Raises ``ConfigError`` when a prompt plus one turn (``rollout.max_new_tokens``)
+    exceeds the episode budget (``Run.budget.max_total_tokens``), naming the field that sets
+    the budget, the prompt's length and the field's value. Tasks whose reset fails are left to
+    the rollout, which reports them as environment errors.
+    """
+    from jaxagent.agents.runner import InlineRunner
+    from jaxagent.envs.base import truncate_observation
+
+    budget, config = run.budget, run.config
+    sample = [(t, "train") for t in run.tasks.train[:tasks]]
+    sample += [(t, "eval") for t in run.tasks.eval[:tasks]]
+    runner = InlineRunner(run.env.make_env)
+    try:
+        replies = runner.reset([0] * len(sample), [t for t, _ in sample])
+    finally:
+        runner.close()
+    longest = 0
+    limit = budget.max_observation_chars
+    for (task, split), reply in zip(sample, replies):
+        if reply.error is not None:
+            continue
+        obs = truncate_observation(reply.observation, limit) if limit else reply.observation
+        n = len(run.chat.prompt(run.env.system_prompt, obs, task=task))
+        longest = max(longest, n)
+        need = n + budget.max_new_tokens
+        if need <= budget.max_total_tokens:
+            continue
+        r, seq = config.rollout, run.model_config.max_seq_len
+        if r.max_total_tokens and r.max_total_tokens <= seq - r.max_new_tokens:
+            fix = f"raise rollout.max_total_tokens (now {r.max_total_tokens}) to at least {need}"
+        else:  # the model's length binds: episodes end max_new_tokens short of it
+            fix = (
+                f"raise model.max_seq_len (now {seq}) to at least {need + r.max_new_tokens} or "
+                f"lower rollout.max_new_tokens"
+            )
+        raise ConfigError(
+            f"the first prompt of {split} task {task.id!r} is {n} tokens: with "
+            f"rollout.max_new_tokens={r.max_new_tokens} it needs {need} > the episode budget "
+            f"of {budget.max_total_tokens} tokens, so its episodes would end before any turn; "
+            f"{fix} (or shorten observations: rollout.max_observation_chars)"
+        )
+    return longest
+
+
 def check_coverage(run, *, echo: Callable[[str], None] = print, tasks: int = 8) -> dict:
-    """Unknown-token figures of the run's prompts, observations and expert actions.
+    """Unknown-token figures of the run's prompts, observations and expert actions, after
+    ``check_prompt_budget`` (figure ``prompt_tokens_max``).
 
     Raises ``ConfigError`` (naming the words) when an expert action holds a word the tokenizer
     lacks, or when more than ``MAX_UNKNOWN_FRACTION`` of the prompt and observation tokens are
     unknown; echoes a warning for a smaller share. Returns the figures.
     """
     tok, config = run.tokenizer, run.config
+    longest = check_prompt_budget(run, tasks=tasks)
     if covers_every_string(tok):
-        return {"unknown_fraction": 0.0}
+        return {"unknown_fraction": 0.0, "prompt_tokens_max": longest}
     sample = (run.tasks.sft or run.tasks.train)[:tasks]
     read, written = [run.env.system_prompt, *(t.prompt for t in sample)], []
     if run.env.make_expert is not None:
@@ -123,4 +181,4 @@ def check_coverage(run, *, echo: Callable[[str], None] = print, tasks: int = 8) 
             f"[tokenizer] {r_unk} of {r_all} prompt/observation tokens are unknown "
             f"({fraction:.2%}): {_top(r_words)}"
         )
-    return {"unknown_fraction": fraction}
+    return {"unknown_fraction": fraction, "prompt_tokens_max": longest}

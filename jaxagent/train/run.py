@@ -13,6 +13,7 @@ one ``val_key(seed, it)``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -141,6 +142,24 @@ def run_tokenizer(
     return tok
 
 
+def generation_eos_ids(init_from: str) -> tuple[int, ...]:
+    """The eos ids of a Hugging Face model directory's ``generation_config.json`` (an int or
+    a list: Llama 3.1 Instruct lists <|end_of_text|>, <|eom_id|> and <|eot_id|>), which
+    ``generate`` stops on; () without a directory or file."""
+    path = Path(init_from) / "generation_config.json" if init_from else None
+    if path is None or not path.is_file():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"model.init_from={init_from!r}: generation_config.json is unreadable ({exc}); "
+            "fix or remove the file"
+        ) from exc
+    eos = [eos] if isinstance(eos, int) else eos or []
+    return tuple(int(t) for t in eos if isinstance(t, int))
+
+
 def make_runner(config: Config, *, render_dir: Optional[str] = None) -> EnvRunner:
     """The env runner the config asks for (inline calls, or the EnvPool with faults).
 
@@ -234,7 +253,11 @@ def build_run(
             policy.params,
             policy.model_config,
         )
-    chat = make_chat(tokenizer, tools_of=tools_of_env(env.name))
+    chat = make_chat(
+        tokenizer,
+        tools_of=tools_of_env(env.name),
+        extra_stop_ids=generation_eos_ids(config.model.init_from),
+    )
     r = config.rollout
     # jaxagent.generate.Sampler checks every row's cached length + max_new_tokens against
     # the model's max_seq_len (finished rows included), so episodes stop that much earlier.

@@ -24,7 +24,7 @@ from jaxagent.agents.chat import Chat
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
 from jaxagent.agents.runner import EnvRunner
-from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy
+from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy, release
 from jaxagent.envs.base import Task
 
 REACT_INSTRUCTION = "before each Action or Final write Thought : what the next step is and why ."
@@ -75,6 +75,9 @@ class ReActPolicy:
     @property
     def recompiles(self) -> int:
         return self.inner.recompiles
+
+    def release(self) -> None:
+        release(self.inner)
 
     def start(self, params, prompts, key, *, tasks: Sequence[Task], observations) -> TurnOutput:
         self._obs = list(observations)

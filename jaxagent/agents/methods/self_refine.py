@@ -32,7 +32,7 @@ from jaxagent.agents.episode import Episode
 from jaxagent.agents.methods.base import add_method_tokens
 from jaxagent.agents.methods.scripted import signatures
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
-from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy
+from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy, release
 from jaxagent.envs.base import Task
 
 _ACTION = re.compile(r"Action\s*:\s*(\w+)\s*\((.*)\)\s*$", re.S)
@@ -99,6 +99,9 @@ class SelfRefinePolicy:
     @property
     def recompiles(self) -> int:
         return self.inner.recompiles
+
+    def release(self) -> None:
+        release(self.inner)
 
     def start(self, params, prompts, key, *, tasks: Sequence[Task], observations) -> TurnOutput:
         self._first = [o or "" for o in observations]
