@@ -254,7 +254,7 @@ class Trainer:
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
         batch = jax.tree.map(np.asarray, batch)  # placed on the mesh by update_step
         if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
-            batch = with_critic_values(self.logprob_fn, params, batch)
+            batch = with_critic_values(self.graphdef, params, batch)
         # The rollout's extra buffers go before the update allocates gradients and moments.
         release_decode_kernels()
         params = None
