@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import optax
 import pytest
 
 from jaxagent.models import ModelConfig, init_model
@@ -60,6 +61,24 @@ def test_float32_moments_keep_adam_exact_over_bfloat16_params():
     # bfloat16 moments: measured 18% to 68% off after 1500 steps
     rel = np.abs(np.asarray(u16).astype(np.float32) / ref16 - 1)
     assert rel.min() > 0.1, rel
+
+
+def test_float32_moments_keep_the_optimiser_state_layout():
+    # The mesh's shardings (optax.tree_map_params) and the fused step's block slicing find
+    # Adam's parameter-shaped trees as without the wrapper; the fused step accepts it.
+    from jaxagent.rl.fused_step import check_elementwise
+
+    params = {"layer_0": {"w": jnp.ones((4, 8), BF16)}, "embed": jnp.ones((16, 4), BF16)}
+    cfg = get_recipe("loop", lora={"rank": 0}, optim={"moments_dtype": "float32"})
+    tx = make_optimizer(cfg)
+    plain = make_optimizer(cfg.override(optim={"moments_dtype": "param"}))
+    state = tx.init(params)
+    assert jax.tree.structure(state) == jax.tree.structure(plain.init(params))
+    specs = optax.tree_map_params(
+        tx, lambda _, x: "param", state, params, transform_non_params=lambda _: None
+    )
+    assert jax.tree.leaves(specs) == ["param"] * 4  # mu and nu of both leaves
+    check_elementwise(tx)
 
 
 def test_moments_dtype_is_validated():

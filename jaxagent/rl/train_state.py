@@ -85,16 +85,7 @@ class TrainState:
         rng, lora_key = jax.random.split(rng)
         lora = config.lora
         if lora.rank > 0:
-            full = VALUE_HEAD_LEAVES if config.critic.enabled else ()
-            names = {path_name(p).split("/")[-1] for p, _ in jax.tree.leaves_with_path(params)}
-            if full and not set(full) <= names:
-                raise RLConfigError(
-                    f"critic.enabled=true with lora.rank={lora.rank}: the model has no value "
-                    f"head ({', '.join(full)}) to train beside the adapters; build it with "
-                    "model.value_head=true or disable the critic"
-                )
-            dtype = jnp.float32 if lora.dtype == "float32" else None
-            adapters = init_lora(params, lora.rank, lora.targets, lora_key, dtype, full)
+            adapters = recipe_adapters(params, config, lora_key)
             return cls(
                 params=adapters,
                 opt_state=tx.init(adapters),
@@ -112,6 +103,27 @@ class TrainState:
             rng=rng,
             ref_params=ref_params,
         )
+
+
+def recipe_adapters(params: Any, config: RLConfig, key: jax.Array) -> dict:
+    """The trained parameters of a LoRA recipe (``config.lora.rank > 0``): adapters in
+    ``config.lora.dtype`` on ``config.lora.targets``, and with ``critic.enabled`` the value
+    head's leaves in full beside them (the base, frozen, would otherwise hold the critic).
+
+    Raises:
+      RLConfigError when the critic is enabled and the model has no value head.
+    """
+    lora = config.lora
+    full = VALUE_HEAD_LEAVES if config.critic.enabled else ()
+    names = {path_name(p).split("/")[-1] for p, _ in jax.tree.leaves_with_path(params)}
+    if full and not set(full) <= names:
+        raise RLConfigError(
+            f"critic.enabled=true with lora.rank={lora.rank}: the model has no value head "
+            f"({', '.join(full)}) to train beside the adapters; build it with "
+            "model.value_head=true or disable the critic"
+        )
+    dtype = jnp.float32 if lora.dtype == "float32" else None
+    return init_lora(params, lora.rank, lora.targets, key, dtype, full)
 
 
 def make_optimizer(
