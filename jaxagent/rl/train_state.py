@@ -243,7 +243,8 @@ def clip_by_global_norm_scaled(max_norm: float) -> optax.GradientTransformation:
 # every adapted weight twice a round trip: measured in bfloat16, 16.6% of the base's entries
 # had drifted after 200 round trips.) The copy costs one model's worth of memory while
 # sampling; it carries the base's shardings, so under FSDP over N chips each chip holds 1/N
-# of it, beside its 1/N of the base. It is dropped when ``end_sampling`` returns.
+# of it, beside its 1/N of the base (a critic's value head, trained beside the adapters, is
+# replicated like them: D entries). It is dropped when ``end_sampling`` returns.
 _merged_copy = jax.jit(merge_lora, static_argnums=(2, 3))
 
 
