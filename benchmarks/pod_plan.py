@@ -69,6 +69,8 @@ def _args(argv=None):
     ap.add_argument("--cpu-devices", type=int, default=0, help="compile for N simulated CPUs")
     ap.add_argument("--recipe", default="loop")
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    ap.add_argument("--lora-dtype", default="float32", help="rl.lora.dtype: float32 | param")
+    ap.add_argument("--moments-dtype", default="param", help="rl.optim.moments_dtype")
     ap.add_argument("--episodes", type=int, default=512, help="rows of one update batch")
     ap.add_argument("--tokens", type=int, default=4096, help="tokens a row")
     ap.add_argument("--microbatch", type=int, default=0, help="rows a gradient step (0: 1/chip)")
@@ -128,7 +130,8 @@ def plan(args) -> dict:
     rows_per_step = args.microbatch or data * fsdp  # one row per chip per gradient step
     rl = get_recipe(
         args.recipe,
-        lora={"rank": args.lora},
+        lora={"rank": args.lora, "dtype": args.lora_dtype},
+        optim={"moments_dtype": args.moments_dtype},
         update={
             "minibatch_size": args.episodes,
             "microbatch_size": rows_per_step,

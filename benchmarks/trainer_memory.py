@@ -181,11 +181,10 @@ def one(mode: str, out_dir: str) -> dict:
     params = mib(trainer._init_params)
     rl = cfg.rl_config
     if rl.lora.rank:
-        from jaxagent.rl.lora import init_lora
+        from jaxagent.rl.train_state import recipe_adapters
 
         shapes = jax.eval_shape(
-            lambda p: init_lora(p, rl.lora.rank, rl.lora.targets, jax.random.key(0)),
-            trainer._init_params,
+            lambda p: recipe_adapters(p, rl, jax.random.key(0)), trainer._init_params
         )
         trained = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)) / 2**20
     else:

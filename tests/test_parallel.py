@@ -111,3 +111,38 @@ def test_sharded_update_equals_single_device(shape):
     for k in ("loss/policy", "optim/grad_norm", "entropy/mean"):
         np.testing.assert_allclose(m8[k], m1[k], rtol=1e-5, atol=1e-6)
     assert float(m1["optim/grad_norm"]) > 0
+
+
+def test_lora_sampling_copy_is_sharded_like_the_base():
+    # The merged copy LoRA samples from follows the base's FSDP shardings: each device holds
+    # its fraction of it, not a whole model (the value head, trained beside the adapters and
+    # replicated like them, is the exception: D entries).
+    from jaxagent.models import init_model
+    from jaxagent.rl.train_state import begin_sampling, end_sampling
+
+    graphdef, params = init_model(
+        ModelConfig.test(num_layers=2, param_dtype="bfloat16", value_head=True), jax.random.key(0)
+    )
+    rl = get_recipe("ppo", lora={"rank": 4}, kl={"mode": "none"})
+    tx = make_optimizer(rl)
+    state = TrainState.create(params, rl, jax.random.key(1), optimizer=tx)
+    mesh = make_mesh(fsdp=8)
+    sh = state_shardings(state, mesh, param_logical_axes(graphdef, params), tx)
+    state = jax.device_put(state, sh)
+    merged, state = begin_sampling(state)
+    flat = jax.tree_util.tree_flatten_with_path(merged)[0]
+    for (path, m), b in zip(flat, jax.tree.leaves(state.frozen_params)):
+        if "value_" not in jax.tree_util.keystr(path):
+            assert m.sharding.is_equivalent_to(b.sharding, m.ndim), jax.tree_util.keystr(path)
+    dev = jax.devices()[0]
+    on_dev = sum(
+        s.data.nbytes
+        for x in jax.tree.leaves(merged)
+        for s in x.addressable_shards
+        if s.device == dev
+    )
+    total = sum(x.nbytes for x in jax.tree.leaves(merged))
+    small = sum(x.nbytes for x in jax.tree.leaves(merged) if x.ndim < 2)  # norms, value head
+    print(f"sampling copy on one device: {on_dev} of {total} bytes ({small} in small leaves)")
+    assert on_dev <= total / 8 + small, (on_dev, total)
+    state, merged = end_sampling(state, merged), None

@@ -2,7 +2,10 @@
 
 An adapter for a kernel ``W`` of shape ``in_shape + out_shape`` is a pair ``a [prod(in), r]``,
 ``b [r, prod(out)]`` with ``b = 0`` at start, so the adapted model equals the base model before
-the first update. The effective kernel is ``W + (alpha / r) * (a @ b).reshape(W.shape)``.
+the first update. The effective kernel is ``W + (alpha / r) * (a @ b).reshape(W.shape)``, computed in float32
+and rounded once to W's dtype; the adapters are float32 by default over any base. Leaves that
+must train in full while the base is frozen (a critic's value head) ride along as
+``{"full": leaf}`` entries that replace the base's leaf in the merge.
 Which leading axes are "input" is looked up by kernel name (``o_proj`` of jaxagent's attention
 is ``[heads, head_dim, embed]``: two input axes); everything else has one input axis.
 
@@ -41,32 +44,43 @@ def _is_target(name: str, leaf: jax.Array, targets: tuple[str, ...]) -> bool:
     return name.split("/")[-1] in targets and getattr(leaf, "ndim", 0) >= 2
 
 
-def init_lora(params: Any, rank: int, targets: tuple[str, ...], key: jax.Array) -> dict:
-    """Adapters for every kernel whose last path component is in ``targets``.
+def init_lora(
+    params: Any,
+    rank: int,
+    targets: tuple[str, ...],
+    key: jax.Array,
+    dtype: Any = jnp.float32,
+    full: tuple[str, ...] = (),
+) -> dict:
+    """Adapters for every kernel whose last path component is in ``targets``, and full
+    trainable copies of the leaves named in ``full``.
 
     Args:
       params: the base parameter pytree.
       rank: r > 0.
       targets: kernel names, e.g. ("q_proj", "v_proj").
       key: PRNG key for the ``a`` matrices (Kaiming-uniform-like scale 1 / sqrt(in)).
+      dtype: the adapters' dtype (float32 by default, whatever the base's: a bfloat16
+        adapter's small updates round away); None for each kernel's own dtype.
+      full: leaf names (last path component) trained in full beside the adapters, e.g. the
+        value head a critic trains (``VALUE_HEAD_LEAVES``); the base keeps its own copy
+        unchanged.
 
     Returns:
-      {path_name: {"a": [in, r], "b": [r, out]}} float32 (the base's dtype).
+      ``{path_name: {"a": [in, r], "b": [r, out]}}`` for adapted kernels and
+      ``{path_name: {"full": leaf}}`` for the leaves trained in full; both in ``dtype``.
 
     Raises:
       ValueError if no parameter matches ``targets``.
     """
     if rank <= 0:
         raise ValueError(f"LoRA rank={rank} must be > 0")
-    leaves = [
-        (path_name(p), x)
-        for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
-        if _is_target(path_name(p), x, targets)
-    ]
+    flat = [(path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]]
+    leaves = [(name, x) for name, x in flat if _is_target(name, x, targets)]
     if not leaves:
         raise ValueError(
             f"LoRA targets {targets} match no kernel of the model; names end with e.g. "
-            f"{sorted({path_name(p).split('/')[-1] for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]})}"
+            f"{sorted({name.split('/')[-1] for name, _ in flat})}"
         )
     adapters = {}
     keys = jax.random.split(key, len(leaves))
@@ -74,25 +88,42 @@ def init_lora(params: Any, rank: int, targets: tuple[str, ...], key: jax.Array) 
         n_in = LORA_INPUT_AXES.get(name.split("/")[-1], 1)
         d_in, d_out = math.prod(w.shape[:n_in]), math.prod(w.shape[n_in:])
         bound = 1.0 / math.sqrt(d_in)
+        dt = w.dtype if dtype is None else dtype
         adapters[name] = {
-            "a": jax.random.uniform(k, (d_in, rank), w.dtype, -bound, bound),
-            "b": jnp.zeros((rank, d_out), w.dtype),
+            "a": jax.random.uniform(k, (d_in, rank), dt, -bound, bound),
+            "b": jnp.zeros((rank, d_out), dt),
         }
+    for name, w in flat:
+        if name.split("/")[-1] in full:
+            # A copy (not the base's buffer) even in the same dtype: the state donates it.
+            adapters[name] = {"full": jnp.array(w, dtype=w.dtype if dtype is None else dtype)}
     return adapters
 
 
+# The value head's leaves (jaxagent.models.transformer.Transformer): trained in full beside
+# the adapters when a critic is trained over a frozen base.
+VALUE_HEAD_LEAVES = ("value_kernel", "value_bias")
+
+
 def merge_lora(params: Any, adapters: dict, alpha: float, rank: int) -> Any:
-    """Base params with ``(alpha / r) a @ b`` added to every adapted kernel (differentiable
-    in ``adapters``; the base gets no gradient when it is not differentiated)."""
+    """Base params with ``(alpha / r) a @ b`` added to every adapted kernel, and the leaves
+    trained in full (``{"full": x}`` entries) replacing the base's (differentiable in
+    ``adapters``; the base gets no gradient when it is not differentiated).
+
+    The delta and the sum are computed in float32 (a matmul at ``HIGHEST`` precision: TPUs
+    and TF32 GPUs otherwise round float32 operands to fewer mantissa bits) and rounded once
+    to the kernel's dtype."""
     scale = alpha / rank
 
     def add(path, w):
-        name = path_name(path)
-        if name not in adapters:
+        ad = adapters.get(path_name(path))
+        if ad is None:
             return w
-        ad = adapters[name]
-        delta = (ad["a"] @ ad["b"]).reshape(w.shape) * scale
-        return w + delta.astype(w.dtype)
+        if "full" in ad:
+            return ad["full"].astype(w.dtype)
+        a, b = ad["a"].astype(jnp.float32), ad["b"].astype(jnp.float32)
+        delta = jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST).reshape(w.shape) * scale
+        return (w.astype(jnp.float32) + delta).astype(w.dtype)
 
     return jax.tree_util.tree_map_with_path(add, params)
 

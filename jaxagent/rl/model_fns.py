@@ -23,6 +23,7 @@ check it against ``apply_model``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Optional
 
@@ -32,7 +33,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxagent.rl.lora import LoraParams, merge_lora, path_name
-from jaxagent.models import token_logprobs_and_entropy
+from jaxagent.models import token_logprobs_and_entropy, token_values
 from jaxagent.models.transformer import row_axes
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
@@ -171,6 +172,24 @@ def model_logprob_fn(
 
     logprob_fn.block_wrap = remat
     return LoraAwareLogprobFn(logprob_fn)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def model_values(graphdef: Any, params: Any, tokens, positions, segment_ids) -> jax.Array:
+    """The critic's values alone: ``[B, T]`` float32 aligned as ``values[:, t] =
+    V(tokens[:, :t])`` (``token_values``), from the blocks and the value head only.
+
+    The vocabulary head never runs, so no ``[B, T, V]`` logits exist (the full pass,
+    ``apply_model``, builds them in float32: 19.9 GB for 8 rows of 4096 tokens over
+    Qwen2.5's 152,064-entry vocabulary). Same blocks and value head as ``apply_model``, so
+    the values are the full pass's up to XLA's fusion of a different program."""
+    model = nnx.merge(graphdef, params)
+    if not model.config.value_head:
+        raise ValueError(
+            "model_values: the model has no value head (build it with value_head=True)"
+        )
+    h, _ = model.hidden(tokens, positions, segment_ids)
+    return token_values(model.values(h))
 
 
 def _lazy_lora(params: LoraParams):

@@ -16,6 +16,7 @@ from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl.config import ADVANTAGE_ESTIMATORS, RLConfig
 from jaxagent.rl.kl import kl_estimate
 from jaxagent.rl.losses import rft_keep_mask
+from jaxagent.rl.model_fns import model_values
 from jaxagent.types import TokenBatch
 
 
@@ -104,14 +105,17 @@ def split_bootstrap_values(
     return values_ext[:, :-1], jax.lax.stop_gradient(boot.astype(jnp.float32))
 
 
-def with_critic_values(value_fn, params, batch: TokenBatch) -> TokenBatch:
+def with_critic_values(graphdef, params, batch: TokenBatch) -> TokenBatch:
     """``batch`` with the critic's ``values`` and ``bootstrap_value`` filled (host arrays).
 
-    ``value_fn(params, tokens, positions, segment_ids) -> (logprobs, values)`` runs on the
-    batch padded by one column: the value after each row's last token bootstraps a truncated
-    row (``split_bootstrap_values``).
+    The model (``graphdef``, ``params``) runs its blocks and value head only
+    (``jaxagent.rl.model_fns.model_values``: no vocabulary-sized logits) on the batch padded
+    by one column: the value after each row's last token bootstraps a truncated row
+    (``split_bootstrap_values``).
     """
     pad = lambda x: jnp.pad(x, ((0, 0), (0, 1)))  # noqa: E731
-    _, values = value_fn(params, pad(batch.tokens), pad(batch.positions), pad(batch.segment_ids))
+    values = model_values(
+        graphdef, params, pad(batch.tokens), pad(batch.positions), pad(batch.segment_ids)
+    )
     values, boot = split_bootstrap_values(values, batch.segment_ids)
     return batch.replace(values=np.asarray(values), bootstrap_value=np.asarray(boot))

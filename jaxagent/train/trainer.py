@@ -44,7 +44,7 @@ from jaxagent.parallel.distributed import host_local, is_writer, start_distribut
 from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate, place
 from jaxagent.perf.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
-from jaxagent.train.policy import make_logprob_fn, run_optimizer
+from jaxagent.train.policy import run_optimizer
 from jaxagent.train.evaluation import RunEvaluation
 from jaxagent.train.run import build_run, iteration_tasks, rows_multiple
 from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_atomic
@@ -142,7 +142,6 @@ class Trainer:
             functools.partial(make_update_step, self.rl, optimizer=self.optimizer, logprob_fn=lean),
         )
         self._programs = (self.update_step,)  # what holds compiled programs besides jit caches
-        self.logprob_fn = make_logprob_fn(self.graphdef)
         self.evaluation = RunEvaluation(config, run, self.row_keys, self.echo, self._release)
 
     def _write_run_files(self) -> None:
@@ -202,10 +201,7 @@ class Trainer:
     def iteration(self, state: TrainState, it: int) -> tuple[TrainState, dict]:
         """One RL iteration: collect -> pack -> update (advantages inside the step)."""
         t0 = time.perf_counter()
-        # LoRA merges into the base's own buffers for the rollout (a donation: a checkpoint
-        # still streaming those buffers must finish first).
-        if state.uses_lora:
-            self.checkpointer.before_mutation()
+        # LoRA samples from a merged copy (the base is never written: bit-identical).
         merged, state = begin_sampling(state)
         params = host_local(self.layout.rollout_params(merged))
         tasks = self._tasks_for(it)
@@ -214,7 +210,7 @@ class Trainer:
         t1 = time.perf_counter()
         batch, data_m = self._pack(drawn.episodes, rows=len(mine) * self.config.group_size)
         if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
-            batch = with_critic_values(self.logprob_fn, params, batch)
+            batch = with_critic_values(self.graphdef, params, batch)
         # The rollout's extra buffers go before the update allocates gradients and moments.
         release_decode_kernels()
         params = None
@@ -366,10 +362,7 @@ class Trainer:
         return summary
 
     def _on_model(self, state: TrainState, fn) -> tuple[TrainState, Any]:
-        """``fn(params)`` on the state's model without a second full copy (LoRA: merged in
-        place, ``on_sampling_params``; a save still streaming the base finishes first)."""
-        if state.uses_lora:
-            self.checkpointer.before_mutation()
+        """``fn(params)`` on the state's model (LoRA: a merged copy, ``on_sampling_params``)."""
         return on_sampling_params(state, fn)
 
     def _start_or_resume(self):
