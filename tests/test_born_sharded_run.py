@@ -50,6 +50,7 @@ RUN = [
     "env.options.num_train=16",
     "env.options.num_test=4",
     "tokenizer.num_corpus_demos=12",
+    "rollout.max_total_tokens=640",
 ]
 SLACK = 4 << 20  # the batch, sampled tokens and scalars: a few MiB at these sizes
 

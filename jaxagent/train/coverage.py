@@ -106,8 +106,13 @@ def check_prompt_budget(run, *, tasks: int = 8) -> int:
         if need <= budget.max_total_tokens:
             continue
         r, seq = config.rollout, run.model_config.max_seq_len
-        if r.max_total_tokens and r.max_total_tokens <= seq - r.max_new_tokens:
-            fix = f"raise rollout.max_total_tokens (now {r.max_total_tokens}) to at least {need}"
+        if config.max_total_tokens <= seq - r.max_new_tokens:  # the config's budget binds
+            fix = (
+                f"raise rollout.max_total_tokens (now {r.max_total_tokens}) to at least {need}"
+                if r.max_total_tokens
+                else f"set rollout.max_total_tokens (now 0: model.max_seq_len="
+                f"{config.model.max_seq_len}) to at least {need}"
+            )
         else:  # the model's length binds: episodes end max_new_tokens short of it
             fix = (
                 f"raise model.max_seq_len (now {seq}) to at least {need + r.max_new_tokens} or "
