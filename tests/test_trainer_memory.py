@@ -6,6 +6,7 @@ The trainer's peak memory over (params + grads + Adam) is measured by
 mechanisms it relies on.
 """
 
+import dataclasses
 import gc
 import os
 
@@ -106,11 +107,34 @@ def test_roofline_arithmetic():
     # update: 4 passes x (2*1000*20 + 4*2*8*10*20 + 2*100*4) = 4 * 53600 FLOPs in 2 s
     np.testing.assert_allclose(m["time/update_flop_s"], 4 * 53600 / 2)
     np.testing.assert_allclose(m["time/update_mbu"], 2 * 8 * 4000 / 2 / 1e9)
+    # MFU by model FLOPs on real tokens (half the batch is padding here): 6 N T + attention,
+    # 3 x (2*1000*10 + 4*2*8*(10/2)*10 + 2*100*10) = 75600 in 2 s; the hardware figure keeps
+    # the padded batch and the recomputation
+    real = roof.iteration(**args, real_tokens=10)
+    np.testing.assert_allclose(real["time/update_mfu"], 75600 / 2 / 1e9)
+    np.testing.assert_allclose(real["time/update_hfu"], 4 * 53600 / 2 / 1e9)
+    assert real["time/update_mfu"] < real["time/update_hfu"]
+    assert "mem/peak_gib" not in m  # a device without memory_stats (the test's: none)
     # without block remat (rl.update.remat=false) the backward recomputes nothing: 3 passes
     plain = roof.iteration(**{**args, "passes": 3})
     np.testing.assert_allclose(plain["time/update_flop_s"], 3 * 53600 / 2)
     assert m["time/env_wait_frac"] == 0.125
+
     # from a real model: the embedding is excluded from the matmul weights
+    class Chip:  # a device that reports its memory, as GPUs and TPUs do
+        def __init__(self, peak):
+            self.peak = peak
+
+        def memory_stats(self):
+            return {
+                "peak_bytes_in_use": self.peak,
+                "bytes_in_use": 1 << 30,
+                "bytes_limit": 16 << 30,
+            }
+
+    chips = dataclasses.replace(roof, devices=(Chip(3 << 30), Chip(5 << 30)))
+    mem = chips.iteration(**args)
+    assert (mem["mem/peak_gib"], mem["mem/in_use_gib"], mem["mem/limit_gib"]) == (5.0, 1.0, 16.0)
     real = Roofline.create(cfg, params)
     total = sum(x.size for x in jax.tree.leaves(params))
     assert real.matmul_params == total - 2 * cfg.vocab_size * cfg.hidden_size

@@ -95,6 +95,7 @@ class Roofline:
     param_bytes: int
     layers: int
     attn_width: int  # heads x head_dim
+    devices: tuple = ()  # where per-device memory is read (``memory_stats``), if it reports
 
     @classmethod
     def create(cls, model_config, params, devices: Optional[list] = None) -> "Roofline":
@@ -115,6 +116,7 @@ class Roofline:
             param_bytes=sum(int(x.size) * x.dtype.itemsize for x in leaves),
             layers=c.num_layers,
             attn_width=c.num_heads * c.head_dim,
+            devices=tuple(devices),
         )
 
     def forward_flops(self, tokens: float, mean_context: float, head_positions: float) -> float:
@@ -137,7 +139,16 @@ class Roofline:
         env_s: float,
         iteration_s: float,
         rows: int,
+        real_tokens: float | None = None,
     ) -> dict[str, Any]:
+        """One iteration's throughput figures.
+
+        ``time/update_mfu`` counts model FLOPs: 6 N per real (unpadded) token plus attention
+        (the convention of Chowdhery et al. 2022, PaLM, appendix B), once per epoch;
+        ``time/update_hfu`` and ``time/update_flop_s`` count what the hardware ran: the
+        padded batch, the recomputed forward of block remat (``passes``) and the vocabulary
+        head only where loss is taken. ``mem/*``: the devices' own figures, where the
+        backend reports them (GPU, TPU)."""
         ctx = context_tokens / max(rows, 1) / 2  # mean keys attended per token
         s_flops = self.forward_flops(context_tokens, ctx, sampled_tokens)
         s_bytes = decode_steps * self.param_bytes
@@ -145,15 +156,34 @@ class Roofline:
         u_flops = passes * epochs * self.forward_flops(batch_tokens, width / 2, loss_tokens)
         u_bytes = optimizer_steps * 8 * self.param_bytes
         gs, us = max(generate_s, 1e-9), max(update_s, 1e-9)
+        real = batch_tokens if real_tokens is None else real_tokens
+        model_flops = 3 * epochs * self.forward_flops(real, real / max(rows, 1) / 2, real)
         return {
             "time/sample_flop_s": s_flops / gs,
             "time/sample_mfu": s_flops / gs / self.peak_flop_s,
             "time/sample_mbu": s_bytes / gs / self.peak_bytes_s,
             "time/update_flop_s": u_flops / us,
-            "time/update_mfu": u_flops / us / self.peak_flop_s,
+            "time/update_mfu": model_flops / us / self.peak_flop_s,
+            "time/update_hfu": u_flops / us / self.peak_flop_s,
             "time/update_mbu": u_bytes / us / self.peak_bytes_s,
             "time/env_wait_frac": env_s / max(iteration_s, 1e-9),
+            **device_memory(self.devices),
         }
+
+
+def device_memory(devices) -> dict[str, float]:
+    """The largest ``peak_bytes_in_use`` and ``bytes_in_use`` over ``devices`` in GiB
+    (``mem/peak_gib``, ``mem/in_use_gib``; the peak since the process started), or nothing
+    where the backend keeps no such figures (CPU)."""
+    stats = [s for s in (d.memory_stats() for d in devices) if s]
+    if not stats:
+        return {}
+    gib = float(1 << 30)
+    return {
+        "mem/peak_gib": max(s.get("peak_bytes_in_use", 0) for s in stats) / gib,
+        "mem/in_use_gib": max(s.get("bytes_in_use", 0) for s in stats) / gib,
+        "mem/limit_gib": min(s.get("bytes_limit", 0) for s in stats) / gib,
+    }
 
 
 def iteration_metrics(
@@ -163,8 +193,10 @@ def iteration_metrics(
     ``batch`` (numpy), the rollout ``stats``, the step's ``metrics`` (times, steps) and the
     recipe's ``update`` section (epochs, remat)."""
     rows, width = batch.tokens.shape
+    real = float(np.sum(np.asarray(batch.segment_ids) != 0))
     return roof.iteration(
-        context_tokens=float(np.sum(np.asarray(batch.segment_ids) != 0)),
+        context_tokens=real,
+        real_tokens=real,
         sampled_tokens=float(stats.policy_tokens),
         decode_steps=float(stats.rounds * max_new_tokens),
         generate_s=float(stats.generate_s),
