@@ -106,7 +106,12 @@ SHRINK = [
     "env.pool.backend=inline",
 ]
 # ChatML renders the tool schemas in every prompt: a 320-token BPE cannot fit them in 320.
-CONFIG_SHRINK = {"quickstart_chatml": ["tokenizer.vocab_size=1024", "model.max_seq_len=512"]}
+CONFIG_SHRINK = {
+    "quickstart_chatml": ["tokenizer.vocab_size=1024", "model.max_seq_len=512"],
+    # BFCL's first prompt (tool schemas) is ~320 tokens in the shrunken tokenizer: the
+    # prompt-budget check refuses a budget that ends every episode before its first turn
+    "loop_bfcl": ["model.max_seq_len=512"],
+}
 ENV_SHRINK = {
     "quickstart": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "bfcl": ["env.options.limit=6"],
