@@ -19,6 +19,7 @@ equality", in the trainer's own optimiser).
 """
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax
@@ -123,10 +124,24 @@ def assert_same_run(reference, other, steps: int):
     assert moved > 0
 
 
-def test_mesh_data2_fsdp2_tensor2_matches_single_device(single, tmp_path):
+def test_mesh_data2_fsdp2_tensor2_matches_single_device(single, tmp_path, capsys):
     # every axis at once in the default suite (CI): batch rows, parameter shards and
     # tensor-parallel heads / MLP columns; the two-axis layouts below run nightly
     _compare(single, _run(tmp_path, "d2f2t2", ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]))
+    # eval restores the checkpoint onto the run's own mesh (each device its shards, no
+    # whole copy on one device) and scores what the trainer scored
+    from jaxagent.cli.main import main
+    from jaxagent.train.session import load_policy
+
+    out = tmp_path / "d2f2t2"
+    params = load_policy(out).params
+    kernels = [x for x in jax.tree.leaves(params) if x.ndim == 2]
+    assert all(len(x.sharding.device_set) == 8 for x in kernels)
+    assert any(x.addressable_shards[0].data.size < x.size for x in kernels)  # really split
+    assert main(["eval", str(QS), *TINY, "--checkpoint", str(out)]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    last = [r for r in read_jsonl(out / "metrics.jsonl") if "eval/success" in r][-1]
+    assert got["success"] == last["eval/success"]
 
 
 @pytest.mark.slow  # ~2 min each here at load 1 (nightly: scripts/nightly.sh)

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 
+from jaxagent.parallel.layout import DeviceLayout, place
 from jaxagent.rl.train_state import TrainState
 from jaxagent.train.checkpoint import CheckpointError, Checkpointer
 from jaxagent.train.config import Config, load_config
@@ -76,7 +77,12 @@ def load_policy(checkpoint: str | Path, step: str | int = "latest") -> LoadedPol
             f"{str(run_dir / 'tokenizer')!r}; pass a run directory `jaxagent train` finished "
             "setting up (it saves the tokenizer before training)"
         ) from None
-    graphdef, like, model_config = build_model(config.model, tokenizer, jax.random.key(0))
+    # Shapes only: the weights come from the checkpoint, restored straight into the run's
+    # own mesh layout (each device reads its shards; nothing is whole on one device).
+    graphdef, like, model_config = build_model(
+        config.model, tokenizer, jax.random.key(0), abstract=True
+    )
+    layout = DeviceLayout.build(config.mesh, graphdef, like)
     ckpts = run_dir / "checkpoints"
     if not ckpts.is_dir():
         raise CheckpointError(
@@ -98,14 +104,21 @@ def load_policy(checkpoint: str | Path, step: str | int = "latest") -> LoadedPol
                 "--step with one of those"
             )
         step = found
-        rl = config.rl_config
-        template = TrainState.create(
+        rl, optimizer = config.rl_config, run_optimizer(config)
+        abstract = jax.eval_shape(
+            lambda p: TrainState.create(
+                p,
+                rl,
+                jax.random.key(0),
+                optimizer=optimizer,
+                ref_params=p if rl.needs_reference else None,
+            ),
             like,
-            rl,
-            jax.random.key(0),
-            optimizer=run_optimizer(config),
-            ref_params=like if rl.needs_reference else None,
         )
+        key = jax.random.key(0)  # a concrete key: the checkpoint stores its raw data
+        if layout.mesh is not None:
+            key = place(key, layout.replicated())
+        template = layout.abstract_state(abstract, optimizer).replace(rng=key)
         try:
             state, meta = ckpt.restore(step, template)
         except Exception as err:  # orbax raises many types for a half-written directory
@@ -117,7 +130,8 @@ def load_policy(checkpoint: str | Path, step: str | int = "latest") -> LoadedPol
             ) from None
     finally:
         ckpt.close()
-    return LoadedPolicy(config, tokenizer, graphdef, state.model_params(), model_config, step, meta)
+    params = state.model_params()  # the optimiser state is dropped with ``state``
+    return LoadedPolicy(config, tokenizer, graphdef, params, model_config, step, meta)
 
 
 # Model and tokenizer settings come from a checkpoint's own config: overrides of them on
