@@ -56,8 +56,9 @@ def _train_one(out: Path, iterations: int) -> None:
     Trainer(cfg, echo=lambda s: None).run()
 
 
-def _train_two(out: Path, iterations: int) -> list[str]:
-    """Two ``jaxagent train`` processes of one CPU device each; returns their output."""
+def _train_two(out: Path, iterations: int, per_process=lambda i: [], rc: int = 0) -> list[str]:
+    """Two ``jaxagent train`` processes of one CPU device each (``per_process(i)``: process
+    i's own extra overrides; ``rc``: the exit status both must end with); their output."""
     port = _free_port()
     env = dict(
         os.environ,
@@ -81,6 +82,7 @@ def _train_two(out: Path, iterations: int) -> list[str]:
                 "distributed.num_processes=2",
                 f"distributed.process_id={i}",
                 "distributed.local_device_count=1",
+                *per_process(i),
             ],
             cwd=out.parent,  # the test's tmp_path: nothing lands in the checkout
             env=env,
@@ -92,7 +94,7 @@ def _train_two(out: Path, iterations: int) -> list[str]:
     ]
     logs = [p.communicate(timeout=900)[0] for p in procs]
     for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-4000:]
+        assert p.returncode == rc, log[-4000:]
     return logs
 
 
@@ -123,3 +125,19 @@ def test_two_processes_train_and_resume_like_one(tmp_path):
     assert m2[1]["batch/rows"] == 16 and m2[1]["train/episodes"] == 16
     assert_same_run((m1, p1), (m2, p2), steps=6)  # 3 iterations x 2 minibatches
     assert json.loads((two / "summary.json").read_text())["iterations"] == 3
+
+
+def test_processes_that_do_not_share_the_checkpoint_directory_are_refused(tmp_path):
+    # as if each host wrote checkpoints to its own local disk: orbax would split each
+    # checkpoint between them; both processes stop at start-up, naming the fix
+    (tmp_path / "run").mkdir()
+    logs = _train_two(
+        tmp_path / "run",
+        1,
+        per_process=lambda i: [f"train.checkpoint_dir={tmp_path}/host{i}"],
+        rc=2,
+    )
+    for log in logs:
+        assert "process(es) [1] of 2 do not see what process 0 writes" in log, log[-2000:]
+        assert "Traceback" not in log
+    assert not (tmp_path / "host0").exists()  # the token and its directory are gone

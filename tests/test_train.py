@@ -192,3 +192,32 @@ def test_cli_rollout_prints_turns_and_config_errors_exit_2(runs, capsys):
     assert cli_main(["train", str(ROOT / "configs/quickstart.yaml"), "model.hiden_size=3"]) == 2
     err = capsys.readouterr().err
     assert "model.hiden_size" in err and "hidden_size" in err
+
+
+def test_checkpoints_can_live_outside_the_run_directory(runs, tmp_path, capsys):
+    # train.checkpoint_dir: a location every host sees (a URL orbax writes, e.g. gs://...)
+    # while the run directory stays local; eval finds the checkpoints through the config
+    import shutil
+
+    from etils import epath
+
+    from jaxagent.train.checkpoint import complete_steps, storage_path
+    from jaxagent.train.config import config_to_yaml
+
+    url = storage_path("gs://bucket/runs/qs")
+    assert isinstance(url, epath.Path) and str(url) == "gs://bucket/runs/qs"
+    ref_dir = runs[0]
+    run, ckpts = tmp_path / "run", tmp_path / "store" / "quickstart-0"
+    shutil.copytree(ref_dir / "tokenizer", run / "tokenizer")
+    shutil.copytree(ref_dir / "checkpoints", ckpts)
+    cfg = load_config(
+        ref_dir / "config.yaml",
+        [f"train.out_dir={run}", f"train.checkpoint_dir={tmp_path}/store/{{name}}-{{seed}}"],
+    )
+    assert cfg.checkpoint_dir() == str(ckpts) and complete_steps(cfg.checkpoint_dir())
+    (run / "config.yaml").write_text(config_to_yaml(cfg))
+    assert cli_main(["eval", str(run / "config.yaml"), "--checkpoint", str(run)]) == 0
+    moved = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli_main(["eval", str(run / "config.yaml"), "--checkpoint", str(ref_dir)]) == 0
+    here = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert moved["step"] == here["step"] and moved["success"] == here["success"]

@@ -60,7 +60,7 @@ def _cmd_train(args) -> int:
         trainer.close()  # a save in flight completes: the run resumes from it
         from jaxagent.train.checkpoint import complete_steps
 
-        steps = complete_steps(config.run_dir / "checkpoints")
+        steps = complete_steps(config.checkpoint_dir())
         kept = (
             f"{config.run_dir} resumes from checkpoint {steps[-1]}"
             if steps

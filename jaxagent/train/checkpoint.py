@@ -101,7 +101,7 @@ class Checkpointer:
         save_window_mb: int = 64,
         read_only: bool = False,
     ):
-        self.directory = Path(directory).absolute()
+        self.directory = storage_path(directory)
         self._streaming, self._pending = save_window_mb > 0, False
         policy = cm.AnyPreservationPolicy(
             [
@@ -228,10 +228,61 @@ def _is_complete(d: Path) -> bool:
     return True
 
 
-def complete_steps(directory: str | Path) -> list[int]:
+def storage_path(path: Any) -> Any:
+    """A checkpoint location: a local path (made absolute) or a URL of any filesystem orbax
+    writes through ``etils.epath`` (``gs://bucket/run``: a pod's hosts all see it)."""
+    text = str(path)
+    if "://" in text:
+        from etils import epath
+
+        return epath.Path(text)
+    return Path(text).absolute()
+
+
+def check_same_directory(directory: Any) -> None:
+    """With several processes, every one must see the checkpoint directory process 0 sees:
+    orbax writes a checkpoint collectively, so a directory on each host's own disk would
+    split it in pieces that no host can restore. Process 0 leaves a token there, every
+    process reads it back; a process that cannot is named in a one-line ``ConfigError``.
+    The token is removed again (and a directory made only for it)."""
+    if jax.process_count() == 1:
+        return
+    import secrets
+
+    from jax.experimental import multihost_utils
+
+    d = storage_path(directory)
+    token = int(multihost_utils.broadcast_one_to_all(np.int32(secrets.randbits(31))))
+    probe = d / f".shared-{token}"
+    made = False
+    if jax.process_index() == 0:
+        made = not d.exists()
+        d.mkdir(parents=True, exist_ok=True)
+        probe.write_text(str(token))
+    multihost_utils.sync_global_devices("checkpoint directory token written")
+    try:
+        sees = probe.exists() and probe.read_text() == str(token)
+    except OSError:
+        sees = False
+    seen = np.asarray(multihost_utils.process_allgather(np.int32(sees)))
+    multihost_utils.sync_global_devices("checkpoint directory token read")
+    if jax.process_index() == 0:
+        probe.unlink()
+        if made:
+            d.rmdir()
+    blind = [i for i, ok in enumerate(seen.reshape(-1)) if not ok]
+    if blind:
+        raise ConfigError(
+            f"checkpoint directory {str(d)!r}: process(es) {blind} of {jax.process_count()} "
+            "do not see what process 0 writes there; put checkpoints where every host sees "
+            "them: a shared filesystem for train.out_dir, or train.checkpoint_dir=gs://..."
+        )
+
+
+def complete_steps(directory: Any) -> list[int]:
     """The complete checkpoints under ``directory``, oldest first, read from the directory
     alone (no manager is opened, so nothing is created or cleaned up)."""
-    d = Path(directory)
+    d = storage_path(directory)
     if not d.is_dir():
         return []
     return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and _is_complete(p))
@@ -257,7 +308,7 @@ def restore_params_only(directory: str | Path, step: Optional[int] = None) -> tu
     step); ``step`` defaults to the newest checkpoint.
     """
     manager = ocp.CheckpointManager(
-        Path(directory).absolute(), options=ocp.CheckpointManagerOptions(read_only=True)
+        storage_path(directory), options=ocp.CheckpointManagerOptions(read_only=True)
     )
     step = manager.latest_step() if step is None else step
     if step is None:

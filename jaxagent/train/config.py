@@ -261,6 +261,9 @@ class TrainSection:
     out_dir: str = "runs/{name}/seed{seed}"  # run directory ({name}, {seed} filled in)
     checkpoint_every: int = 5  # save every N iterations (and at the end); 0 = only at the end
     keep_checkpoints: int = 3  # keep the newest N (plus the best by eval success)
+    # where checkpoints go: "" = <out_dir>/checkpoints, or any path orbax writes (gs://...),
+    # e.g. object storage every host of a pod sees while out_dir stays on local disk
+    checkpoint_dir: str = ""
     resume: bool = True  # continue from the newest checkpoint in out_dir when there is one
     progress: str = "rich"  # live progress display: rich, tqdm or none
     tensorboard: bool = True  # write TensorBoard event files next to metrics.jsonl
@@ -299,6 +302,12 @@ class Config:
     @property
     def run_dir(self) -> Path:
         return Path(self.train.out_dir.format(name=self.name, seed=self.train.seed))
+
+    def checkpoint_dir(self, run_dir: Path | None = None) -> str:
+        """``train.checkpoint_dir`` ({name}, {seed} filled in), or ``<run_dir>/checkpoints``
+        (``run_dir``: where the run directory is now; default ``train.out_dir``)."""
+        own = self.train.checkpoint_dir.format(name=self.name, seed=self.train.seed)
+        return own or str((run_dir or self.run_dir) / "checkpoints")
 
     def __post_init__(self):
         # The one place the recipe's preset and the rl keys become the run's RLConfig: every

@@ -41,6 +41,7 @@ RESUMABLE = (
     "train.out_dir",
     "train.checkpoint_every",
     "train.keep_checkpoints",
+    "train.checkpoint_dir",
     "train.resume",
     "train.progress",
     "train.tensorboard",

@@ -16,7 +16,7 @@ import jax
 
 from jaxagent.parallel.layout import DeviceLayout, place
 from jaxagent.rl.train_state import TrainState
-from jaxagent.train.checkpoint import CheckpointError, Checkpointer
+from jaxagent.train.checkpoint import CheckpointError, Checkpointer, storage_path
 from jaxagent.train.config import Config, load_config
 from jaxagent.train.policy import build_model, run_optimizer
 from jaxagent.models import load_tokenizer
@@ -83,7 +83,7 @@ def load_policy(checkpoint: str | Path, step: str | int = "latest") -> LoadedPol
         config.model, tokenizer, jax.random.key(0), abstract=True
     )
     layout = DeviceLayout.build(config.mesh, graphdef, like)
-    ckpts = run_dir / "checkpoints"
+    ckpts = storage_path(config.checkpoint_dir(run_dir))
     if not ckpts.is_dir():
         raise CheckpointError(
             f"--checkpoint {str(checkpoint)!r} is incomplete: no {str(ckpts)!r} directory; "

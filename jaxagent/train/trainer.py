@@ -34,7 +34,7 @@ from jaxagent.rl.update import make_update_step
 from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.train import dapo, progress
 from jaxagent.train.checkpoint import CheckpointError, Checkpointer, complete_steps
-from jaxagent.train.checkpoint import refuse_overwrite
+from jaxagent.train.checkpoint import check_same_directory, refuse_overwrite
 from jaxagent.train.coverage import check_coverage
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
@@ -81,7 +81,8 @@ class Trainer:
 
     def _check_and_build(self, config: Config) -> None:
         """Everything that can refuse the command, then the live pieces; writes nothing."""
-        ckpt_dir = self.run_dir / "checkpoints"
+        ckpt_dir = config.checkpoint_dir()
+        check_same_directory(ckpt_dir)  # several processes: all see one checkpoint directory
         refuse_overwrite(ckpt_dir, config.train.resume, config.run_dir)
         self._resuming = config.train.resume and bool(complete_steps(ckpt_dir))
         saved = saved_config(self.run_dir) if self._resuming else None
@@ -154,7 +155,7 @@ class Trainer:
                 shutil.rmtree(tok_dir, ignore_errors=True)
                 self.tokenizer.save_pretrained(str(tok_dir))
         self.checkpointer = Checkpointer(
-            self.run_dir / "checkpoints", keep=config.train.keep_checkpoints
+            config.checkpoint_dir(), keep=config.train.keep_checkpoints
         )
         self.guard = UpdateGuard(config.guards, config.run_dir / "metrics.jsonl", self.echo)
         self.logger = (MetricsLogger if is_writer() else NullLogger)(
