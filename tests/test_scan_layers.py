@@ -247,3 +247,26 @@ def test_update_compile_time_does_not_grow_with_depth(monkeypatch):
     shallow = update_compile_seconds(depth_config(4, 64, scan_layers=True))["total_s"]
     deep = update_compile_seconds(depth_config(28, 64, scan_layers=True))["total_s"]
     assert deep <= 2 * shallow, (deep, shallow)
+
+
+@pytest.mark.slow  # ~30 s: SFT, rollouts, two PPO updates with block remat, checkpoints
+def test_trainer_runs_with_scanned_blocks(tmp_path):
+    from test_train import ROOT, TINY
+
+    from jaxagent.train.config import load_config
+    from jaxagent.train.metrics_log import read_jsonl
+    from jaxagent.train.trainer import Trainer
+
+    skip = ("model.num_layers", "rl.update.remat", "train.iterations")
+    overrides = [o for o in TINY if not o.startswith(skip)] + [
+        "model.num_layers=2",
+        "model.scan_layers=true",
+        "rl.lora.rank=0",
+        "rl.update.remat=true",
+        "train.iterations=2",
+        f"train.out_dir={tmp_path}",
+    ]
+    Trainer(load_config(ROOT / "configs/quickstart.yaml", overrides), echo=lambda s: None).run()
+    updates = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss/total" in r]
+    assert len(updates) == 2
+    assert all(math.isfinite(r["loss/total"]) and r["optim/grad_norm"] > 0 for r in updates)
