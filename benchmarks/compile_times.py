@@ -1,11 +1,13 @@
 """Compile times of a deep model: the update step and the sampler of a 24-layer 0.5B shape.
 
-The blocks are a Python loop (unrolled in the traced program, not a scan over stacked
-layers), so compile time grows with depth; this measures it for Qwen2.5-0.5B's shapes
-(24 layers, hidden 896, vocab 151936). Nothing is allocated: both functions are lowered
-and compiled from ShapeDtypeStructs. Last line: one JSON object.
+By default the blocks are a Python loop (unrolled in the traced program), so compile time
+grows with depth; ``--scan-layers`` builds the model with ``ModelConfig.scan_layers`` (one
+scanned block over stacked parameters; benchmarks/compile_depth.py compares depths). This
+measures it for Qwen2.5-0.5B's shapes (24 layers, hidden 896, vocab 151936). Nothing is
+allocated: both functions are lowered and compiled from ShapeDtypeStructs. Last line: one
+JSON object.
 
-    python benchmarks/compile_times.py [--layers 24] [--rows 16] [--len 512]
+    python benchmarks/compile_times.py [--layers 24] [--rows 16] [--len 512] [--scan-layers]
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--len", type=int, default=512)
     ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--scan-layers", action="store_true")
     args = ap.parse_args()
-    config = ModelConfig.qwen2_0_5b(num_layers=args.layers, max_seq_len=4096)
+    config = ModelConfig.qwen2_0_5b(
+        num_layers=args.layers, max_seq_len=4096, scan_layers=args.scan_layers
+    )
     graphdef = abstract_graphdef(config)
     params = _abstract_params(config)
     rl = get_recipe("loop", lora={"rank": 0}, update={"minibatch_size": args.rows})
@@ -80,7 +85,8 @@ def main() -> None:
     _, sampler_s = _timed(lowered_s.compile)
     load = os.getloadavg()[0]
     print(
-        f"{args.layers}-layer 0.5B shape, {jax.default_backend()}: update trace+lower "
+        f"{args.layers}-layer 0.5B shape{' (scan_layers)' if args.scan_layers else ''}, "
+        f"{jax.default_backend()}: update trace+lower "
         f"{lower_s:.1f} s, compile {update_s:.1f} s; sampler trace+lower {s_lower_s:.1f} s, "
         f"compile {sampler_s:.1f} s (load average {load:.1f})"
     )
@@ -89,6 +95,7 @@ def main() -> None:
             {
                 "check": "compile_times",
                 "layers": args.layers,
+                "scan_layers": args.scan_layers,
                 "backend": jax.default_backend(),
                 "update_lower_s": round(lower_s, 1),
                 "update_compile_s": round(update_s, 1),

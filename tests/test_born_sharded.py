@@ -6,6 +6,7 @@ import math
 
 import jax
 import numpy as np
+import pytest
 
 from jaxagent.models import ModelConfig, init_model, load_hf, param_logical_axes, save_hf
 from jaxagent.models import hf as HF
@@ -53,7 +54,8 @@ class _Recorder:
         return Handle()
 
 
-def test_params_are_born_in_their_shards(tmp_path, monkeypatch):
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_params_are_born_in_their_shards(tmp_path, monkeypatch, scan_layers):
     qkv_bias, tie = True, False  # biases and an untied head: every layout kind is read
     assert jax.device_count() == 8
     cfg = ModelConfig.test(
@@ -62,7 +64,8 @@ def test_params_are_born_in_their_shards(tmp_path, monkeypatch):
     )  # fmt: skip
     graphdef, params = init_model(cfg, jax.random.key(0))
     save_hf(str(tmp_path), cfg, graphdef, params)
-    _, _, plain = load_hf(str(tmp_path))
+    # scan_layers: each stacked [L, ...] parameter is read layer by layer, slice by slice
+    _, _, plain = load_hf(str(tmp_path), scan_layers=scan_layers)
     mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
 
     def shardings(config):
@@ -72,7 +75,7 @@ def test_params_are_born_in_their_shards(tmp_path, monkeypatch):
 
     recorder = _Recorder(HF.safe_open)
     monkeypatch.setattr(HF, "safe_open", recorder)
-    _, _, placed = load_hf(str(tmp_path), shardings=shardings)
+    _, _, placed = load_hf(str(tmp_path), shardings=shardings, scan_layers=scan_layers)
 
     flat_plain = dict(jax.tree_util.tree_leaves_with_path(plain))
     sharded_leaves = 0

@@ -95,10 +95,12 @@ def _max_diff(a, b, mask):
     return float((np.abs(a - b) * mask[..., None]).max())
 
 
-def test_llama_gqa_sharded_left_padded_parity_and_export_roundtrip(tmp_path):
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_llama_gqa_sharded_left_padded_parity_and_export_roundtrip(tmp_path, scan_layers):
     model, path = _llama(tmp_path, max_shard_size="60KB")
     assert os.path.exists(os.path.join(path, "model.safetensors.index.json"))
-    config, graphdef, params = load_hf(path)
+    config, graphdef, params = load_hf(path, scan_layers=scan_layers)
+    assert config.scan_layers == scan_layers and ("blocks" in params) == scan_layers
     assert (config.num_heads, config.num_kv_heads, config.tie_embeddings) == (4, 2, False)
     tokens, mask, positions = _batch()
     ref = _torch_logits(model, tokens, mask, positions)
@@ -112,9 +114,10 @@ def test_llama_gqa_sharded_left_padded_parity_and_export_roundtrip(tmp_path):
     np.testing.assert_array_equal(again, ref)  # export -> reload: identical logits
 
 
-def test_qwen2_qkv_bias_tied_embeddings_parity_and_export(tmp_path):
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_qwen2_qkv_bias_tied_embeddings_parity_and_export(tmp_path, scan_layers):
     model, path = _qwen2(tmp_path)
-    config, graphdef, params = load_hf(path)
+    config, graphdef, params = load_hf(path, scan_layers=scan_layers)
     assert config.qkv_bias and config.tie_embeddings and "lm_head" not in params
     tokens, mask, positions = _batch(seed=1)
     ref = _torch_logits(model, tokens, mask, positions)
@@ -179,9 +182,13 @@ def test_layout_covers_every_parameter():
     from jaxagent.models import ModelConfig, init_model
     import jax
 
-    for config in (ModelConfig.test(), ModelConfig.test(qkv_bias=True, tie_embeddings=True)):
+    for config in (
+        ModelConfig.test(),
+        ModelConfig.test(qkv_bias=True, tie_embeddings=True),
+        ModelConfig.test(qkv_bias=True, scan_layers=True),
+    ):
         _, params = init_model(config, jax.random.key(0))
-        mapped = {"/".join(t) for t, _, _ in _hf_layout(config).values()}
+        mapped = {"/".join(t) for t, _, _, _ in _hf_layout(config).values()}
         flat = {
             "/".join(str(k.key) for k in path)
             for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]

@@ -375,16 +375,17 @@ def _row_sharding(params, batch_size: int) -> Optional[NamedSharding]:
 
 
 def _shard_cache_rows(cache: KVCache, rows: NamedSharding) -> KVCache:
-    """Constrain every cache buffer's leading (row) dimension to the rows' sharding."""
+    """Constrain every cache buffer's row dimension to the rows' sharding (dimension 0, or 1
+    after the layer axis of a stacked cache)."""
     spec = rows.spec
 
-    def one(x):
-        return jax.lax.with_sharding_constraint(
-            x, NamedSharding(rows.mesh, P(*spec, *([None] * (x.ndim - len(spec)))))
-        )
+    def one(x, lead=()):
+        rest = [None] * (x.ndim - len(spec) - len(lead))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(rows.mesh, P(*lead, *spec, *rest)))
 
+    layer = (None,) if cache.stacked else ()
     return KVCache(
-        keys=tuple(one(k) for k in cache.keys),
-        values=tuple(one(v) for v in cache.values),
+        keys=jax.tree.map(lambda k: one(k, layer), cache.keys),
+        values=jax.tree.map(lambda v: one(v, layer), cache.values),
         lengths=one(cache.lengths),
     )

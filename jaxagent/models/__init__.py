@@ -8,9 +8,11 @@ from jaxagent.models.api import (
     init_model,
     model_config,
     param_logical_axes,
+    stack_layers,
     token_logprobs,
     token_logprobs_and_entropy,
     token_values,
+    unstack_layers,
 )
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
 from jaxagent.models.config import ModelConfig
@@ -31,7 +33,9 @@ __all__ = [
     "save_hf",
     "model_config",
     "param_logical_axes",
+    "stack_layers",
     "token_logprobs",
     "token_logprobs_and_entropy",
     "token_values",
+    "unstack_layers",
 ]

@@ -136,6 +136,29 @@ def token_values(values: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
 
 
+def stack_layers(params: Params, num_layers: int) -> Params:
+    """Unrolled params (``layer_0 .. layer_{L-1}``) as a ``scan_layers`` model's: the blocks'
+    leaves stacked along a leading axis under ``blocks``; other entries are kept."""
+    layers = [params[f"layer_{i}"] for i in range(num_layers)]
+    out = {k: v for k, v in params.items() if not _is_layer_key(k)}
+    out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    return out
+
+
+def unstack_layers(params: Params) -> Params:
+    """The inverse of ``stack_layers``: a ``scan_layers`` model's params as unrolled ones."""
+    blocks = params["blocks"]
+    n = jax.tree.leaves(blocks)[0].shape[0]
+    out = {k: v for k, v in params.items() if k != "blocks"}
+    for i in range(n):
+        out[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], blocks)
+    return out
+
+
+def _is_layer_key(key) -> bool:
+    return isinstance(key, str) and key.startswith("layer_") and key[6:].isdigit()
+
+
 def param_logical_axes(graphdef: nnx.GraphDef, params: Params) -> Params:
     """A nested dict like ``params`` whose leaves are tuples of logical axis names.
 

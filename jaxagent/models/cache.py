@@ -29,8 +29,10 @@ class KVCache:
 
     Attributes:
       keys: tuple of L arrays [B, K, hd, S] (slots minor; one array a layer, so the decode
-        loop updates each in place without slicing a stacked buffer).
-      values: tuple of L arrays [B, K, S, hd].
+        loop updates each in place without slicing a stacked buffer), or, for a model with
+        ``scan_layers``, one stacked array [L, B, K, hd, S] that the layer scan carries and
+        each layer updates in place at its own index.
+      values: tuple of L arrays [B, K, S, hd], or one stacked [L, B, K, S, hd].
       lengths: [B] int32 number of tokens stored per row.
     """
 
@@ -43,8 +45,13 @@ class KVCache:
         return self.lengths.shape[0]
 
     @property
+    def stacked(self) -> bool:
+        """Whether the buffers are stacked along a leading layer axis (``scan_layers``)."""
+        return not isinstance(self.keys, (tuple, list))
+
+    @property
     def capacity(self) -> int:
-        return self.values[0].shape[2]
+        return (self.values if self.stacked else self.values[0]).shape[-2]
 
 
 def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) -> KVCache:
@@ -54,6 +61,12 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) 
     dtype = dtype or config.jnp_kv_cache_dtype
     k_shape = (batch_size, config.num_kv_heads, config.head_dim, capacity)
     v_shape = (batch_size, config.num_kv_heads, capacity, config.head_dim)
+    if config.scan_layers:
+        return KVCache(
+            keys=jnp.zeros((config.num_layers, *k_shape), dtype),
+            values=jnp.zeros((config.num_layers, *v_shape), dtype),
+            lengths=jnp.zeros((batch_size,), jnp.int32),
+        )
     layers = range(config.num_layers)
     return KVCache(
         keys=tuple(jnp.zeros(k_shape, dtype) for _ in layers),
@@ -69,11 +82,12 @@ def grow_cache(cache: KVCache, capacity: int) -> KVCache:
         raise ValueError(f"grow_cache: capacity={capacity} is below the current {cache.capacity}")
     if extra == 0:
         return cache
-    k_pad = ((0, 0), (0, 0), (0, 0), (0, extra))
-    v_pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+    # Slots are the last axis of keys and the second-to-last of values (stacked or not).
+    lead = ((0, 0),) * (4 if cache.stacked else 3)
+    k_pad, v_pad = (*lead, (0, extra)), (*lead[1:], (0, extra), (0, 0))
     return KVCache(
-        keys=tuple(jnp.pad(k, k_pad) for k in cache.keys),
-        values=tuple(jnp.pad(v, v_pad) for v in cache.values),
+        keys=jax.tree.map(lambda k: jnp.pad(k, k_pad), cache.keys),
+        values=jax.tree.map(lambda v: jnp.pad(v, v_pad), cache.values),
         lengths=cache.lengths,
     )
 

@@ -46,6 +46,10 @@ class ModelConfig:
     dtype: str = "float32"  # activation / matmul dtype (logits are always float32)
     kv_cache_dtype: str = ""  # the sampler's KV cache; "" = ``dtype``
     value_head: bool = False  # add a scalar value head on the final hidden state (PPO critic)
+    # Blocks as one stacked module run by jax.lax.scan: trace and compile time independent of
+    # depth (params under "blocks" with a leading layer axis instead of layer_0 .. layer_{L-1};
+    # HF import / export is unchanged).
+    scan_layers: bool = False
     max_seq_len: int = 2048  # longest position the model is meant for (HF max_position_embeddings)
     model_type: str = "llama"  # HF family used when exporting: "llama" or "qwen2"
     bos_token_id: Optional[int] = None

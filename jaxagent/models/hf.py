@@ -8,6 +8,7 @@ which HF has no slot for, goes to ``value_head.safetensors`` next to the weights
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,8 +37,12 @@ _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 # --- name and layout mapping -------------------------------------------------------------
 
 
-def _hf_layout(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple, str]]:
-    """HF tensor name -> (jaxagent param path, HF shape, kind of reshaping)."""
+def _hf_layout(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple, str, Any]]:
+    """HF tensor name -> (jaxagent param path, HF shape, kind of reshaping, layer).
+
+    ``layer`` is None for a parameter of its own, or the index along the leading axis of a
+    ``scan_layers`` model's stacked parameter (path under ``blocks``) that the tensor fills.
+    """
     d, h, k, hd, f, v = (
         config.hidden_size,
         config.num_heads,
@@ -47,34 +52,32 @@ def _hf_layout(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple, s
         config.vocab_size,
     )
     out = {
-        "model.embed_tokens.weight": (("embed",), (v, d), "same"),
-        "model.norm.weight": (("final_norm", "scale"), (d,), "same"),
+        "model.embed_tokens.weight": (("embed",), (v, d), "same", None),
+        "model.norm.weight": (("final_norm", "scale"), (d,), "same", None),
     }
     if not config.tie_embeddings:
-        out["lm_head.weight"] = (("lm_head",), (v, d), "transpose")
+        out["lm_head.weight"] = (("lm_head",), (v, d), "transpose", None)
     for i in range(config.num_layers):
-        hf, ja = f"model.layers.{i}.", f"layer_{i}"
-        out[hf + "input_layernorm.weight"] = ((ja, "input_norm", "scale"), (d,), "same")
-        out[hf + "post_attention_layernorm.weight"] = (
-            (ja, "post_attn_norm", "scale"),
-            (d,),
-            "same",
-        )
+        hf = f"model.layers.{i}."
+        ja, layer = ("blocks", i) if config.scan_layers else (f"layer_{i}", None)
+
+        entries = [
+            ("input_layernorm.weight", ("input_norm", "scale"), (d,), "same"),
+            ("post_attention_layernorm.weight", ("post_attn_norm", "scale"), (d,), "same"),
+        ]
         for name, n in (("q", h), ("k", k), ("v", k)):
-            out[hf + f"self_attn.{name}_proj.weight"] = (
-                (ja, "attn", f"{name}_proj"),
-                (n * hd, d),
-                "in_proj",
+            entries.append(
+                (f"self_attn.{name}_proj.weight", ("attn", f"{name}_proj"), (n * hd, d), "in_proj")
             )
             if config.qkv_bias:
-                out[hf + f"self_attn.{name}_proj.bias"] = (
-                    (ja, "attn", f"{name}_bias"),
-                    (n * hd,),
-                    "bias",
+                entries.append(
+                    (f"self_attn.{name}_proj.bias", ("attn", f"{name}_bias"), (n * hd,), "bias")
                 )
-        out[hf + "self_attn.o_proj.weight"] = ((ja, "attn", "o_proj"), (d, h * hd), "out_proj")
+        entries.append(("self_attn.o_proj.weight", ("attn", "o_proj"), (d, h * hd), "out_proj"))
         for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
-            out[hf + f"mlp.{name}_proj.weight"] = ((ja, "mlp", f"{name}_proj"), shape, "transpose")
+            entries.append((f"mlp.{name}_proj.weight", ("mlp", f"{name}_proj"), shape, "transpose"))
+        for name, path, shape, kind in entries:
+            out[hf + name] = ((ja, *path), shape, kind, layer)
     return out
 
 
@@ -146,6 +149,20 @@ def _read_shard(handle, name: str, kind: str, target_shape: tuple, hf_shape: tup
     return read
 
 
+def _read_stacked(sources, kind: str, target_shape: tuple, hf_shape: tuple, dtype):
+    """``_read_shard`` for a stacked (``scan_layers``) parameter [L, ...]: one device's shard
+    is a range of layers (the layer axis is never sharded, but any range works), each layer
+    read as a slice of its own HF tensor. ``sources``: (handle, HF name) per layer."""
+    readers = [_read_shard(h, name, kind, target_shape[1:], hf_shape, dtype) for h, name in sources]
+
+    def read(index):
+        index = tuple(index) + (slice(None),) * (len(target_shape) - len(index))
+        layers = range(target_shape[0])[index[0]]
+        return np.stack([readers[i](index[1:]) for i in layers])
+
+    return read
+
+
 def _get(tree: Params, path: tuple[str, ...]):
     for key in path:
         tree = tree[key]
@@ -195,6 +212,7 @@ def load_hf(
     key: Optional[jax.Array] = None,
     kv_cache_dtype: str = "",
     shardings: Optional[Callable[[ModelConfig], Any]] = None,
+    scan_layers: bool = False,
     abstract: bool = False,
 ):
     """Load a local HF Llama / Qwen2 checkpoint.
@@ -207,6 +225,8 @@ def load_hf(
       kv_cache_dtype: the sampler's KV-cache dtype ("" = dtype).
       value_head: add a value head. None: only if ``value_head.safetensors`` exists. A head
         requested but absent is initialised (zero bias, small random kernel from ``key``).
+      scan_layers: build the model with stacked blocks (``ModelConfig.scan_layers``); the
+        per-layer HF tensors are stacked as they are read.
       shardings: ``config -> pytree of jax.sharding.Sharding`` shaped like the params (the
         device layout's, computed from the config this function reads). Then every
         parameter is born sharded: each process reads from the safetensors files only the
@@ -232,6 +252,7 @@ def load_hf(
         dtype=dtype or param_dtype,
         value_head=has_vh if value_head is None else value_head,
         kv_cache_dtype=kv_cache_dtype,
+        scan_layers=scan_layers,
     )
     files = _weight_files(path)
     layout = _hf_layout(config)
@@ -251,32 +272,43 @@ def load_hf(
         )
     pdt = config.jnp_param_dtype
     params: Params = {}
-    by_file: dict[str, list[str]] = {}
-    for name in layout:
-        by_file.setdefault(files[name], []).append(name)
     graphdef = abstract_graphdef(config)
     expected = _abstract_params(config)
     placement = None if shardings is None else shardings(config)
     if abstract:
         return config, graphdef, expected
-    for file, names in by_file.items():
-        framework = "flax" if placement is None else "numpy"
-        with safe_open(file, framework=framework) as fh:
-            for name in names:
-                target, hf_shape, kind = layout[name]
-                stored = tuple(fh.get_slice(name).get_shape())
-                if stored != tuple(hf_shape):
-                    raise ValueError(
-                        f"load_hf: tensor {name} in {file} has shape {stored}, "
-                        f"expected {tuple(hf_shape)} from config.json"
-                    )
-                shape = _get(expected, target).shape
-                if placement is None:
-                    x = _to_jax(fh.get_tensor(name), kind, shape).astype(pdt)
+    # HF names per parameter: one, or one a layer (in layer order) for a stacked parameter.
+    by_target: dict[tuple, list[str]] = {}
+    for name, (target, _, _, _) in layout.items():
+        by_target.setdefault(target, []).append(name)
+    framework = "flax" if placement is None else "numpy"
+    with contextlib.ExitStack() as stack:
+        handles = {
+            f: stack.enter_context(safe_open(f, framework=framework))
+            for f in dict.fromkeys(files[name] for name in layout)
+        }
+        for name, (_, hf_shape, _, _) in layout.items():
+            stored = tuple(handles[files[name]].get_slice(name).get_shape())
+            if stored != tuple(hf_shape):
+                raise ValueError(
+                    f"load_hf: tensor {name} in {files[name]} has shape {stored}, "
+                    f"expected {tuple(hf_shape)} from config.json"
+                )
+        for target, names in by_target.items():
+            _, hf_shape, kind, layer = layout[names[0]]
+            shape = _get(expected, target).shape
+            sources = [(handles[files[n]], n) for n in names]
+            if placement is None:
+                one = shape if layer is None else shape[1:]
+                parts = [_to_jax(h.get_tensor(n), kind, one).astype(pdt) for h, n in sources]
+                x = parts[0] if layer is None else jnp.stack(parts)
+            else:
+                if layer is None:
+                    reader = _read_shard(*sources[0], kind, shape, hf_shape, pdt)
                 else:
-                    reader = _read_shard(fh, name, kind, shape, hf_shape, pdt)
-                    x = jax.make_array_from_callback(shape, _get(placement, target), reader)
-                _set(params, target, x)
+                    reader = _read_stacked(sources, kind, shape, hf_shape, pdt)
+                x = jax.make_array_from_callback(shape, _get(placement, target), reader)
+            _set(params, target, x)
     if config.value_head:
         _load_value_head(config, params, vh_path if has_vh else None, key)
         if placement is not None:
@@ -341,9 +373,14 @@ def save_hf(
     hf_config.save_pretrained(path)
     _add_legacy_keys(os.path.join(path, "config.json"))
     store = jnp.dtype(dtype or config.param_dtype)
+
+    def tensor(target, layer):
+        x = _get(params, target)
+        return x if layer is None else x[layer]
+
     tensors = {
-        name: jnp.asarray(_to_hf(_get(params, target), kind, shape)).astype(store)
-        for name, (target, shape, kind) in _hf_layout(config).items()
+        name: jnp.asarray(_to_hf(tensor(target, layer), kind, shape)).astype(store)
+        for name, (target, shape, kind, layer) in _hf_layout(config).items()
     }
     shards, current, size = [], {}, 0
     limit = _parse_size(max_shard_size)

@@ -25,14 +25,18 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _init = nnx.initializers.normal(0.02)
 
 
-def _param(rngs, shape, dtype, axes, init=_init):
+def _param(rngs, shape, dtype, axes, init=_init, layers=0):
+    """A parameter; ``layers`` > 0 stacks that many along a leading, unsharded layer axis."""
+    if layers:
+        shape, axes = (layers, *shape), (None, *axes)
     return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, dtype, param_dtype):
+    def __init__(self, dim: int, eps: float, dtype, param_dtype, layers: int = 0):
         self.eps, self.dtype = eps, dtype
-        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("embed",))
+        shape, axes = ((layers, dim), (None, "embed")) if layers else ((dim,), ("embed",))
+        self.scale = nnx.Param(jnp.ones(shape, param_dtype), logical_axes=axes)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
@@ -102,19 +106,19 @@ def attend_cache(q, keys, values, mask):
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, layers: int = 0):
         d, h, k, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         pdt = config.jnp_param_dtype
         self.config = config
-        self.q_proj = _param(rngs, (d, h, hd), pdt, ("embed", "heads", None))
-        self.k_proj = _param(rngs, (d, k, hd), pdt, ("embed", "kv_heads", None))
-        self.v_proj = _param(rngs, (d, k, hd), pdt, ("embed", "kv_heads", None))
-        self.o_proj = _param(rngs, (h, hd, d), pdt, ("heads", None, "embed"))
+        self.q_proj = _param(rngs, (d, h, hd), pdt, ("embed", "heads", None), layers=layers)
+        self.k_proj = _param(rngs, (d, k, hd), pdt, ("embed", "kv_heads", None), layers=layers)
+        self.v_proj = _param(rngs, (d, k, hd), pdt, ("embed", "kv_heads", None), layers=layers)
+        self.o_proj = _param(rngs, (h, hd, d), pdt, ("heads", None, "embed"), layers=layers)
         if config.qkv_bias:
             zeros = nnx.initializers.zeros
-            self.q_bias = _param(rngs, (h, hd), pdt, ("heads", None), zeros)
-            self.k_bias = _param(rngs, (k, hd), pdt, ("kv_heads", None), zeros)
-            self.v_bias = _param(rngs, (k, hd), pdt, ("kv_heads", None), zeros)
+            self.q_bias = _param(rngs, (h, hd), pdt, ("heads", None), zeros, layers)
+            self.k_bias = _param(rngs, (k, hd), pdt, ("kv_heads", None), zeros, layers)
+            self.v_bias = _param(rngs, (k, hd), pdt, ("kv_heads", None), zeros, layers)
 
     def _project(self, x, name):
         out = jnp.einsum("btd,dnh->btnh", x, getattr(self, f"{name}_proj")[...].astype(x.dtype))
@@ -148,11 +152,14 @@ class Attention(nnx.Module):
         h, k = cfg.num_heads, cfg.num_kv_heads
         return out[:, :, :h], out[:, :, h : h + k], out[:, :, h + k :]
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None):
+    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None, layer=None):
         """x [B,T,D]; mask [B,T,S]; cache_kv (keys [B,K,hd,S], values [B,K,S,hd]) or None;
         slots [B,T].
 
-        ``fused``: optional output of ``fused_weights`` (same numbers, fewer matmuls)."""
+        ``fused``: optional output of ``fused_weights`` (same numbers, fewer matmuls).
+        ``layer``: an index into a stacked cache (keys [L,B,K,hd,S], values [L,B,K,S,hd],
+        ``scan_layers``): this layer's tokens are written into the stacked buffers in place
+        and the updated stacked buffers come back."""
         cfg = self.config
         b, t, _ = x.shape
         if fused is None:
@@ -168,9 +175,17 @@ class Attention(nnx.Module):
             cache_k, cache_v = cache_kv
             rows = jnp.arange(b)[:, None]
             # keys [B, K, hd, S], values [B, K, S, hd]: both index [B, T, K, hd] per token.
-            keys = cache_k.at[rows, :, :, slots].set(k.astype(cache_k.dtype), mode="drop")
-            values = cache_v.at[rows, :, slots].set(v.astype(cache_v.dtype), mode="drop")
+            at = () if layer is None else (layer,)
+            keys = cache_k.at[(*at, rows, slice(None), slice(None), slots)].set(
+                k.astype(cache_k.dtype), mode="drop"
+            )
+            values = cache_v.at[(*at, rows, slice(None), slots)].set(
+                v.astype(cache_v.dtype), mode="drop"
+            )
             new_kv = (keys, values)
+            if layer is not None:
+                keys = jax.lax.dynamic_index_in_dim(keys, layer, keepdims=False)
+                values = jax.lax.dynamic_index_in_dim(values, layer, keepdims=False)
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
         keys, values = keys.astype(x.dtype), values.astype(x.dtype)
         if isinstance(mask, Segments):
@@ -187,11 +202,11 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, layers: int = 0):
         d, f, pdt = config.hidden_size, config.intermediate_size, config.jnp_param_dtype
-        self.gate_proj = _param(rngs, (d, f), pdt, ("embed", "mlp"))
-        self.up_proj = _param(rngs, (d, f), pdt, ("embed", "mlp"))
-        self.down_proj = _param(rngs, (f, d), pdt, ("mlp", "embed"))
+        self.gate_proj = _param(rngs, (d, f), pdt, ("embed", "mlp"), layers=layers)
+        self.up_proj = _param(rngs, (d, f), pdt, ("embed", "mlp"), layers=layers)
+        self.down_proj = _param(rngs, (f, d), pdt, ("mlp", "embed"), layers=layers)
 
     def fused_weights(self, output_major: bool = False) -> dict:
         """gate and up kernels concatenated to [D, 2F]: one matmul a step."""
@@ -211,18 +226,24 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
-        dt, pdt = config.jnp_dtype, config.jnp_param_dtype
-        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dt, pdt)
-        self.attn = Attention(config, rngs)
-        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dt, pdt)
-        self.mlp = MLP(config, rngs)
+    """One transformer block; ``layers`` > 0 builds that many blocks' parameters stacked along
+    a leading axis (``scan_layers``), which only ``Transformer.hidden``'s scan runs: its
+    methods apply to one layer's slice, merged back into this module's graphdef."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, layers: int = 0):
+        dt, pdt, eps = config.jnp_dtype, config.jnp_param_dtype, config.rms_norm_eps
+        self.input_norm = RMSNorm(config.hidden_size, eps, dt, pdt, layers)
+        self.attn = Attention(config, rngs, layers)
+        self.post_attn_norm = RMSNorm(config.hidden_size, eps, dt, pdt, layers)
+        self.mlp = MLP(config, rngs, layers)
 
     def fused_weights(self, output_major: bool = False) -> dict:
         return {**self.attn.fused_weights(output_major), **self.mlp.fused_weights(output_major)}
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None):
-        attn_out, new_kv = self.attn(self.input_norm(x), cos, sin, mask, cache_kv, slots, fused)
+    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None, fused=None, layer=None):
+        attn_out, new_kv = self.attn(
+            self.input_norm(x), cos, sin, mask, cache_kv, slots, fused, layer
+        )
         x = x + attn_out
         return x + self.mlp(self.post_attn_norm(x), fused), new_kv
 
@@ -234,8 +255,11 @@ class Transformer(nnx.Module):
         self.config = config
         d, v, pdt = config.hidden_size, config.vocab_size, config.jnp_param_dtype
         self.embed = _param(rngs, (v, d), pdt, ("vocab", "embed"))
-        for i in range(config.num_layers):
-            setattr(self, f"layer_{i}", Block(config, rngs))
+        if config.scan_layers:  # one stacked module, run by a scan (see ``hidden``)
+            self.blocks = Block(config, rngs, layers=config.num_layers)
+        else:
+            for i in range(config.num_layers):
+                setattr(self, f"layer_{i}", Block(config, rngs))
         self.final_norm = RMSNorm(d, config.rms_norm_eps, config.jnp_dtype, pdt)
         if not config.tie_embeddings:
             self.lm_head = _param(rngs, (d, v), pdt, ("embed", "vocab"))
@@ -244,6 +268,9 @@ class Transformer(nnx.Module):
             self.value_bias = _param(rngs, (), pdt, (), nnx.initializers.zeros)
 
     def layers(self):
+        """The unrolled blocks ``layer_0 .. layer_{L-1}`` (not with ``scan_layers``)."""
+        if self.config.scan_layers:
+            raise ValueError("Transformer.layers: scan_layers=True keeps one stacked `blocks`")
         return [getattr(self, f"layer_{i}") for i in range(self.config.num_layers)]
 
     def fused_weights(self, output_major: bool = False) -> dict:
@@ -256,7 +283,15 @@ class Transformer(nnx.Module):
         ``dense_t``): faster on CPU when a step has few rows and the weights do not fit in
         cache; slower for wide chunks.
         """
-        out = {"layers": tuple(layer.fused_weights(output_major) for layer in self.layers())}
+        if self.config.scan_layers:  # the same per-layer dict, each entry stacked [L, ...]
+            block_def, state = nnx.split(self.blocks)
+
+            def per_layer(st):
+                return nnx.merge(block_def, st).fused_weights(output_major)
+
+            out = {"layers": jax.vmap(per_layer)(state)}
+        else:
+            out = {"layers": tuple(layer.fused_weights(output_major) for layer in self.layers())}
         tied = self.config.tie_embeddings
         if output_major:  # [V, D]: the embedding itself when tied
             out["lm_head_t"] = self.embed[...] if tied else self.lm_head[...].T
@@ -289,6 +324,9 @@ class Transformer(nnx.Module):
         axes) pins the residual stream between blocks: without it, XLA's propagation may take
         the FSDP-sharded weights' layout (hidden dimension split) and compute every row on
         every device.
+        With ``config.scan_layers`` the blocks run as one ``jax.lax.scan`` over the stacked
+        parameters (and the stacked cache, ``init_cache``): one block is traced and compiled
+        whatever the depth; ``remat`` wraps the scanned block the same way.
         """
         cfg = self.config
 
@@ -311,6 +349,10 @@ class Transformer(nnx.Module):
         else:
             slots, query_slots = write_slots(cache, segment_ids)
             mask = jnp.arange(cache.capacity)[None, None, :] <= query_slots[:, :, None]
+        if cfg.scan_layers:
+            return self._scan_blocks(
+                x, cos, sin, mask, slots, cache, fused, remat, pin, segment_ids
+            )
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers()):
             kv = None if cache is None else (cache.keys[i], cache.values[i])
@@ -329,6 +371,50 @@ class Transformer(nnx.Module):
             return x, None
         lengths = cache.lengths + jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
         return x, KVCache(keys=tuple(new_keys), values=tuple(new_values), lengths=lengths)
+
+    def _scan_blocks(self, x, cos, sin, mask, slots, cache, fused, remat, pin, segment_ids):
+        """``hidden``'s loop over the stacked ``blocks``: one scan step a layer.
+
+        Without a cache the carry is the residual stream; with one it also carries the
+        stacked key / value buffers, which each layer updates in place at its own index
+        (a scan's per-layer outputs would be fresh buffers, copying the cache every step).
+        """
+        block_def, state = nnx.split(self.blocks)
+        layer_fused = None if fused is None else fused["layers"]
+        if cache is None:
+
+            def block(st, x, cos, sin, mask, fused_l=None):
+                return nnx.merge(block_def, st)(x, cos, sin, mask, fused=fused_l)[0]
+
+            if remat:  # as ``_remat_block``: the wrapper sees ``block(state, x, *consts)``
+                block = (remat if callable(remat) else jax.checkpoint)(block)
+                layer_fused = None  # the unrolled remat path runs the plain kernels too
+
+            def body(x, xs):
+                st, fused_l = xs
+                extra = () if fused_l is None else (fused_l,)
+                return pin(block(st, x, cos, sin, mask, *extra)), None
+
+            x, _ = jax.lax.scan(body, x, (state, layer_fused))
+            return self.final_norm(x), None
+
+        def body(carry, xs):
+            x, keys, values = carry
+            st, fused_l, i = xs
+            layer = nnx.merge(block_def, st)
+            x, (keys, values) = layer(x, cos, sin, mask, (keys, values), slots, fused_l, i)
+            return (pin(x), keys, values), None
+
+        if not cache.stacked:
+            raise ValueError(
+                "Transformer.hidden: scan_layers=True needs a stacked KV cache; build it with "
+                "jaxagent.models.cache.init_cache(config, ...) from the same config"
+            )
+        index = jnp.arange(self.config.num_layers, dtype=jnp.int32)
+        carry = (x, cache.keys, cache.values)
+        (x, keys, values), _ = jax.lax.scan(body, carry, (state, layer_fused, index))
+        lengths = cache.lengths + jnp.sum(segment_ids != 0, axis=1).astype(jnp.int32)
+        return self.final_norm(x), KVCache(keys=keys, values=values, lengths=lengths)
 
     def logits(self, h: jax.Array, fused: dict | None = None) -> jax.Array:
         """[..., D] -> [..., V] float32 (``fused`` from ``fused_weights``, optional)."""

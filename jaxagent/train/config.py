@@ -314,6 +314,7 @@ class Config:
         # consumer (trainer, optimiser, resume, batch layout) reads this object.
         object.__setattr__(self, "_rl", self.rl.build())
         self._check_rl_sampling()
+        self._check_scan_layers()
 
     @property
     def rl_config(self) -> RLConfig:
@@ -342,6 +343,25 @@ class Config:
                 "those of the unfiltered distribution); set rollout.temperature=1.0, "
                 "rollout.top_k=0 and rollout.top_p=1.0, or use an SFT-loss recipe (rft) for "
                 "filtered sampling"
+            )
+
+    def _check_scan_layers(self) -> None:
+        """LoRA addresses each block's kernels by their ``layer_<i>`` path and merges them per
+        block (``jaxagent.rl.lora``, ``model_fns._lazy_lora``), and the fused optimiser hooks
+        each block separately (``jaxagent.rl.fused_step``): neither sees the layers of the
+        one stacked, scanned block of ``model.scan_layers``."""
+        if not self.model.scan_layers:
+            return
+        rl = self.rl_config
+        if rl.lora.rank:
+            raise ConfigError(
+                f"model.scan_layers=true with rl.lora.rank={rl.lora.rank}: LoRA adapts the "
+                "unrolled layer_<i> kernels; set model.scan_layers=false or rl.lora.rank=0"
+            )
+        if rl.update.fused_optimizer:
+            raise ConfigError(
+                "model.scan_layers=true with rl.update.fused_optimizer=true: the fused step "
+                "hooks each unrolled block; set model.scan_layers=false or fused_optimizer=false"
             )
 
     @property

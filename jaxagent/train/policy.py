@@ -83,6 +83,7 @@ def build_model(
             param_dtype=section.param_dtype,
             dtype=section.dtype,
             kv_cache_dtype=section.kv_cache_dtype,
+            scan_layers=section.scan_layers,
             value_head=True if section.value_head else None,
             key=key,
             shardings=shardings,
