@@ -79,3 +79,37 @@ def test_dense_packing_leaves_weight_0_episodes_out():
     assert batch.tokens.shape == (1, 12)
     np.testing.assert_array_equal(batch.segment_ids[0], [1] * 4 + [2] * 4 + [0] * 4)
     np.testing.assert_array_equal(batch.row_weight, [1.0])
+
+
+def _long(n):
+    ep = Episode(task=Task(id=f"t{n}", split="train", prompt=""), group=0)
+    ep.append([1] * (n - 2), sampled=False)
+    ep.append([3, 3], sampled=True, logprobs=[-0.5, -0.5], turn=0)
+    ep.turns.append(Turn(action="a", observation="", reward=1.0))
+    ep.finish(OK)
+    return ep
+
+
+def test_pow2_length_buckets_bound_the_compiled_widths():
+    # every batch width a run can produce, by the longest episode's length: steps of 32 give
+    # one compiled update per 32 tokens, powers of two log2(max_len / 32) + 1 of them
+    max_len = 4096
+
+    def widths(pow2):
+        return {
+            pack_episodes(
+                [_long(n)], pad_id=0, max_len=max_len, length_multiple=32, length_pow2=pow2
+            ).tokens.shape[1]
+            for n in range(3, max_len + 1, 7)
+        }
+
+    steps, pow2 = widths(False), widths(True)
+    assert len(steps) == max_len // 32 and len(pow2) == 8  # 32, 64, ..., 4096
+    assert sorted(pow2) == [32 << i for i in range(8)]
+    batch = pack_episodes([_long(300)], pad_id=0, max_len=max_len, length_pow2=True)
+    assert batch.tokens.shape[1] == 512 and int(batch.segment_ids.sum()) == 300  # < 2x padding
+    from jaxagent.errors import ConfigError
+    from jaxagent.train.config import load_config
+
+    with pytest.raises(ConfigError, match=r"rl.data.length_buckets='log'"):
+        load_config(None, ["rl.data.length_buckets=log"])

@@ -102,6 +102,7 @@ def pack_episodes(
     pad_id: int,
     max_len: int,
     length_multiple: int = 64,
+    length_pow2: bool = False,
     rows_multiple: int = 1,
     rows: int | None = None,
     drops: RowDrops = RowDrops(),
@@ -117,6 +118,8 @@ def pack_episodes(
       max_len: longest allowed row (``dense``: the row length); longer episodes raise (the
         rollout budget prevents them).
       length_multiple: the sequence length is rounded up to a multiple of this.
+      length_pow2: round it up to a power of two instead (at least ``length_multiple``):
+        log2 as many distinct lengths, so as many compiled update steps, for <= 2x padding.
       rows_multiple: the row count is rounded up to a multiple of this.
       rows: a fixed row count instead (must be >= the rows needed).
       drops: which rows carry no loss besides failed environments (``row_weights``).
@@ -149,7 +152,13 @@ def pack_episodes(
                 f"an episode has {longest} tokens > max_len={max_len}; lower "
                 "rollout.max_total_tokens or raise model.max_seq_len"
             )
-        t = bucket(longest, multiple=length_multiple, minimum=length_multiple, cap=max_len)
+        t = bucket(
+            longest,
+            multiple=length_multiple,
+            pow2=length_pow2,
+            minimum=length_multiple,
+            cap=max_len,
+        )
         b = len(episodes)
     if rows is not None:
         if rows < b:

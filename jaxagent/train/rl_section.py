@@ -59,8 +59,13 @@ class RLDataSection:
     # context less rollout.max_new_tokens). Each new length compiles the update again, so
     # coarser buckets trade some padding for fewer compiles.
     length_multiple: int = 32
+    # "multiple": lengths in steps of length_multiple (up to max_len / length_multiple
+    # programs); "pow2": powers of two from length_multiple (log2 of that: a few compiles
+    # of a large model for at most 2x padding, as TPU serving stacks bucket prompts).
+    length_buckets: str = "multiple"
 
     def __post_init__(self):
+        check_choice("rl.data.length_buckets", self.length_buckets, ("multiple", "pow2"))
         check_positive("rl.data.max_sampling_rounds", self.max_sampling_rounds)
         check_positive("rl.data.length_multiple", self.length_multiple)
         check_positive("rl.data.overlong_penalty", self.overlong_penalty, allow_zero=True)

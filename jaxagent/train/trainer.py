@@ -267,6 +267,7 @@ class Trainer:
             pad_id=self.chat.pad_id,
             max_len=self.max_len,
             length_multiple=data.length_multiple,
+            length_pow2=data.length_buckets == "pow2",
             rows=rows,
             rows_multiple=self._rows_multiple,
             drops=RowDrops(
