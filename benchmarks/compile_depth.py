@@ -22,7 +22,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxagent.models import ModelConfig, abstract_graphdef
+from jaxagent.models import ModelConfig, abstract_graphdef, abstract_params
 from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
@@ -45,28 +45,6 @@ def depth_config(layers: int, hidden: int, scan_layers: bool) -> ModelConfig:
     )
 
 
-def _abstract_params(config: ModelConfig):
-    from jaxagent.models.hf import _abstract_params as shapes
-
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), shapes(config))
-
-
-def _abstract_batch(b: int, t: int) -> TokenBatch:
-    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    return TokenBatch(
-        tokens=i32(b, t),
-        positions=i32(b, t),
-        segment_ids=i32(b, t),
-        loss_mask=f32(b, t),
-        old_logprobs=f32(b, t),
-        advantages=f32(b, t),
-        rewards=f32(b),
-        group_ids=i32(b),
-        turn_ids=i32(b, t),
-    )
-
-
 def _timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -76,11 +54,11 @@ def _timed(fn):
 def update_compile_seconds(config: ModelConfig, rows: int = 4, length: int = 64) -> dict:
     """{"lower_s", "compile_s", "total_s"}: trace+lower and XLA compile of the update step."""
     graphdef = abstract_graphdef(config)
-    params = _abstract_params(config)
+    params = abstract_params(config)
     rl = get_recipe("loop", lora={"rank": 0}, update={"minibatch_size": rows})
     state = jax.eval_shape(lambda p: TrainState.create(p, rl, jax.random.key(0)), params)
     step = make_update_step(rl, logprob_fn=model_logprob_fn(graphdef), jit=False)
-    batch = _abstract_batch(rows, length)
+    batch = TokenBatch.abstract(rows, length)
     lowered, lower_s = _timed(lambda: jax.jit(step, donate_argnums=0).lower(state, batch))
     _, compile_s = _timed(lowered.compile)
     return {"lower_s": lower_s, "compile_s": compile_s, "total_s": lower_s + compile_s}
@@ -95,7 +73,7 @@ def sampler_compile_seconds(config: ModelConfig, rows: int = 4, new: int = 16) -
     sampling = SamplingConfig.create(max_new_tokens=new, temperature=1.0)
     lowered, lower_s = _timed(
         lambda: sampler._jit.lower(
-            _abstract_params(config),
+            abstract_params(config),
             None,
             None,
             i32,

@@ -19,23 +19,14 @@ import time
 
 import jax
 import jax.numpy as jnp
-from update_memory import abstract_batch  # the same abstract TokenBatch shapes
 
 from jaxagent.generate import Sampler, SamplingConfig
-from jaxagent.models import ModelConfig, abstract_graphdef
+from jaxagent.models import ModelConfig, abstract_graphdef, abstract_params
 from jaxagent.rl.recipes import get_recipe
 from jaxagent.rl.train_state import TrainState
+from jaxagent.types import TokenBatch
 from jaxagent.rl.update import make_update_step
 from jaxagent.rl.model_fns import model_logprob_fn
-
-
-def _abstract_params(config):
-    from flax import nnx
-
-    from jaxagent.models.transformer import Transformer
-
-    state = nnx.state(nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0))))
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state))
 
 
 def _timed(fn):
@@ -56,11 +47,11 @@ def main() -> None:
         num_layers=args.layers, max_seq_len=4096, scan_layers=args.scan_layers
     )
     graphdef = abstract_graphdef(config)
-    params = _abstract_params(config)
+    params = abstract_params(config)
     rl = get_recipe("loop", lora={"rank": 0}, update={"minibatch_size": args.rows})
     state = jax.eval_shape(lambda p: TrainState.create(p, rl, jax.random.key(0)), params)
     b = args.rows
-    batch = abstract_batch(b, args.len, with_values=False)
+    batch = TokenBatch.abstract(b, args.len)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     step = make_update_step(rl, logprob_fn=model_logprob_fn(graphdef), jit=False)
     lowered, lower_s = _timed(lambda: jax.jit(step, donate_argnums=0).lower(state, batch))

@@ -79,6 +79,7 @@ def _args(argv=None):
     ap.add_argument("--param-dtype", default="", help="default: float32, bfloat16 under LoRA")
     ap.add_argument("--dtype", default="bfloat16", help="compute dtype")
     ap.add_argument("--mfu", type=float, default=0.4, help="MFU for the projected step time")
+    ap.add_argument("--scan-layers", action="store_true", help="model.scan_layers (no LoRA)")
     args = ap.parse_args(argv)
     if args.cpu_devices:
         os.environ["XLA_FLAGS"] = (
@@ -91,7 +92,6 @@ def _args(argv=None):
 
 def plan(args) -> dict:
     import jax
-    import jax.numpy as jnp
 
     from jaxagent.models import ModelConfig, abstract_graphdef, init_model, param_logical_axes
     from jaxagent.parallel.layout import DeviceLayout
@@ -119,7 +119,7 @@ def plan(args) -> dict:
         vocab_size=v, hidden_size=d, num_layers=layers, num_heads=h, num_kv_heads=k,
         head_dim=hd, intermediate_size=f, qkv_bias=bias, tie_embeddings=tie, rope_theta=theta,
         param_dtype=param_dtype, dtype=args.dtype, max_seq_len=max(args.tokens, 4096),
-        model_type="qwen2" if bias else "llama",
+        model_type="qwen2" if bias else "llama", scan_layers=args.scan_layers,
     )  # fmt: skip
     if args.mesh:
         data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
@@ -150,14 +150,7 @@ def plan(args) -> dict:
         optimizer,
     )
     b, t = args.episodes, args.tokens
-    f32 = lambda: jax.ShapeDtypeStruct((b, t), jnp.float32)  # noqa: E731
-    i32 = lambda: jax.ShapeDtypeStruct((b, t), jnp.int32)  # noqa: E731
-    batch = TokenBatch(
-        tokens=i32(), positions=i32(), segment_ids=i32(), loss_mask=f32(),
-        old_logprobs=f32(), advantages=f32(),
-        rewards=jax.ShapeDtypeStruct((b,), jnp.float32),
-        group_ids=jax.ShapeDtypeStruct((b,), jnp.int32), turn_ids=i32(),
-    )  # fmt: skip
+    batch = TokenBatch.abstract(b, t)
     b_sh = layout.batch_sharding(batch)
     batch = jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), batch, b_sh
@@ -189,6 +182,7 @@ def plan(args) -> dict:
         "recipe": args.recipe + (f"+lora{args.lora}" if args.lora else ""),
         "param_dtype": param_dtype,
         "dtype": args.dtype,
+        "scan_layers": args.scan_layers,
         "episodes": b,
         "tokens": t,
         "rows_per_gradient_step": rows_per_step,

@@ -47,24 +47,6 @@ from jaxagent.rl.model_fns import model_logprob_fn  # noqa: E402
 from jaxagent.types import TokenBatch  # noqa: E402
 
 
-def abstract_batch(b: int, t: int, with_values: bool) -> TokenBatch:
-    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    extra = dict(values=f32(b, t)) if with_values else {}
-    return TokenBatch(
-        tokens=i32(b, t),
-        positions=i32(b, t),
-        segment_ids=i32(b, t),
-        loss_mask=f32(b, t),
-        old_logprobs=f32(b, t),
-        advantages=f32(b, t),
-        rewards=f32(b),
-        group_ids=i32(b),
-        turn_ids=i32(b, t),
-        **extra,
-    )
-
-
 def critic_logprob_fn(policy_graphdef, critic_graphdef):
     """Policy log-probs from the policy, values from a separate critic (same size, value head;
     its vocabulary head is unused)."""
@@ -190,7 +172,7 @@ def main():
     )
     for name, cfg, fn, p, ref, values in runs:
         rows = args.micro if name in ("loop_one_microbatch", "loop_fused") else b
-        r = measure(name, cfg, fn, p, abstract_batch(rows, t, values), ref)
+        r = measure(name, cfg, fn, p, TokenBatch.abstract(rows, t, values=values), ref)
         ratio = r["peak"] / base
         results[name] = {
             "ratio": round(ratio, 4),

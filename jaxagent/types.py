@@ -75,6 +75,29 @@ class TokenBatch:
         return tuple(self.tokens.shape)  # type: ignore[return-value]
 
     @classmethod
+    def abstract(cls, rows: int, length: int, *, values: bool = False) -> "TokenBatch":
+        """The shapes and dtypes (``jax.ShapeDtypeStruct``) of a learner batch of ``rows`` x
+        ``length`` tokens (with critic ``values``): what an ahead-of-time compile of the update
+        step is lowered with."""
+        import jax.numpy as jnp
+
+        f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+        i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+        b, t = rows, length
+        return cls(
+            tokens=i32(b, t),
+            positions=i32(b, t),
+            segment_ids=i32(b, t),
+            loss_mask=f32(b, t),
+            old_logprobs=f32(b, t),
+            advantages=f32(b, t),
+            rewards=f32(b),
+            group_ids=i32(b),
+            turn_ids=i32(b, t),
+            values=f32(b, t) if values else None,
+        )
+
+    @classmethod
     def from_completions(
         cls, prompts, completions, logprobs, lengths, rewards, group_ids
     ) -> "TokenBatch":

@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxagent.models import ModelConfig, init_model, load_hf, param_logical_axes, save_hf
+from jaxagent.models import ModelConfig, abstract_params, init_model, load_hf, param_logical_axes
+from jaxagent.models import save_hf
 from jaxagent.models import hf as HF
 from jaxagent.models.api import abstract_graphdef
 from jaxagent.parallel.mesh import MeshConfig, make_mesh, param_shardings
@@ -69,7 +70,7 @@ def test_params_are_born_in_their_shards(tmp_path, monkeypatch, scan_layers):
     mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
 
     def shardings(config):
-        abstract = HF._abstract_params(config)
+        abstract = abstract_params(config)
         axes = param_logical_axes(abstract_graphdef(config), abstract)
         return param_shardings(abstract, axes, mesh)
 

@@ -32,7 +32,7 @@ from jaxagent.models import (
     unstack_layers,
 )
 from jaxagent.models.api import abstract_graphdef
-from jaxagent.models.hf import _abstract_params
+from jaxagent.models import abstract_params
 
 L = 3
 EPS = float(jnp.finfo(jnp.float32).eps)
@@ -70,7 +70,7 @@ def _batch(b=3, t=12, seed=0):
 
 def test_params_are_stacked_with_an_unsharded_layer_axis():
     (graphdef, params), (scanned, stacked) = _pair()
-    fresh = _abstract_params(
+    fresh = abstract_params(
         ModelConfig.test(num_layers=L, qkv_bias=True, value_head=True, scan_layers=True)
     )
 

@@ -94,7 +94,7 @@ def run_learner(name: str, config_path: str, overrides: list[str]) -> dict[str, 
 
 
 def load_learner_config(
-    schema: type, path: str | Path | None, overrides: Sequence[str], *, learner: str, keys: str
+    schema: type, path: str | Path | None, overrides: Sequence[str], *, learner: str
 ) -> Any:
     """YAML + ``key=value`` overrides onto the frozen dataclass ``schema`` for a learner's own
     config (``jaxagent.sections.load_typed``, the LM config's loader); every error is a
@@ -105,13 +105,13 @@ def load_learner_config(
       path: the YAML file, or None for the defaults.
       overrides: dotted ``key=value`` strings, applied after the file.
       learner: the name this trainer answers to (``learner:`` in the file must match).
-      keys: a description of the valid sections and keys, added to unknown-key errors.
+
+    An unknown key is refused with the keys allowed where it was written (``load_typed``).
     """
     try:
         config = load_typed(schema, path, overrides, example=EXAMPLES.get(learner, "configs/"))
     except ConfigError as err:
-        more = f"; {keys}" if "unknown config key" in str(err) else ""
-        raise ConfigError(f"{learner}: {err}{more}") from None
+        raise ConfigError(f"{learner}: {err}") from None
     except ValueError as err:  # a section's own check that is not yet a ConfigError
         raise ConfigError(f"{learner}: {str(err).splitlines()[0]}") from None
     if config.learner != learner:

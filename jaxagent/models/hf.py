@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from safetensors import safe_open
 from safetensors.flax import save_file
 
-from jaxagent.models.api import Params, abstract_graphdef, model_config
+from jaxagent.models.api import Params, abstract_graphdef, abstract_params, model_config
 from jaxagent.models.config import ModelConfig
 from jaxagent.models.hf_config import (
     _add_legacy_keys,
@@ -273,7 +273,7 @@ def load_hf(
     pdt = config.jnp_param_dtype
     params: Params = {}
     graphdef = abstract_graphdef(config)
-    expected = _abstract_params(config)
+    expected = abstract_params(config)
     placement = None if shardings is None else shardings(config)
     if abstract:
         return config, graphdef, expected
@@ -315,12 +315,6 @@ def load_hf(
             for leaf in ("value_kernel", "value_bias"):
                 params[leaf] = jax.device_put(params[leaf], placement[leaf])
     return config, graphdef, params
-
-
-def _abstract_params(config: ModelConfig) -> Params:
-    from jaxagent.models.api import abstract_params
-
-    return abstract_params(config)
 
 
 def _load_value_head(config, params, vh_path, key):

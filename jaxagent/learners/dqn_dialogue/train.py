@@ -82,10 +82,6 @@ class DQNDialogueConfig:
     train: DQNTrainSection = dataclasses.field(default_factory=DQNTrainSection)
 
 
-def _fields(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
 def load_dqn_config(path: str | Path | None, overrides: Sequence[str] = ()) -> DQNDialogueConfig:
     """YAML + ``key=value`` overrides onto ``DQNDialogueConfig``; errors are ``ConfigError``
     naming the key, the value and the fix."""
@@ -96,8 +92,6 @@ def load_dqn_config(path: str | Path | None, overrides: Sequence[str] = ()) -> D
         path,
         overrides,
         learner="dqn_dialogue",
-        keys=f"keys are {_fields(DQNDialogueConfig)}, dqn.{_fields(DQNConfig)}, "
-        f"train.{_fields(DQNTrainSection)}, env.options.<dialogue option>",
     )
 
 

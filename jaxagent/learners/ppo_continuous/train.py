@@ -89,13 +89,7 @@ def load_ppo_config(path: str | Path | None, overrides: Sequence[str] = ()) -> P
         path,
         overrides,
         learner="ppo_continuous",
-        keys=f"sections are env {_fields(PPOEnvSection)}, ppo {_fields(PPOConfig)}, "
-        f"train {_fields(PPOTrainSection)}",
     )
-
-
-def _fields(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
 
 
 def _make_pool(config: PPORunConfig, num_envs: int, seed: int):
