@@ -211,3 +211,30 @@ def test_mesh_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="rl.update.minibatch_size=4"):
         rows_multiple(bad, layout.batch_devices)
     assert DeviceLayout.build(load_config(QS).mesh, graphdef, params).mesh is None
+
+
+def test_sft_runs_on_the_mesh_like_one_device(tmp_path):
+    # The warm-start trains the born-sharded parameters where they are: the step is
+    # partitioned like its inputs, the result stays split over the mesh, the loss is the
+    # single device's up to float32 reassociation
+    from jaxagent.train.trainer import Trainer
+
+    losses = {}
+    for name, extra in (("one", []), ("mesh", ["mesh.data=2", "mesh.fsdp=4"])):
+        cfg = load_config(
+            QS,
+            TINY
+            + [f"train.out_dir={tmp_path / name}", "sft.enabled=true", "sft.steps=4"]
+            + ["sft.num_demos=8", "sft.batch_size=4", *extra],
+        )
+        trainer = Trainer(cfg, echo=lambda s: None)
+        try:
+            params, m = trainer.sft(trainer.take_initial_params())
+        finally:
+            trainer.close()
+        losses[name] = m["sft/loss"]
+        if extra:
+            kernels = [x for x in jax.tree.leaves(params) if x.ndim == 2]
+            assert all(len(x.sharding.device_set) == 8 for x in kernels)
+            assert any(x.addressable_shards[0].data.size < x.size for x in kernels)
+    np.testing.assert_allclose(losses["mesh"], losses["one"], rtol=1e-4)
