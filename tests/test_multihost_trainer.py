@@ -47,11 +47,12 @@ def _overrides(out: Path, iterations: int) -> list[str]:
     ]
 
 
-def _train_one(out: Path, iterations: int) -> None:
-    """One process of 2 of this test process's simulated devices, per-row streams on."""
+def _train_one(out: Path, iterations: int, devices: int = 2) -> None:
+    """One process of ``devices`` of this test process's simulated devices, per-row streams
+    on."""
     from jaxagent.train.trainer import Trainer
 
-    extra = ["mesh.data=2", "rollout.row_keys=true"]
+    extra = [f"mesh.data={devices}", "rollout.row_keys=true"]
     cfg = load_config(ROOT / "configs/quickstart.yaml", _overrides(out, iterations) + extra)
     Trainer(cfg, echo=lambda s: None).run()
 
@@ -122,6 +123,8 @@ def test_two_processes_train_and_resume_like_one(tmp_path):
     assert line["seed"] == 0 and "success_after_rl" in line
     (m1, p1), (m2, p2) = _records(one), _records(two)
     assert m1.keys() == m2.keys() == {0, 1, 2, 3}
+    for it in (1, 2, 3):  # one process: its 2-device mesh; two: one device each
+        assert (m1[it].pop("sampler/devices"), m2[it].pop("sampler/devices")) == (2, 1)
     assert m2[1]["batch/rows"] == 16 and m2[1]["train/episodes"] == 16
     assert_same_run((m1, p1), (m2, p2), steps=6)  # 3 iterations x 2 minibatches
     assert json.loads((two / "summary.json").read_text())["iterations"] == 3
@@ -141,3 +144,16 @@ def test_processes_that_do_not_share_the_checkpoint_directory_are_refused(tmp_pa
         assert "process(es) [1] of 2 do not see what process 0 writes" in log, log[-2000:]
         assert "Traceback" not in log
     assert not (tmp_path / "host0").exists()  # the token and its directory are gone
+
+
+def test_each_process_samples_on_all_its_devices(tmp_path, monkeypatch):
+    # two processes of two devices each: a host's sampler reads weights split over both of
+    # its own devices (not one full copy on its first) and the run is the one-process run's
+    one, two = tmp_path / "one", tmp_path / "two"
+    _train_one(one, 3, devices=4)
+    _train_two(two, 3, per_process=lambda i: ["distributed.local_device_count=2"])
+    (m1, p1), (m2, p2) = _records(one), _records(two)
+    assert m1.keys() == m2.keys() == {0, 1, 2, 3}
+    for it in (1, 2, 3):  # one process: the 4-device mesh; two: each its own 2 devices
+        assert (m1[it].pop("sampler/devices"), m2[it].pop("sampler/devices")) == (4, 2)
+    assert_same_run((m1, p1), (m2, p2), steps=6)

@@ -17,6 +17,7 @@ With one process every function here is the identity, apart from ``rows_multiple
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
@@ -96,15 +97,23 @@ def rollout_record(stats: RolloutStats, batch, valid, update_s: float, iteration
 
 
 def evaluate_sharded(
-    sampler, tasks, spec: RolloutSpec, key, params, *, samples_per_task: int, row_keys: bool
+    sampler,
+    tasks,
+    spec: RolloutSpec,
+    key,
+    params,
+    *,
+    samples_per_task: int,
+    row_keys: bool,
+    local_shardings: Any = None,
 ) -> Evaluation:
     """``evaluate`` with each process running its slice of ``tasks`` (as equal as they
-    split) from host-local weights; the report is of every host's episodes."""
+    split) from host-local weights (split over its devices by ``local_shardings``); the
+    report is of every host's episodes."""
     first, mine = task_slice(tasks)  # every task with one process
     set_row_offset(sampler, first * samples_per_task, row_keys)
-    result = evaluate(
-        sampler, mine, spec, key, params=host_local(params), samples_per_task=samples_per_task
-    )
+    local = host_local(params, local_shardings)
+    result = evaluate(sampler, mine, spec, key, params=local, samples_per_task=samples_per_task)
     if jax.process_count() == 1:
         return result
     eps = gather_episodes(result.episodes)

@@ -147,9 +147,13 @@ def allgather_objects(obj: Any) -> list[Any]:
     return [pickle.loads(blobs[p, : int(sizes[p, 0])].tobytes()) for p in range(len(blobs))]
 
 
-def host_local(params: Any) -> Any:
-    """The weights as this process's own arrays (one full copy on its first device), for a
-    rollout that runs on each host independently; the identity with one process.
+def host_local(params: Any, shardings: Any = None) -> Any:
+    """The weights as this process's own arrays, for a rollout that runs on each host
+    independently; the identity with one process.
+
+    ``shardings`` (a tree like ``params`` over this process's devices, e.g.
+    ``DeviceLayout.host_shardings``): every local chip holds its slice and samples its rows;
+    None: one full copy on the first local device.
 
     Global arrays sharded across hosts cannot feed a per-host sampler: each host's decode
     loop runs as long as its own episodes need, so no collective could line up."""
@@ -158,13 +162,20 @@ def host_local(params: Any) -> Any:
     from jax.experimental import multihost_utils
 
     leaves, treedef = jax.tree.flatten(params)
-    # Global arrays are gathered in one collective; leaves already this host's own (e.g. the
-    # SFT result, before the state exists) stay as they are.
+    where = (
+        [jax.local_devices()[0]] * len(leaves)
+        if shardings is None
+        else jax.tree.leaves(shardings, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))
+    )
+    # Global arrays are gathered in one collective (host memory, then each local device's
+    # slice); leaves already this host's own (e.g. the SFT result) are placed as they are.
     glob = [
         i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable
     ]
     if glob:
         full = multihost_utils.process_allgather([leaves[i] for i in glob], tiled=True)
-        for i, x in zip(glob, jax.device_put(full, jax.local_devices()[0])):
-            leaves[i] = x
+        for i, x in zip(glob, full):
+            leaves[i] = jax.device_put(x, where[i])
+    if shardings is not None:
+        leaves = [x if i in glob else jax.device_put(x, where[i]) for i, x in enumerate(leaves)]
     return jax.tree.unflatten(treedef, leaves)

@@ -149,6 +149,16 @@ class DeviceLayout:
             return params
         return place(params, self.param_shardings(params, NO_FSDP_RULES))
 
+    def host_shardings(self, params) -> Any:
+        """Shardings over this process's own devices for its per-host sampler (the run's
+        rules on a local mesh: the weights split over the host's chips, the batch rows too),
+        or None with one local device or one process (the sampler then reads ``params``)."""
+        local = jax.local_devices()
+        if self.mesh is None or jax.process_count() == 1 or len(local) == 1:
+            return None
+        mesh = make_mesh(MeshConfig(data=1, fsdp=len(local), tensor=1), devices=local)
+        return param_shardings(params, self.logical_axes, mesh, self.rules)
+
     def activation_sharding(self) -> Optional[NamedSharding]:
         """[B, T, D] activations with their rows over the batch axes (None without a mesh):
         the learner pass pins its residual stream to it (``Transformer.hidden``)."""

@@ -55,10 +55,21 @@ class RunEvaluation:
       row_keys: per-row sampling keys (multi-host runs), as the trainer's rollouts use.
       echo: where the one-line reports go.
       release: called after each evaluation (the trainer returns freed buffers to the OS).
+      host_shardings: ``params -> shardings`` over one process's devices for its per-host
+        sampler (``DeviceLayout.host_shardings``), or None.
     """
 
-    def __init__(self, config: Config, run, row_keys: bool, echo: Callable[[str], None], release):
+    def __init__(
+        self,
+        config: Config,
+        run,
+        row_keys: bool,
+        echo: Callable[[str], None],
+        release,
+        host_shardings=None,
+    ):
         self.config, self.echo, self._release = config, echo, release
+        self._host_shardings = host_shardings or (lambda params: None)
         self.sampler, self.rollout, self.row_keys = run.eval_sampler, run.rollout, row_keys
         self.test_tasks, self.val_tasks = run.tasks.eval, run.tasks.val
 
@@ -74,6 +85,7 @@ class RunEvaluation:
             params,
             samples_per_task=self.config.eval.samples_per_task,
             row_keys=self.row_keys,
+            local_shardings=self._host_shardings(params),
         )
         release_decode_kernels()  # the eval sampler's weight copy is not kept between uses
         self._release()

@@ -143,7 +143,9 @@ class Trainer:
             functools.partial(make_update_step, self.rl, optimizer=self.optimizer, logprob_fn=lean),
         )
         self._programs = (self.update_step,)  # what holds compiled programs besides jit caches
-        self.evaluation = RunEvaluation(config, run, self.row_keys, self.echo, self._release)
+        self.evaluation = RunEvaluation(
+            config, run, self.row_keys, self.echo, self._release, self.layout.host_shardings
+        )
 
     def _write_run_files(self) -> None:
         """The run's config, tokenizer, checkpoint manager and logs (after every check)."""
@@ -204,7 +206,11 @@ class Trainer:
         t0 = time.perf_counter()
         # LoRA samples from a merged copy (the base is never written: bit-identical).
         merged, state = begin_sampling(state)
-        params = host_local(self.layout.rollout_params(merged))
+        # Several processes: each samples on every one of its own devices.
+        rollout = self.layout.rollout_params(merged)
+        params = host_local(rollout, self.layout.host_shardings(rollout))
+        rollout = None
+        sampler_devices = len(jax.tree.leaves(params)[0].sharding.device_set)
         tasks = self._tasks_for(it)
         mine = task_shard(tasks)  # this host's slice (every task with one process)
         drawn = self._collect(params, it, tasks, mine)
@@ -225,6 +231,7 @@ class Trainer:
         self._release()
         m.update(data_m)
         m.update(self._rollout_metrics(drawn, batch, t0, t1))
+        m["sampler/devices"] = sampler_devices  # the devices this process sampled on
         return state, m
 
     def _collect(self, params, it: int, tasks: list, mine: list) -> dapo.DynamicSample:
