@@ -1,34 +1,36 @@
-"""Training-free methods around the SFT-trained LM against RL from the same start.
+"""Training-free methods against RL on the quickstart world, from one script.
 
-    nice -n 19 python experiments/methods_vs_rl.py [--seeds 0 1 2]
-    python experiments/methods_vs_rl.py --report
+    nice -n 5 python experiments/methods_vs_rl.py --sft-run RUN_A --rl-run RUN_B
+    python experiments/methods_vs_rl.py --report-only      # table and plot from the evals kept
 
-The base policy of every method is the quickstart LM after SFT (the step-0 checkpoint of the
-LOOP (token) cells of ``experiments/loop_ablation.py``; missing runs are trained with the
-same command). Each method wraps that LM at test time (``jaxagent/agents/methods``):
-ReAct (the LM writes its own thought), Reflexion (up to 3 attempts with a transcript
-lesson), Self-Refine (signature critique and revision, up to 2 rounds), best-of-N with the
-environment's checker (an oracle: pass@N) at N = 2, 4, 8 and with the claim judge (no
-ground truth) at N = 4, and DFSDT (depth-first search with backtracking, 2 children, 30
-environment steps). RL is the same LM after 20 LOOP iterations (the cell's last
-checkpoint), alone and under best-of-4.
+Every arm is one ``jaxagent eval configs/quickstart.yaml ... --seeds 1 --out DIR/ARM`` on the
+held-out test tasks (200 by default, one sample a task: the trainer's own evaluation key), so
+each figure comes from that arm's ``eval.json``: success with its 95% bootstrap interval over
+tasks, average environment steps, tokens per episode (prompt + observation + generated, a
+method's extra attempts, critiques, candidates and branches included) and cost per episode at
+the nominal prices below. Arms:
 
-Every evaluation is on the 200 held-out tasks, one sample a task, with the evaluation
-protocol's cost accounting (``eval.protocol.episode_tokens``: prompt, observation and
-generated tokens, a method's off-trajectory tokens included) and environment steps (every
-attempt's, candidate's and branch's). RL's own budget is its training: the environment
-steps and generated tokens of its 20 iterations (32 tasks x 6 samples each), reported
-beside the test-time cost and amortised over the 200 test tasks, so methods and RL can be
-compared at equal interactions and tokens. Each (method, seed) is appended to
-``docs/results/methods_vs_rl.jsonl``; ``--report`` writes ``methods_vs_rl.md`` (the table)
-and ``methods_vs_rl.png`` (success against generated tokens a task).
+* the quickstart LM after SFT (``--sft-run`` at step 0, before RL), alone and wrapped in each
+  training-free method of ``configs/methods/`` (ReAct, Reflexion, Self-Refine, best-of-N with
+  the environment's checker, DFSDT);
+* RL: the LM after LOOP iterations (``--rl-run`` at ``--rl-step``, the final checkpoint by
+  default), and ``--sft-run``'s own last RL checkpoint when it has one (same SFT start);
+* the control where methods are known to help: the scripted look-alike and wrong-argument
+  policies (``--policy lookalike|argname``), alone and with Reflexion / Self-Refine.
+
+An arm whose ``DIR/ARM/eval.json`` exists is not rerun (``--force`` reruns); a failing arm is
+recorded with its exit status and last error line. The script writes
+``docs/results/methods_vs_rl.{md,json,png}`` and ends with one JSON line summarising the arms.
+The reading paragraph under "## Reading" of an existing page is kept across reruns.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,238 +38,272 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cells as C  # noqa: E402
-import loop_ablation as LA  # noqa: E402
 
-RESULTS = C.ROOT / "docs" / "results"
+ROOT = C.ROOT
+RESULTS = ROOT / "docs" / "results"
+CONFIG = "configs/quickstart.yaml"
+# Nominal prices (USD per million tokens) to turn tokens into a cost column; the model is a
+# toy, so only the ratios between arms mean anything.
+PRICE_IN, PRICE_OUT = 0.15, 0.60
 
-# name -> (label, checkpoint: "sft" | "rl", method mapping or None)
-METHODS = {
-    "sft": ("SFT LM alone", "sft", None),
-    "react": ("ReAct", "sft", {"method": "react", "thought": "name"}),
-    "reflexion": (
-        "Reflexion (3 attempts)",
-        "sft",
-        {"method": "reflexion", "max_attempts": 3, "memory_size": 3, "reflector": "transcript"},
-    ),
-    "self_refine": (
-        "Self-Refine (2 rounds)",
-        "sft",
-        {"method": "self_refine", "max_rounds": 2, "critic": "signature"},
-    ),
-    "best_of_2": ("best-of-2 (env checker: oracle)", "sft", {"method": "best_of_n", "n": 2}),
-    "best_of_4": ("best-of-4 (env checker: oracle)", "sft", {"method": "best_of_n", "n": 4}),
-    "best_of_8": ("best-of-8 (env checker: oracle)", "sft", {"method": "best_of_n", "n": 8}),
-    "best_of_4_judge": (
-        "best-of-4 (claim judge)",
-        "sft",
-        {"method": "best_of_n", "n": 4, "verifier": "claim_judge"},
-    ),
-    "dfsdt": (
-        "DFSDT (2 children, 30 steps)",
-        "sft",
-        {"method": "dfsdt", "max_children": 2, "max_env_steps": 30, "proposer": "policy"},
-    ),
-    "rl": ("RL (LOOP, 20 iterations)", "rl", None),
-    "rl_best_of_4": ("RL + best-of-4 (oracle)", "rl", {"method": "best_of_n", "n": 4}),
+# name -> (label, source, method yaml or None, group)
+# source: "sft" (--sft-run step 0), "rl" (--rl-run at --rl-step), "rl_same" (--sft-run's last
+# checkpoint), or a scripted policy name.
+ARMS = {
+    "sft": ("SFT LM (before RL)", "sft", None, "lm"),
+    "sft+react": ("SFT + ReAct", "sft", "react", "lm"),
+    "sft+reflexion": ("SFT + Reflexion (3 attempts)", "sft", "reflexion", "lm"),
+    "sft+self_refine": ("SFT + Self-Refine (2 rounds)", "sft", "self_refine", "lm"),
+    "sft+best_of_n": ("SFT + best-of-4 (env checker)", "sft", "best_of_n", "lm"),
+    "sft+dfsdt": ("SFT + DFSDT (2 children, 30 steps)", "sft", "dfsdt", "lm"),
+    "rl": ("RL (LOOP, final checkpoint)", "rl", None, "rl"),
+    "rl_same": ("RL (LOOP, same SFT start)", "rl_same", None, "rl"),
+    "lookalike": ("scripted look-alike", "lookalike", None, "scripted"),
+    "lookalike+reflexion": ("look-alike + Reflexion", "lookalike", "reflexion", "scripted"),
+    "lookalike+self_refine": ("look-alike + Self-Refine", "lookalike", "self_refine", "scripted"),
+    "argname": ("scripted wrong-argument", "argname", None, "scripted"),
+    "argname+reflexion": ("wrong-argument + Reflexion", "argname", "reflexion", "scripted"),
+    "argname+self_refine": ("wrong-argument + Self-Refine", "argname", "self_refine", "scripted"),
 }
-KEY = ("method", "seed")
-WORLD, VARIANT = "quickstart", "loop_token"
+# Cheap arms first, DFSDT (a search over the LM's proposals) last.
+ORDER = [
+    "sft",
+    "rl",
+    "rl_same",
+    "lookalike",
+    "argname",
+    "sft+react",
+    "sft+self_refine",
+    "sft+reflexion",
+    "sft+best_of_n",
+    "lookalike+reflexion",
+    "lookalike+self_refine",
+    "argname+reflexion",
+    "argname+self_refine",
+    "sft+dfsdt",
+]
 
 
-def rl_run(seed: int, runs: Path) -> Path:
-    """The LOOP (token) quickstart cell's run directory, trained if it is missing."""
-    run_dir = runs / WORLD / VARIANT / f"seed{seed}"
-    if not (run_dir / "summary.json").exists():
-        world, variant = LA.WORLDS[WORLD], LA.VARIANTS[VARIANT]
-        over = LA.cell_overrides(world, variant, seed, runs, f"{WORLD}/{VARIANT}")
-        C.run_train(world.config, over, runs / WORLD / VARIANT / f"seed{seed}.log")
-    return run_dir
+def last_step(run: Path) -> int | None:
+    steps = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+    return max(steps) if steps else None
 
 
-def training_cost(run_dir: Path) -> dict:
-    """Environment steps, episodes and generated tokens of the run's RL iterations."""
-    from jaxagent.train.metrics_log import read_jsonl
+def command(name: str, args, out: Path) -> list[str] | None:
+    """The ``jaxagent eval`` command line of arm ``name`` (None: the arm does not apply)."""
+    _, source, method, _ = ARMS[name]
+    cmd = [sys.executable, "-m", "jaxagent.cli", "eval", CONFIG]
+    if source == "sft":
+        cmd += ["--checkpoint", str(args.sft_run), "--step", "0"]
+    elif source == "rl":
+        cmd += ["--checkpoint", str(args.rl_run), "--step", str(args.rl_step)]
+    elif source == "rl_same":
+        step = last_step(args.sft_run)
+        if not step:
+            return None
+        cmd += ["--checkpoint", str(args.sft_run), "--step", str(step)]
+    else:
+        cmd += ["--policy", source]
+    if method:
+        cmd += ["--method", f"configs/methods/{method}.yaml"]
+    cmd += ["--seeds", "1", "--out", str(out / name)]
+    cmd += ["--price-input-per-mtok", str(PRICE_IN), "--price-output-per-mtok", str(PRICE_OUT)]
+    if args.num_tasks:
+        cmd.append(f"eval.num_tasks={args.num_tasks}")
+    return cmd
 
-    steps = episodes = generated = 0.0
-    for r in read_jsonl(run_dir / "metrics.jsonl"):
-        if "train/episodes" in r:
-            episodes += r["train/episodes"]
-            steps += r["train/episodes"] * r["train/avg_steps"]
-            generated += r["tokens/sampled"]
-    return {"env_steps": int(steps), "episodes": int(episodes), "generated": int(generated)}
 
-
-def run_method(name: str, seed: int, runs: Path) -> dict:
-    label, which, method = METHODS[name]
-    run_dir = rl_run(seed, runs)
-    step = 0 if which == "sft" else "latest"
-    t0, load = time.time(), C.load_average()
-    ev = C.evaluate_checkpoint(run_dir, step, samples_per_task=1, method=method)
-    record = {
-        "method": name,
-        "seed": seed,
-        "label": label,
-        "checkpoint": f"{run_dir} step {step}",
-        "method_config": method,
-        "eval": ev,
+def run_arm(name: str, args, out: Path) -> dict:
+    cmd = command(name, args, out)
+    if cmd is None:
+        return {"arm": name, "skipped": "--sft-run has no RL checkpoint after step 0"}
+    t0 = time.time()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        p = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.arm_timeout
+        )
+        rc, tail = p.returncode, (p.stderr.strip().splitlines() or [""])[-1]
+    except subprocess.TimeoutExpired:
+        rc, tail = 124, f"timed out after {args.arm_timeout} s"
+    meta = {
+        "arm": name,
+        "command": shlex.join(["jaxagent", *cmd[3:]]),
+        "rc": rc,
         "seconds": round(time.time() - t0, 1),
-        "load_start": load,
-        "machine": C.machine(),
-        "commit": C.git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "load_start": C.load_average(),
     }
-    if which == "rl":
-        record["training"] = training_cost(run_dir)
-    return record
+    if rc != 0:
+        meta["error"] = tail
+    (out / name).mkdir(parents=True, exist_ok=True)
+    (out / name / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
 
 
-def summarise(records: list[dict]) -> dict:
-    out = {}
-    for name, (label, which, method) in METHODS.items():
-        rs = sorted((r for r in records if r["method"] == name), key=lambda r: r["seed"])
-        if not rs:
-            continue
-        tasks = [len(r["eval"]["tasks"]) for r in rs]
-        per_task = lambda f: [f(r) / n for r, n in zip(rs, tasks)]  # noqa: E731
-        row = {
-            "label": label,
-            "seeds": [r["seed"] for r in rs],
-            "success": C.t_interval([r["eval"]["success"] for r in rs]),
-            "env_steps_per_task": C.t_interval(per_task(lambda r: r["eval"]["env_steps"])),
-            "generated_per_task": C.t_interval(
-                per_task(lambda r: r["eval"]["tokens"]["generated"])
-            ),
-            "input_per_task": C.t_interval(
-                per_task(
-                    lambda r: r["eval"]["tokens"]["prompt"] + r["eval"]["tokens"]["observation"]
-                )
-            ),
-            "method": method,
-        }
-        if which == "rl":
-            row["training"] = {
-                k: C.t_interval([r["training"][k] for r in rs])
-                for k in ("env_steps", "episodes", "generated")
-            }
-            n_tasks = tasks[0]
-            row["amortised_generated_per_task"] = C.t_interval(
-                [
-                    (r["training"]["generated"] + r["eval"]["tokens"]["generated"]) / n_tasks
-                    for r in rs
-                ]
-            )
-            row["amortised_env_steps_per_task"] = C.t_interval(
-                [(r["training"]["env_steps"] + r["eval"]["env_steps"]) / n_tasks for r in rs]
-            )
-        out[name] = row
-    return out
+def arm_row(name: str, out: Path) -> dict:
+    """One row of the table from ``out/name/eval.json`` (and the run's ``run.json``)."""
+    label, source, method, group = ARMS[name]
+    meta_path = out / name / "run.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    row = {"arm": name, "label": label, "group": group, "method": method, **meta}
+    ev_path = out / name / "eval.json"
+    if not ev_path.exists() or meta.get("rc", 0) != 0:
+        return row
+    ev = json.loads(ev_path.read_text())
+    n, tok = ev["episodes"], ev["tokens"]
+    row.update(
+        success=ev["success"]["mean"],
+        ci_low=ev["success"]["ci_low"],
+        ci_high=ev["success"]["ci_high"],
+        episodes=n,
+        avg_steps=ev["avg_steps"],
+        tokens_per_episode=tok["total"] / n,
+        generated_per_episode=tok["generated"] / n,
+        input_per_episode=tok["input"] / n,
+        cost_usd_per_episode=ev["cost_usd"] / n,
+        step=ev["provenance"].get("step"),
+        checkpoint=ev["provenance"].get("checkpoint"),
+    )
+    return row
 
 
-def markdown(summary: dict, records: list[dict]) -> str:
-    machines = sorted({f"{r['machine']['cpu']} ({r['machine']['cores']} cores)" for r in records})
+def markdown(rows: list[dict], args, wall_s: float, reading: str) -> str:
+    m = C.machine()
     lines = [
         "# Training-free methods against RL (quickstart world)",
         "",
-        "Generated by `python experiments/methods_vs_rl.py --report` from "
-        "`docs/results/methods_vs_rl.jsonl`. Base policy: the quickstart LM after SFT (the "
-        "step-0 checkpoint of `experiments/loop_ablation.py`'s LOOP (token) cells, one per "
-        "seed); RL: the same LM after 20 LOOP iterations. 200 held-out tasks, one sample a "
-        "task at temperature 1; ± is the 95% Student-t half-width over seeds. Tokens and "
-        "environment steps are per test task, a method's extra attempts, candidates, "
-        "critiques and search branches included (`jaxagent/eval/protocol.py`). RL's training "
-        "budget (its 20 iterations' environment steps and generated tokens) is added to its "
-        "test-time cost in the amortised columns (spread over the 200 test tasks).",
+        "Generated by `experiments/methods_vs_rl.py`. Every arm is one `jaxagent eval` on the "
+        f"held-out test tasks ({rows[0].get('episodes', '?')} tasks, one sample a task, "
+        "`--seeds 1`: the trainer's evaluation key); success is the mean with its 95% bootstrap "
+        "interval over tasks; steps are environment steps per episode; tokens are prompt + "
+        "observation + generated per episode, every attempt, critique, candidate and search "
+        "branch of a method included; cost is at nominal prices of "
+        f"${PRICE_IN} / ${PRICE_OUT} per million input / output tokens. Avg steps is "
+        "`eval.json`'s `avg_steps`: every attempt's for Reflexion, but only the kept "
+        "candidate's / final path's for best-of-N and DFSDT (their candidates' and branches' "
+        "environment steps are in each episode's `info['method']['env_steps']`, which "
+        "`eval.json` does not aggregate); their extra interactions show in the tokens column.",
         "",
-        f"Machine(s): {'; '.join(machines)}.",
-        "",
-        "| method | seeds | held-out success | env steps / task | generated tokens / task | "
-        "input tokens / task | amortised with training: env steps / task, generated / task |",
+        "| arm | held-out success [95% CI] | avg steps | tokens / episode | generated / "
+        "episode | cost / 1k episodes (USD) | eval wall (s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, r in summary.items():
-        amort = ""
-        if "training" in r:
-            amort = (
-                f"{C.fmt_interval(r['amortised_env_steps_per_task'], digits=0)}, "
-                f"{C.fmt_interval(r['amortised_generated_per_task'], digits=0)} (training: "
-                f"{r['training']['env_steps']['mean']:.0f} steps, "
-                f"{r['training']['generated']['mean']:.0f} tokens)"
-            )
+    for r in rows:
+        if "success" not in r:
+            why = r.get("skipped") or f"failed (exit {r.get('rc')}): {r.get('error', '?')}"
+            lines.append(f"| {r['label']} | not run: {why} | | | | | |")
+            continue
         lines.append(
-            f"| {r['label']} | {len(r['seeds'])} | {C.fmt_interval(r['success'])} | "
-            f"{C.fmt_interval(r['env_steps_per_task'], digits=1)} | "
-            f"{C.fmt_interval(r['generated_per_task'], digits=0)} | "
-            f"{C.fmt_interval(r['input_per_task'], digits=0)} | {amort} |"
+            f"| {r['label']} | {r['success']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | "
+            f"{r['avg_steps']:.2f} | {r['tokens_per_episode']:.0f} | "
+            f"{r['generated_per_episode']:.0f} | {1000 * r['cost_usd_per_episode']:.4f} | "
+            f"{r.get('seconds', float('nan')):.0f} |"
         )
-    lines += ["", "Plot: `docs/results/methods_vs_rl.png`.", ""]
-    return "\n".join(lines) + "\n"
+    lines += [
+        "",
+        "![success and tokens per arm](methods_vs_rl.png)",
+        "",
+        "## Runs",
+        "",
+        f"- SFT checkpoint: `{args.sft_run}` step 0; RL checkpoint: `{args.rl_run}` step "
+        f"`{args.rl_step}`.",
+        f"- Machine: {m['cpu']} ({m['cores']} cores, {m['mem_gib']} GiB), Python "
+        f"{m['python']}, commit {C.git_commit()}; the machine was shared with other work. Wall "
+        f"time of the evaluations in this table: {wall_s:.0f} s.",
+        "- Reproduce: `nice -n 5 python experiments/methods_vs_rl.py --sft-run "
+        f"{args.sft_run} --rl-run {args.rl_run} --rl-step {args.rl_step} --out {args.out}` "
+        "(add `--force` to rerun kept arms). Each arm's command:",
+        "",
+        "```",
+        *[r["command"] for r in rows if r.get("command")],
+        "```",
+        "",
+        "## Reading",
+        "",
+        reading.strip() or "(to be written from the table above)",
+        "",
+    ]
+    return "\n".join(lines)
 
 
-def plot(summary: dict, path: Path) -> None:
+def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for name, r in summary.items():
-        x, y = r["generated_per_task"]["mean"], r["success"]["mean"]
-        yerr = r["success"]["ci95"] if math.isfinite(r["success"]["ci95"]) else 0.0
-        marker = "s" if name.startswith("rl") else "o"
-        pts = ax.errorbar([x], [y], yerr=[yerr], fmt=marker, capsize=3, label=r["label"])
-        if "amortised_generated_per_task" in r:
-            xa = r["amortised_generated_per_task"]["mean"]
-            ax.errorbar(
-                [xa], [y], yerr=[yerr], fmt=marker, mfc="none", capsize=3,
-                color=pts[0].get_color(), label=f"{r['label']}, training tokens amortised",
-            )  # fmt: skip
-            ax.annotate("", (xa, y), (x, y), arrowprops={"arrowstyle": "->", "alpha": 0.4})
-    ax.set_xscale("log")
-    ax.set_xlabel("generated tokens per held-out task (log)")
-    ax.set_ylabel("held-out success (mean ± 95% t over seeds)")
-    ax.set_title("quickstart: training-free methods around the SFT LM vs RL")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    rows = [r for r in rows if "success" in r]
+    colours = {"lm": "tab:blue", "rl": "tab:red", "scripted": "tab:gray"}
+    y = list(range(len(rows)))[::-1]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.42 * len(rows) + 1.6), sharey=True)
+    for yi, r in zip(y, rows):
+        c = colours[r["group"]]
+        err = [[r["success"] - r["ci_low"]], [r["ci_high"] - r["success"]]]
+        a.errorbar([r["success"]], [yi], xerr=err, fmt="o", color=c, capsize=3)
+        b.barh([yi], [r["input_per_episode"]], color=c, alpha=0.35)
+        b.barh([yi], [r["generated_per_episode"]], left=[r["input_per_episode"]], color=c)
+    a.set_yticks(y, [r["label"] for r in rows], fontsize=8)
+    a.set_xlim(-0.02, 1.02)
+    a.set_xlabel("held-out success (95% bootstrap CI over tasks)")
+    a.grid(axis="x", alpha=0.3)
+    b.set_xlabel("tokens per episode (light: input, dark: generated)")
+    b.grid(axis="x", alpha=0.3)
+    fig.suptitle("quickstart: training-free methods vs RL (blue: SFT LM, red: RL, grey: scripted)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def report(results: Path) -> None:
-    records = C.read_cells(results)
-    summary = summarise(records)
-    stem = results.with_suffix("")
-    Path(f"{stem}.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    Path(f"{stem}.md").write_text(markdown(summary, records))
-    plot(summary, Path(f"{stem}.png"))
-    print(Path(f"{stem}.md").read_text())
+def kept_reading(page: Path) -> str:
+    if not page.exists():
+        return ""
+    text = page.read_text()
+    return text.split("## Reading", 1)[1] if "## Reading" in text else ""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--results", type=Path, default=RESULTS / "methods_vs_rl.jsonl")
-    parser.add_argument("--runs", type=Path, default=C.ROOT / "runs" / "loop_ablation")
-    parser.add_argument("--report", action="store_true")
+    parser.add_argument("--sft-run", type=Path, required=True, help="run dir with step 0")
+    parser.add_argument("--rl-run", type=Path, required=True, help="run dir after RL")
+    parser.add_argument("--rl-step", default="latest", help="latest, best or a step")
+    parser.add_argument("--arms", nargs="+", default=ORDER, choices=ORDER)
+    parser.add_argument("--num-tasks", type=int, default=0, help="0: the config's test tasks")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/methods_vs_rl"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--arm-timeout", type=int, default=600)
+    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
-    if not args.report:
-        done = {C.cell_key(r, KEY) for r in C.read_cells(args.results)}
-        todo = [(m, s) for s in args.seeds for m in args.methods if (m, s) not in done]
-        print(f"{len(todo)} evaluations to run ({len(done)} in {args.results})")
-        for i, (m, s) in enumerate(todo):
-            print(f"[{i + 1}/{len(todo)}] {m} seed {s}; load {C.load_average()}", flush=True)
-            record = run_method(m, s, args.runs)
-            C.append_cell(args.results, record)
-            ev = record["eval"]
-            print(
-                f"  success {ev['success']:.3f}, {ev['env_steps']} env steps, "
-                f"{ev['tokens']['generated']} generated tokens, {record['seconds']:.0f} s",
-                flush=True,
-            )
-    report(args.results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        for name in args.arms:
+            if (args.out / name / "eval.json").exists() and not args.force:
+                print(f"{name}: kept", flush=True)
+                continue
+            meta = run_arm(name, args, args.out)
+            print(f"{name}: {json.dumps(meta)}", flush=True)
+    rows = [arm_row(n, args.out) for n in args.arms]
+    wall = sum(r.get("seconds", 0.0) for r in rows)
+    page = args.results / "methods_vs_rl.md"
+    page.write_text(markdown(rows, args, wall, kept_reading(page)))
+    (args.results / "methods_vs_rl.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plot(rows, args.results / "methods_vs_rl.png")
+    summary = {
+        r["arm"]: (
+            {
+                "success": r["success"],
+                "ci": [r["ci_low"], r["ci_high"]],
+                "avg_steps": r["avg_steps"],
+                "tokens_per_episode": round(r["tokens_per_episode"], 1),
+            }
+            if "success" in r
+            else {"not_run": r.get("skipped") or r.get("error")}
+        )
+        for r in rows
+    }
+    print(json.dumps({"arms": summary, "wall_s": round(wall, 1)}))
     return 0
 
 

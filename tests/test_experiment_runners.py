@@ -92,40 +92,53 @@ def test_results_file_resumes_and_report_verdicts(tmp_path):
     json.dumps(s)  # the JSON file's content
 
 
-def test_methods_vs_rl_configs_parse_and_report(tmp_path):
+def test_methods_vs_rl_arms_parse_and_report(tmp_path):
+    import argparse
+
     import methods_vs_rl as MR
 
-    from jaxagent.agents.methods.config import parse_method
+    from jaxagent.agents.methods.config import load_method
 
-    for name, (_, which, method) in MR.METHODS.items():
-        assert which in ("sft", "rl")
+    for name in MR.ORDER:
+        method = MR.ARMS[name][2]
         if method is not None:
-            parse_method(dict(method), origin=name)
-    records = []
-    for seed in range(2):
-        for name, gen in (("sft", 30), ("best_of_4", 120), ("rl", 28)):
-            r = {
-                "method": name,
-                "seed": seed,
-                "machine": {"cpu": "test cpu", "cores": 2},
-                "eval": {
-                    "success": 0.4 + 0.1 * seed + (0.3 if name != "sft" else 0.0),
-                    "tasks": {f"t{i}": [1, 1] for i in range(10)},
-                    "env_steps": 30,
-                    "tokens": {"prompt": 100, "observation": 50, "generated": gen * 10},
-                },
-            }
-            if name == "rl":
-                r["training"] = {"env_steps": 1000, "episodes": 400, "generated": 9000}
-            records.append(r)
-    s = MR.summarise(records)
-    assert s["best_of_4"]["generated_per_task"]["mean"] == 120
-    # RL's training tokens spread over the 10 test tasks: (9000 + 280) / 10.
-    assert s["rl"]["amortised_generated_per_task"]["mean"] == 928
-    md = MR.markdown(s, records)
-    assert "| RL (LOOP, 20 iterations) | 2 |" in md
-    MR.plot(s, tmp_path / "m.png")
+            load_method(str(ROOT / "configs" / "methods" / f"{method}.yaml"))
+    sft, out = tmp_path / "run", tmp_path / "evals"
+    (sft / "checkpoints" / "0").mkdir(parents=True)
+    args = argparse.Namespace(
+        sft_run=sft, rl_run=tmp_path / "rl", rl_step="latest", num_tasks=0, out=out
+    )
+    # A run with only the SFT checkpoint has no same-start RL arm; the others all apply.
+    assert MR.command("rl_same", args, tmp_path) is None
+    cmd = MR.command("argname+reflexion", args, tmp_path)
+    assert cmd[cmd.index("--policy") + 1] == "argname"
+    assert cmd[cmd.index("--method") + 1] == "configs/methods/reflexion.yaml"
+    for name, success, total in (("sft", 0.4, 3000), ("sft+reflexion", 0.5, 9000)):
+        (out / name).mkdir(parents=True)
+        ev = {
+            "success": {"mean": success, "ci_low": success - 0.05, "ci_high": success + 0.05},
+            "episodes": 100,
+            "avg_steps": 2.5,
+            "tokens": {"total": total, "generated": total // 3, "input": total - total // 3},
+            "cost_usd": 0.002,
+            "provenance": {"step": 0, "checkpoint": str(sft)},
+        }
+        (out / name / "eval.json").write_text(json.dumps(ev))
+    (out / "sft+dfsdt").mkdir()
+    (out / "sft+dfsdt" / "run.json").write_text(json.dumps({"rc": 1, "error": "boom"}))
+    rows = [MR.arm_row(n, out) for n in ("sft", "sft+reflexion", "sft+dfsdt")]
+    assert rows[1]["tokens_per_episode"] == 90 and rows[1]["cost_usd_per_episode"] == 2e-5
+    md = MR.markdown(rows, args, 12.0, "kept paragraph")
+    assert "| SFT + Reflexion (3 attempts) | 0.500 [0.450, 0.550] | 2.50 | 90 |" in md
+    assert "failed (exit 1): boom" in md and md.rstrip().endswith("kept paragraph")
+    assert MR.kept_reading(_write(tmp_path / "p.md", md)).strip() == "kept paragraph"
+    MR.plot(rows, tmp_path / "m.png")
     assert (tmp_path / "m.png").stat().st_size > 0
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
 
 
 @pytest.mark.parametrize(
