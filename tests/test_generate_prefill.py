@@ -36,7 +36,7 @@ def _logprob_atol(out):
     return 64 * eps * scale * np.sqrt(512)
 
 
-@pytest.mark.parametrize("greedy", [True, False])
+@pytest.mark.parametrize("greedy", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_chunked_prefill_samples_what_one_call_samples(model, greedy):
     graphdef, params = model
     # Ragged rows, longest several chunks of 32 (t = 512, 16 chunks; a short row ends in
@@ -120,3 +120,40 @@ def test_shared_prompts_prefill_once_and_sample_the_same(model):
     c = plain(params, more, cfg, jax.random.key(8), cache=a.cache, row_ids=ids)
     d = shared(params, more, cfg, jax.random.key(8), cache=b.cache, row_ids=ids)
     np.testing.assert_array_equal(np.asarray(c.tokens), np.asarray(d.tokens))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(scan_layers=True),
+        pytest.param(dict(kv_cache_dtype="bfloat16"), marks=pytest.mark.slow),
+        dict(sharded=True),
+    ],
+)
+def test_chunked_and_shared_prefill_across_model_variants(variant):
+    """Stacked cache (the chunk loop carries it), a bf16 cache (chunks read back rounded
+    keys exactly as one call does), rows sharded over a mesh (shared prompts' copied rows
+    are constrained to the rows' sharding): same greedy tokens as the plain call."""
+    from jaxagent.models import param_logical_axes
+    from jaxagent.parallel.layout import DeviceLayout
+    from jaxagent.parallel.mesh import make_mesh
+
+    variant = dict(variant)
+    sharded = variant.pop("sharded", False)
+    graphdef, params = init_model(ModelConfig.test(**variant), jax.random.key(0))
+    params = jax.tree.map(lambda x: x * 5.0 if x.ndim >= 2 else x, params)
+    tasks = _prompts([150, 20, 67, 3], seed=11)
+    prompts = [p for p in tasks for _ in range(2)]
+    base = SamplingConfig(max_new_tokens=8, greedy=True, prefill_chunk=0)
+    ref = Sampler(graphdef)(params, prompts, base, jax.random.key(0))
+    if sharded:
+        mesh = make_mesh(data=4, fsdp=2)
+        params = DeviceLayout(mesh, param_logical_axes(graphdef, params)).params(params)
+    cfg = dataclasses.replace(base, prefill_chunk=32)
+    sampler = Sampler(graphdef)
+    out = sampler(params, prompts, cfg, jax.random.key(0), share_prompts=True)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.cache.lengths), np.asarray(ref.cache.lengths))
+    assert sampler.prefilled_tokens == sum(map(len, tasks))
+    if sharded:
+        assert out.cache.keys[0].sharding.spec[0] == ("data", "fsdp")
