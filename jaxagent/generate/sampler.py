@@ -224,10 +224,10 @@ class Sampler:
             once and the resulting cache rows (and next-token logits) copied to each of them;
             what is sampled is unchanged (the draws stay per row).
         """
-        args, kwargs = self._inputs(
+        args, kwargs, prefilled = self._inputs(
             params, new_tokens, sampling, key, cache, row_ids, share_prompts
         )
-        self.prefilled_tokens += int(np.sum(args[4] != 0))
+        self.prefilled_tokens += prefilled
         return self._jit(*args, **kwargs)
 
     def lower(
@@ -242,13 +242,14 @@ class Sampler:
     ):
         """The ``jax.stages.Lowered`` of the call ``__call__`` would make (nothing runs):
         ``.compile().memory_analysis()`` gives its temporaries (``benchmarks/prefill_memory``)."""
-        args, kwargs = self._inputs(
+        args, kwargs, _ = self._inputs(
             params, new_tokens, sampling, key, cache, row_ids, share_prompts
         )
         return self._jit.lower(*args, **kwargs)
 
     def _inputs(self, params, new_tokens, sampling, key, cache, row_ids, share_prompts):
-        """The jitted function's arguments: padded, bucketed chunk, cache, row sharding."""
+        """The jitted function's arguments (padded, bucketed chunk, cache, row sharding) and
+        how many real tokens it prefills."""
         if not isinstance(sampling, SamplingConfig):
             raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
         rows = [np.asarray(r, np.int32).reshape(-1) for r in new_tokens]
@@ -270,7 +271,8 @@ class Sampler:
             else:
                 unique = [None] * len(first)
                 for i, j in enumerate(expand):
-                    unique[j] = rows[i] if unique[j] is None else unique[j]
+                    if unique[j] is None:
+                        unique[j] = rows[i]
                 # Prefill rows bucketed to a power of two (the extra rows are empty), so the
                 # number of distinct prompts does not add a compile per value.
                 pad_rows = bucket(len(unique), pow2=True, cap=b) - len(unique)
@@ -317,7 +319,7 @@ class Sampler:
             capacity=None if cache is not None else capacity,
             rows_sharding=rows_sh,
         )
-        return args, kwargs
+        return args, kwargs, int(segs.sum())
 
     # ---- device side -------------------------------------------------------------------
     def _generate(
