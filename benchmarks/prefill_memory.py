@@ -12,6 +12,7 @@ doubling, and one JSON line at the end.
 
     python benchmarks/prefill_memory.py                       # 8 rows, 1k/2k/4k, chunk 512
     python benchmarks/prefill_memory.py --lengths 1024 2048 4096 8192 --chunk 256
+    python benchmarks/prefill_memory.py --time     # also the wall time of each call (runs it)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import time
 
 import jax
 
@@ -35,6 +37,16 @@ def temp_bytes(sampler, params, rows: int, length: int, chunk: int) -> int:
     return int(lowered.compile().memory_analysis().temp_size_in_bytes)
 
 
+def wall_s(sampler, params, rows: int, length: int, chunk: int) -> float:
+    """Seconds of one call (prefill plus one token), after a compiling call."""
+    cfg = SamplingConfig(max_new_tokens=1, greedy=True, prefill_chunk=chunk)
+    prompts = [[1] * length] * rows
+    jax.block_until_ready(sampler(params, prompts, cfg, jax.random.key(0)).tokens)
+    t0 = time.perf_counter()
+    jax.block_until_ready(sampler(params, prompts, cfg, jax.random.key(0)).tokens)
+    return time.perf_counter() - t0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=8)
@@ -45,6 +57,7 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--time", action="store_true", help="also run each call and time it")
     args = ap.parse_args()
 
     cfg = ModelConfig(
@@ -76,6 +89,13 @@ def main():
             + " ".join(f"{r:.2f}x" for r in ratios)
         )
         results[name] = {"temp_bytes": figures, "ratios": [round(r, 3) for r in ratios]}
+        if args.time:
+            secs = [wall_s(sampler, params, args.rows, n, chunk) for n in args.lengths]
+            print(
+                f"{name:>9}: wall s "
+                + " / ".join(f"{n}: {s:.2f}" for n, s in zip(args.lengths, secs))
+            )
+            results[name]["wall_s"] = [round(s, 3) for s in secs]
     print(json.dumps(results))
 
 
