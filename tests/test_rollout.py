@@ -313,3 +313,35 @@ def test_a_prompt_over_the_budget_is_a_prompt_overflow(setup):
     assert batch.row_weight.tolist() == [1.0, 0.0] and batch.truncated[1] == 0
     metrics = summarize(eps).as_metrics("train")
     assert metrics["train/failure/prompt_overflow"] == 1
+
+
+def test_a_groups_first_prompt_is_prefilled_once(setup):
+    from jaxagent.agents.cached import CachedTurnSampler
+
+    _, chat, graphdef, params, _ = setup
+    k = 3
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
+    budget = Budget(max_turns=5, max_new_tokens=6, max_total_tokens=256)
+    spec = RolloutSpec(chat, "one two", budget, InlineRunner(ScriptedEnv))
+    results = {}
+    for share in (False, True):
+        policy = CachedTurnSampler(graphdef, sampling, 256, chat.pad_id, share_prompts=share)
+        recorder = RecordingSampler(policy)
+        eps, _ = collect_episodes(
+            recorder, params, _tasks(), samples_per_task=k, spec=spec, key=jax.random.key(9)
+        )
+        first_prompts = recorder.calls[0][0]
+        later = sum(len(c) for inputs, _ in recorder.calls[1:] for c in inputs if c)
+        results[share] = (eps, policy.prefilled_tokens - later, first_prompts)
+    (plain, plain_tokens, prompts), (shared, shared_tokens, _) = results[False], results[True]
+    # The same episodes, token for token and log-prob for log-prob.
+    assert [ep.tokens for ep in shared] == [ep.tokens for ep in plain]
+    assert [ep.loss_mask for ep in shared] == [ep.loss_mask for ep in plain]
+    np.testing.assert_allclose(
+        np.concatenate([ep.logprobs for ep in shared]),
+        np.concatenate([ep.logprobs for ep in plain]),
+        atol=1e-5,
+    )
+    # The first turn prefilled each task's prompt once instead of K times.
+    assert plain_tokens == sum(map(len, prompts))
+    assert shared_tokens * k == plain_tokens

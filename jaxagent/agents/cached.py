@@ -10,6 +10,11 @@ The cache lives only as long as its episodes: ``collect_episodes`` calls ``relea
 they have all ended, so the cache's buffers (layers x rows x capacity x KV heads x head dim,
 twice) are not held through the learner's update, whose gradients and optimiser moments need
 that memory.
+
+The first turn's prompts of one task group (its K samples) are usually the same token list:
+``start`` has the sampler prefill each distinct prompt once and copy its cache rows to the
+rows that share it (``Sampler``'s ``share_prompts``), a K-fold saving of prefill work that
+samples exactly what K prefills would.
 """
 
 from __future__ import annotations
@@ -30,10 +35,18 @@ class CachedTurnSampler:
       sampling: static sampling settings.
       max_len: the longest row (the sampler also enforces the model's ``max_seq_len``).
       pad_id: token id for padding.
+      share_prompts: prefill identical first prompts once (see the module docstring).
     """
 
-    def __init__(self, graphdef, sampling: SamplingConfig, max_len: int, pad_id: int = 0):
-        self.sampling, self.max_len = sampling, max_len
+    def __init__(
+        self,
+        graphdef,
+        sampling: SamplingConfig,
+        max_len: int,
+        pad_id: int = 0,
+        share_prompts: bool = True,
+    ):
+        self.sampling, self.max_len, self.share_prompts = sampling, max_len, share_prompts
         self._sampler = Sampler(graphdef, pad_id=pad_id)
         self._cache = None
         # Set (e.g. to 0, or to a host's first global row in a multi-host rollout): each row
@@ -45,12 +58,17 @@ class CachedTurnSampler:
     def recompiles(self) -> int:
         return self._sampler.num_compiles
 
+    @property
+    def prefilled_tokens(self) -> int:
+        """Tokens fed through the model's prefill so far (prompts and observation chunks)."""
+        return self._sampler.prefilled_tokens
+
     def start(
         self, params, prompts: Sequence[Sequence[int]], key, *, tasks=(), observations=()
     ) -> TurnOutput:
         del tasks, observations  # an LM acts on tokens alone
         self.release()
-        return self._run(params, [list(p) for p in prompts], key)
+        return self._run(params, [list(p) for p in prompts], key, share=self.share_prompts)
 
     def resume(
         self, params, chunks: Sequence[Optional[Sequence[int]]], key, *, observations=()
@@ -69,7 +87,7 @@ class CachedTurnSampler:
                 if isinstance(x, jax.Array) and not x.is_deleted():
                     x.delete()
 
-    def _run(self, params, rows, key) -> TurnOutput:
+    def _run(self, params, rows, key, share: bool = False) -> TurnOutput:
         lengths = (
             [0] * len(rows) if self._cache is None else jax.device_get(self._cache.lengths).tolist()
         )
@@ -82,7 +100,9 @@ class CachedTurnSampler:
         ids = (
             None if self.row_offset is None else range(self.row_offset, self.row_offset + len(rows))
         )
-        out = self._sampler(params, rows, self.sampling, key, cache=self._cache, row_ids=ids)
+        out = self._sampler(
+            params, rows, self.sampling, key, cache=self._cache, row_ids=ids, share_prompts=share
+        )
         self._cache = out.cache
         tokens, logp, n = jax.device_get((out.tokens, out.logprobs, out.lengths))
         res = TurnOutput([], [], [])

@@ -1,4 +1,10 @@
-"""Batched generation under one jit: a prefill chunk, then a ``lax.while_loop`` decode.
+"""Batched generation under one jit: a prefill, then a ``lax.while_loop`` decode.
+
+The prefill writes the new tokens into the cache ``SamplingConfig.prefill_chunk`` tokens at a
+time (a ``lax.fori_loop`` over chunks, each attending to the cache written so far), so its
+attention temporaries grow linearly with the prompt. Rows whose prompts are the same token
+list can be prefilled once and their cache rows copied (``share_prompts``): the K samples of
+one task then cost one prefill.
 
 The KV cache is preallocated and donated, so the decode loop updates it in place. Under a
 mesh (parameters carrying NamedShardings) the cache is split over batch rows, each device
@@ -139,6 +145,7 @@ class Sampler:
         self.cache_dtype = cache_dtype or self.config.jnp_kv_cache_dtype
         self.fuse_weights, self.decode_layout = fuse_weights, decode_layout
         self.num_compiles = 0  # incremented each time the jitted function is traced
+        self.prefilled_tokens = 0  # real tokens fed through prefills (host-side count)
         self._jit = jax.jit(
             self._generate,
             static_argnames=("sampling", "capacity", "rows_sharding"),
@@ -199,6 +206,7 @@ class Sampler:
         key: jax.Array,
         cache: Optional[KVCache] = None,
         row_ids: Optional[Sequence[int]] = None,
+        share_prompts: bool = False,
     ) -> SampleOutput:
         """Append ``new_tokens[b]`` to row b and sample ``sampling.max_new_tokens`` tokens.
 
@@ -212,7 +220,36 @@ class Sampler:
           row_ids: optional global row numbers, B ints: row b's random draws then depend only
             on (key, row_ids[b]), so rows sampled on different hosts draw what one process
             sampling every row draws (``row_uniforms``). None: one stream for the batch.
+          share_prompts: with ``cache=None``, rows with identical token lists are prefilled
+            once and the resulting cache rows (and next-token logits) copied to each of them;
+            what is sampled is unchanged (the draws stay per row).
         """
+        args, kwargs, prefilled = self._inputs(
+            params, new_tokens, sampling, key, cache, row_ids, share_prompts
+        )
+        self.prefilled_tokens += prefilled
+        return self._jit(*args, **kwargs)
+
+    def lower(
+        self,
+        params,
+        new_tokens: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        key: jax.Array,
+        cache: Optional[KVCache] = None,
+        row_ids: Optional[Sequence[int]] = None,
+        share_prompts: bool = False,
+    ):
+        """The ``jax.stages.Lowered`` of the call ``__call__`` would make (nothing runs):
+        ``.compile().memory_analysis()`` gives its temporaries (``benchmarks/prefill_memory``)."""
+        args, kwargs, _ = self._inputs(
+            params, new_tokens, sampling, key, cache, row_ids, share_prompts
+        )
+        return self._jit.lower(*args, **kwargs)
+
+    def _inputs(self, params, new_tokens, sampling, key, cache, row_ids, share_prompts):
+        """The jitted function's arguments (padded, bucketed chunk, cache, row sharding) and
+        how many real tokens it prefills."""
         if not isinstance(sampling, SamplingConfig):
             raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
         rows = [np.asarray(r, np.int32).reshape(-1) for r in new_tokens]
@@ -225,9 +262,27 @@ class Sampler:
         for i, r in enumerate(rows):
             if r.size and (r.min() < 0 or r.max() >= self.config.vocab_size):
                 raise ValueError(f"new_tokens[{i}] has ids outside [0, {self.config.vocab_size})")
+        expand = None
+        if share_prompts and cache is None:
+            first: dict[bytes, int] = {}
+            expand = np.array([first.setdefault(r.tobytes(), len(first)) for r in rows], np.int32)
+            if len(first) == b:
+                expand = None  # nothing shared: the plain call
+            else:
+                unique = [None] * len(first)
+                for i, j in enumerate(expand):
+                    if unique[j] is None:
+                        unique[j] = rows[i]
+                # Prefill rows bucketed to a power of two (the extra rows are empty), so the
+                # number of distinct prompts does not add a compile per value.
+                pad_rows = bucket(len(unique), pow2=True, cap=b) - len(unique)
+                rows = unique + [np.zeros(0, np.int32)] * pad_rows
         t = bucket(int(counts.max()), pow2=True, minimum=self.min_chunk)
-        tokens = np.full((b, t), self.pad_id, np.int32)
-        segs = np.zeros((b, t), np.int32)
+        chunk = sampling.prefill_chunk
+        if chunk and t > chunk:
+            t = bucket(t, multiple=chunk)  # whole chunks (t itself is a power of two)
+        tokens = np.full((len(rows), t), self.pad_id, np.int32)
+        segs = np.zeros((len(rows), t), np.int32)
         for i, r in enumerate(rows):  # right-padded: the cache compacts rows anyway
             tokens[i, : len(r)] = r
             segs[i, : len(r)] = 1
@@ -248,18 +303,23 @@ class Sampler:
             cache = grow_cache(cache, capacity)
         rows_sh = _row_sharding(params, b)
         put = jnp.asarray if rows_sh is None else lambda x: jax.device_put(x, rows_sh)
-        return self._jit(
+        put_pre = put if expand is None else jnp.asarray  # prefill rows: left to XLA
+        args = (
             params,
             self._decode_weights(params, b),
             cache,
-            put(tokens),
-            put(segs),
+            put_pre(tokens),
+            put_pre(segs),
             key,
             None if row_ids is None else put(np.asarray(row_ids, np.int32).reshape(b)),
+            None if expand is None else jnp.asarray(expand),
+        )
+        kwargs = dict(
             sampling=sampling,
             capacity=None if cache is not None else capacity,
             rows_sharding=rows_sh,
         )
+        return args, kwargs, int(segs.sum())
 
     # ---- device side -------------------------------------------------------------------
     def _generate(
@@ -271,6 +331,7 @@ class Sampler:
         segment_ids,
         key,
         row_ids,
+        expand,
         *,
         sampling,
         capacity,
@@ -279,22 +340,30 @@ class Sampler:
         self.num_compiles += 1
         cfg, n = self.config, sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
-        b, t = tokens.shape
+        t = tokens.shape[1]
+        # Rows sampled (b) and rows prefilled: the same, or with ``expand`` [b] the distinct
+        # prompts, whose cache rows and logits row b takes from prefill row expand[b].
+        b = tokens.shape[0] if expand is None else expand.shape[0]
         if cache is None:
-            cache = init_cache(cfg, b, capacity, self.cache_dtype)
-        if rows_sharding is not None:
+            cache = init_cache(cfg, tokens.shape[0], capacity, self.cache_dtype)
+        if rows_sharding is not None and expand is None:
             cache = _shard_cache_rows(cache, rows_sharding)
-        valid = segment_ids != 0
-        positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
         if fused is None and self.fuse_weights:
             # Concatenated q/k/v and gate/up kernels, built once per call, reused every step.
             fused = model.fused_weights()
         # A long chunk (a prompt) is a wide matmul, faster with the row-major kernels; the
         # output-major decode kernels pay off for few rows (a step, a short observation).
-        chunk_fused = fused if b * t <= _DECODE_ROWS else None
-        h, cache = model.hidden(tokens, positions, segment_ids, cache, chunk_fused)
-        last_index = jnp.max(jnp.where(valid, jnp.arange(t)[None], 0), axis=1)
-        logits = model.logits(h[jnp.arange(b), last_index], chunk_fused)  # [B, V]: last token only
+        # Decided on the sampled rows and chunk width, so sharing prompts keeps the kernels.
+        width = min(t, sampling.prefill_chunk or t)
+        chunk_fused = fused if b * width <= _DECODE_ROWS else None
+        h, cache = _prefill(model, tokens, segment_ids, cache, chunk_fused, sampling.prefill_chunk)
+        logits = model.logits(h, chunk_fused)  # [B, V]: last token only
+        valid = segment_ids != 0
+        if expand is not None:
+            cache = _take_rows(cache, expand)
+            logits, valid = logits[expand], valid[expand]
+            if rows_sharding is not None:
+                cache = _shard_cache_rows(cache, rows_sharding)
         # Every uniform the call needs, drawn at once: [n, B] (row i feeds the i-th token).
         if sampling.greedy:
             us = None
@@ -356,6 +425,55 @@ class Sampler:
             lengths=state.num_generated,
             cache=state.cache,
         )
+
+
+def _prefill(model, tokens, segment_ids, cache, fused, chunk: int):
+    """Write ``tokens`` [B, T] into ``cache``; returns each row's last real token's hidden
+    state [B, D] and the cache.
+
+    ``chunk`` > 0 and < T: ``T / chunk`` slices (T is a multiple of ``chunk``, see
+    ``Sampler._inputs``), each run through ``Transformer.hidden``'s cache path, so a slice's
+    queries attend to every slot written before them exactly as in one call (same keys, same
+    positions ``lengths + rank``, same causal mask) and attention temporaries are [B, heads,
+    chunk, capacity]: linear in the prompt instead of quadratic. The loop stops after the last
+    slice holding a real token, so padding slices of a short batch cost nothing.
+    """
+    b, t = tokens.shape
+    valid = segment_ids != 0
+    last_index = jnp.max(jnp.where(valid, jnp.arange(t)[None], 0), axis=1)  # [B]
+    rows = jnp.arange(b)
+    if not chunk or t <= chunk:
+        positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+        h, cache = model.hidden(tokens, positions, segment_ids, cache, fused)
+        return h[rows, last_index], cache
+    tok_c = tokens.reshape(b, t // chunk, chunk)
+    seg_c = segment_ids.reshape(b, t // chunk, chunk)
+    needed = jnp.max(jnp.where(jnp.any(valid, axis=1), last_index, 0)) // chunk + 1
+
+    def body(i, carry):
+        h_last, cache = carry
+        tok = jax.lax.dynamic_index_in_dim(tok_c, i, axis=1, keepdims=False)
+        seg = jax.lax.dynamic_index_in_dim(seg_c, i, axis=1, keepdims=False)
+        positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(seg != 0, axis=1) - 1, 0)
+        h, cache = model.hidden(tok, positions, seg, cache, fused)
+        local = last_index - i * chunk
+        here = (local >= 0) & (local < chunk)
+        h_last = jnp.where(here[:, None], h[rows, jnp.clip(local, 0, chunk - 1)], h_last)
+        return h_last, cache
+
+    h0 = jnp.zeros((b, model.config.hidden_size), model.config.jnp_dtype)
+    return jax.lax.fori_loop(0, needed, body, (h0, cache))
+
+
+def _take_rows(cache: KVCache, index: jax.Array) -> KVCache:
+    """The cache whose row b is row ``index[b]`` of ``cache`` (rows are dimension 0, or 1
+    after the layer axis of a stacked cache)."""
+    axis = 1 if cache.stacked else 0
+    return KVCache(
+        keys=jax.tree.map(lambda k: jnp.take(k, index, axis=axis), cache.keys),
+        values=jax.tree.map(lambda v: jnp.take(v, index, axis=axis), cache.values),
+        lengths=cache.lengths[index],
+    )
 
 
 def _row_sharding(params, batch_size: int) -> Optional[NamedSharding]:

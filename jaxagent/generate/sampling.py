@@ -13,6 +13,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxagent.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
@@ -24,6 +26,11 @@ class SamplingConfig:
     top_p: float = 1.0  # nucleus mass in (0, 1]; 1 disables
     greedy: bool = False  # argmax decoding
     stop_token_ids: tuple[int, ...] = ()  # a row stops after emitting one of these (kept)
+    # The prompt is written into the KV cache in chunks of at most this many tokens, each
+    # attending to the cache written so far: attention scores are [rows, heads, chunk,
+    # capacity] instead of [rows, heads, prompt, capacity], so prefill memory grows linearly
+    # with the prompt, not quadratically. 0 = the whole prompt in one call.
+    prefill_chunk: int = 512
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -39,6 +46,11 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_k={self.top_k!r} must be an int >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p={self.top_p!r} must be in (0, 1] (1 = off)")
+        if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 0:
+            raise ConfigError(
+                f"SamplingConfig.prefill_chunk={self.prefill_chunk!r} must be an int >= 0 "
+                "(0 = the whole prompt in one call)"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @classmethod
