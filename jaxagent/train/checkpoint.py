@@ -270,6 +270,8 @@ def check_same_directory(directory: Any) -> None:
         probe.unlink()
         if made:
             d.rmdir()
+    # No process looks at the directory (complete_steps, next) while process 0 removes it.
+    multihost_utils.sync_global_devices("checkpoint directory token removed")
     blind = [i for i, ok in enumerate(seen.reshape(-1)) if not ok]
     if blind:
         raise ConfigError(
