@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 from jaxagent.train.checkpoint import restore_params_only
 from jaxagent.train.config import load_config
@@ -146,6 +148,7 @@ def test_processes_that_do_not_share_the_checkpoint_directory_are_refused(tmp_pa
     assert not (tmp_path / "host0").exists()  # the token and its directory are gone
 
 
+@pytest.mark.slow  # ~80 s on 2 cores (nightly: scripts/nightly.sh)
 def test_each_process_samples_on_all_its_devices(tmp_path, monkeypatch):
     # two processes of two devices each: a host's sampler reads weights split over both of
     # its own devices (not one full copy on its first) and the run is the one-process run's
