@@ -21,6 +21,7 @@ import pytest
 from jaxagent.models import hf as HF
 from jaxagent.train.config import load_config
 from jaxagent.train.local_hf import LocalModelSpec, build_local_hf_dir
+from test_born_sharded import _Recorder
 
 pytestmark = pytest.mark.slow
 
@@ -150,38 +151,13 @@ def test_a_run_is_born_sharded_and_resumes_without_reading_weights(hf_dir, tmp_p
 
     # Resume: extend the finished run by one iteration; not one tensor is read from the
     # directory (the weights come from the checkpoint, born in their shards).
-    real_open, reads = HF.safe_open, []
-
-    def counting_open(*a, **k):  # the header (tensor names, shapes) may be read; no weight
-        handle = real_open(*a, **k)
-
-        class Handle:
-            def __enter__(self):
-                self.h = handle.__enter__()
-                return self
-
-            def __exit__(self, *exc):
-                return handle.__exit__(*exc)
-
-            def keys(self):
-                return self.h.keys()
-
-            def get_tensor(self, name):
-                reads.append(name)
-                return self.h.get_tensor(name)
-
-            def get_slice(self, name):
-                reads.append(name)
-                return self.h.get_slice(name)
-
-        return Handle()
-
-    monkeypatch.setattr(HF, "safe_open", counting_open)
+    recorder = _Recorder(HF.safe_open)  # a whole-tensor read fails; slice reads are listed
+    monkeypatch.setattr(HF, "safe_open", recorder)
     states.clear()
     before_resume = len(samples)
     more = load_config(out / "config.yaml", ["train.iterations=3"])
     T.Trainer(more, echo=lambda s: None).run()
-    assert reads == [] and len(states) == 1  # the third iteration, from checkpoint 2
+    assert recorder.reads == [] and len(states) == 1  # the third iteration, from checkpoint 2
     samples.append(("resumed run ended", per_device_bytes()))
     for phase, per_device in samples[before_resume:]:
         assert max(per_device.values()) <= bound, (phase, per_device, bound)
