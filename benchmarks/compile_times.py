@@ -68,6 +68,8 @@ def main() -> None:
             i32(b, 64),
             jax.random.key(0),
             None,  # row_ids: no per-row sampling streams
+            None,  # expand: no shared prompts
+            None,  # turn_ids
             sampling=sampling,
             capacity=1024,
             rows_sharding=None,

@@ -4,7 +4,7 @@ The shrunken quickstart of test_mesh_trainer runs as two processes of one CPU de
 (``distributed.*``: each process samples its half of every iteration's tasks with its own
 environment pool, from a host-local copy of the weights; the update runs on the 2-device
 global mesh) and as one process of two devices (``mesh.data=2``) with
-``rollout.row_keys=true``, the per-row random streams a multi-host run always uses. Both stop
+the same per-episode random streams (every episode draws from its global number). Both stop
 after 2 iterations and resume for a third from their last checkpoint.
 
 Same tokens, rewards and success at every step (the gathered metrics of the two hosts are
@@ -54,7 +54,7 @@ def _train_one(out: Path, iterations: int, devices: int = 2) -> None:
     on."""
     from jaxagent.train.trainer import Trainer
 
-    extra = [f"mesh.data={devices}", "rollout.row_keys=true"]
+    extra = [f"mesh.data={devices}"]
     cfg = load_config(ROOT / "configs/quickstart.yaml", _overrides(out, iterations) + extra)
     Trainer(cfg, echo=lambda s: None).run()
 

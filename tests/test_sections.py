@@ -27,7 +27,7 @@ def test_sections_hold_every_package_field_but_the_derived_ones():
     assert _names(PoolSection) == _names(PoolConfig) - {"seed"}
     assert _names(FaultSection) == _names(FaultConfig) - {"hang_s"}
     kept = (_names(Budget) | _names(SamplingConfig)) - {"stop_token_ids", "greedy"}
-    assert _names(RolloutSection) - kept == {"tasks_per_iteration", "samples_per_task", "row_keys"}
+    assert _names(RolloutSection) - kept == {"tasks_per_iteration", "samples_per_task"}
 
 
 def test_a_new_package_field_reaches_yaml_and_back_without_a_copy():

@@ -49,10 +49,13 @@ class CachedTurnSampler:
         self.sampling, self.max_len, self.share_prompts = sampling, max_len, share_prompts
         self._sampler = Sampler(graphdef, pad_id=pad_id)
         self._cache = None
-        # Set (e.g. to 0, or to a host's first global row in a multi-host rollout): each row
-        # draws from its own stream keyed by row_offset + its index, so how the episodes are
-        # split over hosts does not change what is sampled (``Sampler``'s ``row_ids``).
-        self.row_offset: Optional[int] = None
+        self._turns: list[int] = []  # each row's turn number (its next turn's)
+        # Each row draws from its own stream keyed by (row_offset + its index, its turn
+        # number) (``Sampler``'s ``row_ids`` / ``turn_ids``): how the episodes are split over
+        # hosts (a host's first global row is its offset) and which call serves a turn (the
+        # lock-step rounds or ``jaxagent.agents.engine``'s slots) do not change what is
+        # sampled.
+        self.row_offset: int = 0
 
     @property
     def recompiles(self) -> int:
@@ -68,6 +71,7 @@ class CachedTurnSampler:
     ) -> TurnOutput:
         del tasks, observations  # an LM acts on tokens alone
         self.release()
+        self._turns = [0] * len(prompts)
         return self._run(params, [list(p) for p in prompts], key, share=self.share_prompts)
 
     def resume(
@@ -76,6 +80,8 @@ class CachedTurnSampler:
         del observations
         if self._cache is None or len(chunks) != self._cache.batch_size:
             raise ValueError("resume() needs start() first and one chunk (or None) per row")
+        for i, c in enumerate(chunks):
+            self._turns[i] += c is not None
         return self._run(params, [[] if c is None else list(c) for c in chunks], key)
 
     def release(self) -> None:
@@ -97,11 +103,15 @@ class CachedTurnSampler:
                 f"a row may need {need} tokens > max_len={self.max_len}; the "
                 "rollout budget (max_total_tokens) must keep rows within it"
             )
-        ids = (
-            None if self.row_offset is None else range(self.row_offset, self.row_offset + len(rows))
-        )
         out = self._sampler(
-            params, rows, self.sampling, key, cache=self._cache, row_ids=ids, share_prompts=share
+            params,
+            rows,
+            self.sampling,
+            key,
+            cache=self._cache,
+            row_ids=range(self.row_offset, self.row_offset + len(rows)),
+            turn_ids=self._turns,
+            share_prompts=share,
         )
         self._cache = out.cache
         tokens, logp, n = jax.device_get((out.tokens, out.logprobs, out.lengths))

@@ -28,10 +28,12 @@ from jaxagent.eval.report import summarize
 from jaxagent.parallel.distributed import allgather_objects, host_local, task_slice
 
 
-def set_row_offset(sampler, first_row: int, enabled: bool) -> None:
-    """Give ``sampler`` (a ``CachedTurnSampler``) per-row streams starting at ``first_row``."""
+def set_row_offset(sampler, first_row: int) -> None:
+    """Number ``sampler``'s rows (a ``CachedTurnSampler``'s or a ``SlotEngine``'s) from
+    ``first_row``, this host's first global episode: every episode's random stream is keyed
+    by its global number, whichever host samples it."""
     if hasattr(sampler, "row_offset"):
-        sampler.row_offset = first_row if enabled else None
+        sampler.row_offset = first_row
 
 
 def common_length(batch, pad_id: int):
@@ -104,14 +106,13 @@ def evaluate_sharded(
     params,
     *,
     samples_per_task: int,
-    row_keys: bool,
     local_shardings: Any = None,
 ) -> Evaluation:
     """``evaluate`` with each process running its slice of ``tasks`` (as equal as they
     split) from host-local weights (split over its devices by ``local_shardings``); the
     report is of every host's episodes."""
     first, mine = task_slice(tasks)  # every task with one process
-    set_row_offset(sampler, first * samples_per_task, row_keys)
+    set_row_offset(sampler, first * samples_per_task)
     local = host_local(params, local_shardings)
     result = evaluate(sampler, mine, spec, key, params=local, samples_per_task=samples_per_task)
     if jax.process_count() == 1:

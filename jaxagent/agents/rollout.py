@@ -179,12 +179,13 @@ def _drive(
                 ep.append(ids, sampled=False)
         prompts.append(ids if not ep.done else ids[:1] or [0])
 
-    key, sub = jax.random.split(key)
+    # One key for the whole rollout: the policies draw per (episode, turn) (the LM samplers'
+    # row and turn streams), so what a turn samples does not depend on the round serving it.
     t0 = time.perf_counter()
     out = policy.start(
         params,
         prompts,
-        sub,
+        key,
         tasks=[ep.task for ep in eps],
         observations=[None if ep.done else ep.first_observation for ep in eps],
     )
@@ -235,9 +236,8 @@ def _drive(
             on_round(sum(ep.done for ep in eps), len(eps))
         if all(ep.done for ep in eps):
             break
-        key, sub = jax.random.split(key)
         t0 = time.perf_counter()
-        out = policy.resume(params, chunks, sub, observations=texts)
+        out = policy.resume(params, chunks, key, observations=texts)
         stats.generate_s += time.perf_counter() - t0
         stats.rounds += 1
     return eps, stats

@@ -42,6 +42,7 @@ class ReferenceSampler:
         self._contexts: list[list[int]] = []
         self._decode = jax.jit(partial(_reference_decode, logits_fn, sampling, pad_id))
         self._shapes: set[tuple[int, int]] = set()  # one compilation per distinct buffer shape
+        self._round = 0  # the driver passes one key per rollout: each call folds in its own
 
     @property
     def recompiles(self) -> int:
@@ -50,6 +51,7 @@ class ReferenceSampler:
     def start(self, params, prompts, key, *, tasks=(), observations=()) -> TurnOutput:
         del tasks, observations  # an LM acts on tokens alone
         self._contexts = [list(map(int, p)) for p in prompts]
+        self._round = 0
         return self._run(params, [True] * len(prompts), key)
 
     def resume(self, params, chunks, key, *, observations=()) -> TurnOutput:
@@ -64,6 +66,7 @@ class ReferenceSampler:
         return self._run(params, active, key)
 
     def _run(self, params, active, key) -> TurnOutput:
+        key, self._round = jax.random.fold_in(key, self._round), self._round + 1
         n_new = self.sampling.max_new_tokens
         longest = max(len(c) for c in self._contexts) + n_new
         if longest > self.max_len:

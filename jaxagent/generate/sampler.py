@@ -207,6 +207,7 @@ class Sampler:
         cache: Optional[KVCache] = None,
         row_ids: Optional[Sequence[int]] = None,
         share_prompts: bool = False,
+        turn_ids: Optional[Sequence[int]] = None,
     ) -> SampleOutput:
         """Append ``new_tokens[b]`` to row b and sample ``sampling.max_new_tokens`` tokens.
 
@@ -223,9 +224,11 @@ class Sampler:
           share_prompts: with ``cache=None``, rows with identical token lists are prefilled
             once and the resulting cache rows (and next-token logits) copied to each of them;
             what is sampled is unchanged (the draws stay per row).
+          turn_ids: with ``row_ids``, B ints (each row's turn number): row b's draws then
+            depend only on (key, row_ids[b], turn_ids[b]), whichever call serves the turn.
         """
         args, kwargs, prefilled = self._inputs(
-            params, new_tokens, sampling, key, cache, row_ids, share_prompts
+            params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids
         )
         self.prefilled_tokens += prefilled
         return self._jit(*args, **kwargs)
@@ -239,15 +242,18 @@ class Sampler:
         cache: Optional[KVCache] = None,
         row_ids: Optional[Sequence[int]] = None,
         share_prompts: bool = False,
+        turn_ids: Optional[Sequence[int]] = None,
     ):
         """The ``jax.stages.Lowered`` of the call ``__call__`` would make (nothing runs):
         ``.compile().memory_analysis()`` gives its temporaries (``benchmarks/prefill_memory``)."""
         args, kwargs, _ = self._inputs(
-            params, new_tokens, sampling, key, cache, row_ids, share_prompts
+            params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids
         )
         return self._jit.lower(*args, **kwargs)
 
-    def _inputs(self, params, new_tokens, sampling, key, cache, row_ids, share_prompts):
+    def _inputs(
+        self, params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids=None
+    ):
         """The jitted function's arguments (padded, bucketed chunk, cache, row sharding) and
         how many real tokens it prefills."""
         if not isinstance(sampling, SamplingConfig):
@@ -313,6 +319,7 @@ class Sampler:
             key,
             None if row_ids is None else put(np.asarray(row_ids, np.int32).reshape(b)),
             None if expand is None else jnp.asarray(expand),
+            None if turn_ids is None else put(np.asarray(turn_ids, np.int32).reshape(b)),
         )
         kwargs = dict(
             sampling=sampling,
@@ -332,6 +339,7 @@ class Sampler:
         key,
         row_ids,
         expand,
+        turn_ids,
         *,
         sampling,
         capacity,
@@ -368,7 +376,11 @@ class Sampler:
         if sampling.greedy:
             us = None
         else:
-            us = uniforms(key, (n, b)) if row_ids is None else row_uniforms(key, n, row_ids)
+            us = (
+                uniforms(key, (n, b))
+                if row_ids is None
+                else row_uniforms(key, n, row_ids, turn_ids)
+            )
         tok, lp = sample_tokens_from_uniform(None if us is None else us[0], logits, sampling)
         active = jnp.any(valid, axis=1)
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)

@@ -106,13 +106,20 @@ def uniforms(key: jax.Array, shape) -> jax.Array:
     return jax.random.uniform(key, shape, minval=jnp.finfo(jnp.float32).tiny)
 
 
-def row_uniforms(key: jax.Array, n: int, row_ids: jax.Array) -> jax.Array:
-    """[n, B] uniforms whose column b depends only on ``(key, row_ids[b])``.
+def row_uniforms(key: jax.Array, n: int, row_ids: jax.Array, turn_ids=None) -> jax.Array:
+    """[n, B] uniforms whose column b depends only on ``(key, row_ids[b])``, or with
+    ``turn_ids`` [B] only on ``(key, row_ids[b], turn_ids[b])``.
 
     A batch split over hosts (each sampling its own rows) then draws exactly what the whole
-    batch draws in one process: the rollout does not depend on how rows are partitioned."""
-    per_row = lambda r: uniforms(jax.random.fold_in(key, r), (n,))
-    return jax.vmap(per_row, out_axes=1)(row_ids)
+    batch draws in one process: the rollout does not depend on how rows are partitioned. With
+    turn ids (an episode's turn number) a turn draws the same whichever call serves it, so a
+    continuous-batching engine and the lock-step driver sample the same tokens
+    (``jaxagent.agents.engine``)."""
+    if turn_ids is None:
+        per_row = lambda r: uniforms(jax.random.fold_in(key, r), (n,))
+        return jax.vmap(per_row, out_axes=1)(row_ids)
+    per_turn = lambda r, t: uniforms(jax.random.fold_in(jax.random.fold_in(key, r), t), (n,))
+    return jax.vmap(per_turn, out_axes=1)(row_ids, turn_ids)
 
 
 def categorical_from_uniform(u: jax.Array, logits: jax.Array, block: int = 128):

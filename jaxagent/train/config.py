@@ -176,10 +176,6 @@ RolloutSection = derive(
         ("tasks_per_iteration", int, 16),  # distinct tasks per RL iteration
         ("samples_per_task", int, 0),  # K samples per task (GRPO / LOOP / RLOO); 0 = recipe's
         ("max_total_tokens", int, 0),  # whole-episode token budget; 0 = model.max_seq_len
-        # One random stream per episode row (global row number): what is sampled does not
-        # depend on how rows are split over hosts. Always on with several processes; on in
-        # one process, it reproduces a multi-host run exactly. Off: one stream per batch.
-        ("row_keys", bool, False),
     ],
     check=_check_rollout,
     probe=lambda s: {

@@ -52,7 +52,6 @@ class RunEvaluation:
     Args:
       config: the run config (``eval`` section, seed, iterations).
       run: the built run (``jaxagent.train.run.build_run``): eval sampler, rollout spec, tasks.
-      row_keys: per-row sampling keys (multi-host runs), as the trainer's rollouts use.
       echo: where the one-line reports go.
       release: called after each evaluation (the trainer returns freed buffers to the OS).
       host_shardings: ``params -> shardings`` over one process's devices for its per-host
@@ -63,14 +62,13 @@ class RunEvaluation:
         self,
         config: Config,
         run,
-        row_keys: bool,
         echo: Callable[[str], None],
         release,
         host_shardings=None,
     ):
         self.config, self.echo, self._release = config, echo, release
         self._host_shardings = host_shardings or (lambda params: None)
-        self.sampler, self.rollout, self.row_keys = run.eval_sampler, run.rollout, row_keys
+        self.sampler, self.rollout = run.eval_sampler, run.rollout
         self.test_tasks, self.val_tasks = run.tasks.eval, run.tasks.val
 
     def evaluate(self, params, tag: str, key, split: str = "test") -> dict:
@@ -84,7 +82,6 @@ class RunEvaluation:
             key,
             params,
             samples_per_task=self.config.eval.samples_per_task,
-            row_keys=self.row_keys,
             local_shardings=self._host_shardings(params),
         )
         release_decode_kernels()  # the eval sampler's weight copy is not kept between uses

@@ -129,7 +129,6 @@ class Trainer:
         devices = self.layout.devices() if jax.process_count() == 1 else jax.local_devices()
         self.roofline = Roofline.create(run.model_config, run.params, devices)
         self._rows_multiple = rows_multiple(config, self.layout.batch_devices)
-        self.row_keys = config.rollout.row_keys or jax.process_count() > 1
         # The memory-lean learner pass (block remat unless rl.update.remat is off; the
         # vocabulary head only over positions that carry loss): benchmarks/update_memory.py.
         lean = model_logprob_fn(
@@ -144,7 +143,7 @@ class Trainer:
         )
         self._programs = (self.update_step,)  # what holds compiled programs besides jit caches
         self.evaluation = RunEvaluation(
-            config, run, self.row_keys, self.echo, self._release, self.layout.host_shardings
+            config, run, self.echo, self._release, self.layout.host_shardings
         )
 
     def _write_run_files(self) -> None:
@@ -240,7 +239,7 @@ class Trainer:
         first = jax.process_index() * len(mine)
         key = jax.random.fold_in(self._sample_key, it)
         per_task, data = self.config.group_size, self.config.rl.data
-        hosts.set_row_offset(self.sampler, first * per_task, self.row_keys)
+        hosts.set_row_offset(self.sampler, first * per_task)
 
         def collect(round_):  # round 0: the iteration's tasks; later: dynamic-sampling refills
             todo = (
