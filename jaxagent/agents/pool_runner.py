@@ -59,6 +59,20 @@ class PoolRunner:
         pool.send(list(slots), list(actions))
         return self._gather(pool, slots)
 
+    # Streaming (``jaxagent.agents.engine``): submit without waiting, take answers as they come.
+    def submit_reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> None:
+        self._ensure(max(slots) + 1).async_reset(list(slots), list(tasks))
+
+    def submit_step(self, slots: Sequence[int], actions: Sequence[str]) -> None:
+        self._ensure(max(slots) + 1).send(list(slots), list(actions))
+
+    def poll(self, timeout: Optional[float]) -> list[tuple[int, EnvReply]]:
+        """The answers ready within ``timeout`` seconds (None: wait for at least one), as
+        (slot, reply) pairs."""
+        if self._pool is None:
+            return []
+        return [(r.env_id, r) for r in self._pool.recv(min_batch=1, timeout=timeout)]
+
     def health(self) -> dict[str, float]:
         now = self._pool.health.snapshot() if self._pool is not None else {}
         return _add(self._health_before, now)

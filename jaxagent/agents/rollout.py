@@ -64,10 +64,13 @@ class Budget:
 class RolloutStats:
     """Where the time went and how much was produced."""
 
-    generate_s: float = 0.0
-    env_s: float = 0.0
+    generate_s: float = 0.0  # in the policy's calls (the engine: device calls and reads)
+    env_s: float = 0.0  # waiting for environments with nothing else to do
     policy_tokens: int = 0
-    rounds: int = 0
+    rounds: int = 0  # policy calls (the engine: decode calls)
+    wall_s: float = 0.0  # the whole rollout (the engine; 0 for the lock-step driver)
+    row_steps: int = 0  # decode steps x KV rows run (the engine's slots)
+    busy_steps: int = 0  # of those, row-steps of rows generating a turn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,11 +132,102 @@ def collect_episodes(
       (episodes in input order, one per (task, sample); none is ever dropped), stats. The
       policy's per-episode device state (the cached sampler's KV cache) is freed before the
       return (``turn_policy.release``): every episode has ended, nothing continues them.
+
+    A policy that runs its own episode loop (``continuous``: ``jaxagent.agents.engine.
+    SlotEngine``, continuous batching over KV slots) gets the call through its ``drive``,
+    which builds the episodes with this module's functions.
     """
     try:
+        if getattr(policy, "continuous", False):
+            return policy.drive(
+                params,
+                tasks,
+                samples_per_task=samples_per_task,
+                spec=spec,
+                key=key,
+                group_offset=group_offset,
+                on_round=on_round,
+            )
         return _drive(policy, params, tasks, samples_per_task, spec, key, group_offset, on_round)
     finally:
         release(policy)
+
+
+def open_episode(ep: Episode, reply: EnvReply, spec: RolloutSpec) -> list[int]:
+    """Begin ``ep`` from its reset ``reply``: its prompt ids (appended to the episode), or []
+    when the episode ended before any turn (a failed environment; a prompt over budget)."""
+    if reply.error is not None:
+        ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
+        return []
+    ep.first_observation = _cut(reply.observation, spec.budget)
+    ids = spec.chat.prompt(spec.system_prompt, ep.first_observation, task=ep.task)
+    if len(ids) + spec.budget.max_new_tokens > spec.budget.max_total_tokens:
+        # Not a truncation: no turn was sampled and nothing is to bootstrap. The prompt is
+        # not kept (it may not fit a learner row); its length is.
+        ep.info = {"prompt_tokens": len(ids)}
+        ep.finish(Termination.PROMPT_OVERFLOW, FailureMode.PROMPT_OVERFLOW)
+        return []
+    ep.append(ids, sampled=False)
+    return ids
+
+
+def record_turn(ep: Episode, tokens: list[int], logprobs: list[float]) -> None:
+    """Append the policy's turn (sampled ids and their log-probs) to ``ep``."""
+    ep.append(tokens, sampled=True, logprobs=logprobs, turn=len(ep.turns))
+
+
+def close_turn(
+    ep: Episode,
+    action: str,
+    num_tokens: int,
+    stopped: bool,
+    reply: EnvReply,
+    spec: RolloutSpec,
+) -> Optional[list[int]]:
+    """Record the environment's ``reply`` to the turn just sampled: the episode ends (a final
+    reply, an environment failure, the turn or token budget) and None is returned, or the
+    observation's chunk of ids is appended to ``ep`` and returned for the policy to read."""
+    budget = spec.budget
+    turn = Turn(
+        action=action,
+        observation="" if reply.done else _cut(reply.observation, budget),
+        reward=float(reply.reward),
+        reward_terms=dict(reply.info.get("reward_terms", {}) or {}),
+        failure_mode=reply.info.get("failure_mode"),
+        num_action_tokens=num_tokens,
+        hit_token_limit=not stopped,
+        dangerous=list(reply.info.get("dangerous") or ()),
+    )
+    ep.turns.append(turn)
+    if reply.error is not None or reply.done:
+        _end_from_reply(ep, turn, reply)
+        return None
+    if len(ep.turns) >= budget.max_turns:
+        ep.info = reply.info
+        ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
+        return None
+    chunk = spec.chat.observation(turn.observation)
+    if len(ep.tokens) + len(chunk) + budget.max_new_tokens > budget.max_total_tokens:
+        ep.info = reply.info
+        ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
+        return None
+    turn.num_observation_tokens = len(chunk)
+    ep.append(chunk, sampled=False)
+    return chunk
+
+
+def _cut(text: str, budget: Budget) -> str:
+    limit = budget.max_observation_chars
+    return truncate_observation(text, limit) if limit else text
+
+
+def new_episodes(tasks: Sequence[Task], samples_per_task: int, group_offset: int) -> list[Episode]:
+    """One episode per (task, sample), in the drivers' order (episode ``i * K + k``)."""
+    return [
+        Episode(task=t, group=group_offset + i)
+        for i, t in enumerate(tasks)
+        for _ in range(samples_per_task)
+    ]
 
 
 def _drive(
@@ -147,37 +241,13 @@ def _drive(
     on_round: Callable[[int, int], None] | None,
 ) -> tuple[list[Episode], RolloutStats]:
     stats = RolloutStats()
-    chat, budget, runner = spec.chat, spec.budget, spec.runner
-
-    def cut(text: str) -> str:
-        limit = budget.max_observation_chars
-        return truncate_observation(text, limit) if limit else text
-
-    eps = [
-        Episode(task=t, group=group_offset + i)
-        for i, t in enumerate(tasks)
-        for _ in range(samples_per_task)
-    ]
+    chat, runner = spec.chat, spec.runner
+    eps = new_episodes(tasks, samples_per_task, group_offset)
     slots = list(range(len(eps)))
     t0 = time.perf_counter()
     replies = runner.reset(slots, [ep.task for ep in eps])
     stats.env_s += time.perf_counter() - t0
-    prompts: list[list[int]] = []
-    for ep, reply in zip(eps, replies):
-        ids: list[int] = []
-        if reply.error is not None:
-            ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=reply.error)
-        else:
-            ep.first_observation = cut(reply.observation)
-            ids = chat.prompt(spec.system_prompt, ep.first_observation, task=ep.task)
-            if len(ids) + budget.max_new_tokens > budget.max_total_tokens:
-                # Not a truncation: no turn was sampled and nothing is to bootstrap. The
-                # prompt is not kept (it may not fit a learner row); its length is.
-                ep.info = {"prompt_tokens": len(ids)}
-                ep.finish(Termination.PROMPT_OVERFLOW, FailureMode.PROMPT_OVERFLOW)
-            else:
-                ep.append(ids, sampled=False)
-        prompts.append(ids if not ep.done else ids[:1] or [0])
+    prompts = [open_episode(ep, reply, spec) or [0] for ep, reply in zip(eps, replies)]
 
     # One key for the whole rollout: the policies draw per (episode, turn) (the LM samplers'
     # row and turn streams), so what a turn samples does not depend on the round serving it.
@@ -194,9 +264,7 @@ def _drive(
     while True:
         active = [i for i, ep in enumerate(eps) if not ep.done]
         for i in active:
-            eps[i].append(
-                out.tokens[i], sampled=True, logprobs=out.logprobs[i], turn=len(eps[i].turns)
-            )
+            record_turn(eps[i], out.tokens[i], out.logprobs[i])
             stats.policy_tokens += len(out.tokens[i])
         actions = [chat.decode(out.tokens[i]) for i in active]
         t0 = time.perf_counter()
@@ -205,33 +273,9 @@ def _drive(
         chunks: list[Optional[list[int]]] = [None] * len(eps)
         texts: list[Optional[str]] = [None] * len(eps)
         for i, action, reply in zip(active, actions, replies):
-            ep = eps[i]
-            turn = Turn(
-                action=action,
-                observation="" if reply.done else cut(reply.observation),
-                reward=float(reply.reward),
-                reward_terms=dict(reply.info.get("reward_terms", {}) or {}),
-                failure_mode=reply.info.get("failure_mode"),
-                num_action_tokens=len(out.tokens[i]),
-                hit_token_limit=not out.stopped[i],
-                dangerous=list(reply.info.get("dangerous") or ()),
-            )
-            ep.turns.append(turn)
-            if reply.error is not None or reply.done:
-                _end_from_reply(ep, turn, reply)
-                continue
-            if len(ep.turns) >= budget.max_turns:
-                ep.info = reply.info
-                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
-                continue
-            chunk = chat.observation(turn.observation)
-            if len(ep.tokens) + len(chunk) + budget.max_new_tokens > budget.max_total_tokens:
-                ep.info = reply.info
-                ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
-                continue
-            turn.num_observation_tokens = len(chunk)
-            ep.append(chunk, sampled=False)
-            chunks[i], texts[i] = chunk, turn.observation
+            chunk = close_turn(eps[i], action, len(out.tokens[i]), out.stopped[i], reply, spec)
+            if chunk is not None:
+                chunks[i], texts[i] = chunk, eps[i].turns[-1].observation
         if on_round is not None:
             on_round(sum(ep.done for ep in eps), len(eps))
         if all(ep.done for ep in eps):

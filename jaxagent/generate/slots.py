@@ -1,0 +1,283 @@
+"""Continuous batching over KV slots: the device side of the rollout engine.
+
+A fixed pool of S cache rows ("slots"), each holding one episode's whole context for the
+episode's life. Two jitted programs act on it, and the host (``jaxagent.agents.engine``)
+alternates them as work arrives:
+
+- ``admit``: append a ragged chunk (a prompt or an environment observation) to some slots
+  (only those rows are gathered, prefilled in chunks of ``SamplingConfig.prefill_chunk``
+  tokens and scattered back), sample each one's first token, and start its turn;
+- ``decode``: at most ``decode_steps`` decode steps for every slot whose turn is under way,
+  then return, so finished turns leave the device within a bounded number of steps while
+  the other rows keep their place.
+
+A slot's turn draws from the stream of its (episode, turn) (``row_uniforms`` with turn ids),
+token j from uniform j, exactly as ``jaxagent.generate.Sampler`` draws for the same row and
+turn: the engine samples what the lock-step driver samples, whatever the order in which
+turns reach the device. The sampling and log-prob conventions are ``Sampler``'s; after a turn
+its last sampled token is in the cache too (the next chunk is only the observation).
+
+The state counts decode row-steps and busy row-steps, so the host reports slot occupancy
+(the share of decoded rows that were generating a turn).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from jaxagent.buckets import bucket
+from jaxagent.generate.sampler import (
+    _DECODE_ROWS,
+    _prefill,
+    _row_sharding,
+    _shard_cache_rows,
+    _take_rows,
+)
+from jaxagent.generate.sampling import (
+    SamplingConfig,
+    row_uniforms,
+    sample_tokens_from_uniform,
+)
+from jaxagent.models.api import model_config
+from jaxagent.models.cache import KVCache, init_cache
+
+
+@struct.dataclass
+class SlotState:
+    """The slot pool on the device.
+
+    Attributes:
+      last: [S] the slot's last sampled token (``pending``: not yet in the cache).
+      pending: [S] bool: ``last`` still has to be written to the cache.
+      finished: [S] bool: the slot samples no more tokens this turn (idle slots too).
+      num_generated: [S] int32 tokens of the current turn so far.
+      tokens: [S, N] the current turn's tokens (pad after ``num_generated``).
+      logprobs: [S, N] their log-probs.
+      uniforms: [S, N] the current turn's draws (zeros when greedy).
+      cache: the KV cache, one row a slot.
+      row_steps: scalar int32: decode steps x slots run so far.
+      busy_steps: scalar int32: of those, the row-steps of slots generating a turn.
+    """
+
+    last: jax.Array
+    pending: jax.Array
+    finished: jax.Array
+    num_generated: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    uniforms: jax.Array
+    cache: KVCache
+    row_steps: jax.Array
+    busy_steps: jax.Array
+
+    @property
+    def num_slots(self) -> int:
+        return self.last.shape[0]
+
+
+class SlotSampler:
+    """Jitted ``admit`` / ``decode`` over a pool of ``slots`` cache rows of ``capacity`` tokens.
+
+    Args:
+      graphdef: the model graphdef.
+      sampling: static sampling settings (``max_new_tokens`` = N per turn).
+      slots: S, the cache rows (episodes in flight at most).
+      capacity: tokens a slot holds (an episode's whole budget).
+      pad_id: token id for padding.
+      decode_steps: decode steps per ``decode`` call at most.
+      cache_dtype: the cache's dtype (default: the model's ``kv_cache_dtype``).
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        sampling: SamplingConfig,
+        slots: int,
+        capacity: int,
+        *,
+        pad_id: int = 0,
+        decode_steps: int = 16,
+        cache_dtype=None,
+    ):
+        if slots < 1 or decode_steps < 1:
+            raise ValueError(
+                f"SlotSampler: slots={slots}, decode_steps={decode_steps} must be >= 1"
+            )
+        self.graphdef, self.sampling = graphdef, sampling
+        self.config = model_config(graphdef)
+        if capacity > self.config.max_seq_len:
+            raise ValueError(
+                f"SlotSampler: capacity={capacity} exceeds ModelConfig.max_seq_len="
+                f"{self.config.max_seq_len}; lower rollout.max_total_tokens"
+            )
+        self.slots, self.capacity, self.pad_id = slots, capacity, pad_id
+        self.decode_steps = decode_steps
+        self.cache_dtype = cache_dtype or self.config.jnp_kv_cache_dtype
+        self.num_compiles = 0
+        self.prefilled_tokens = 0
+        self._init = jax.jit(self._init_state, static_argnames=("rows_sharding",))
+        self._admit = jax.jit(self._admit_rows, donate_argnames=("state",))
+        self._decode = jax.jit(self._decode_steps, donate_argnames=("state",))
+
+    # ---- host side ---------------------------------------------------------------------
+    def init(self, params) -> SlotState:
+        """An empty pool (every slot idle), rows split over the parameters' mesh."""
+        return self._init(params, rows_sharding=_row_sharding(params, self.slots))
+
+    def admit(
+        self,
+        params,
+        state: SlotState,
+        slot_ids: Sequence[int],
+        chunks: Sequence[Sequence[int]],
+        fresh: Sequence[bool],
+        key: jax.Array,
+        row_ids: Sequence[int],
+        turn_ids: Sequence[int],
+    ) -> SlotState:
+        """Append ``chunks[i]`` to slot ``slot_ids[i]`` (emptied first when ``fresh[i]``: a new
+        episode takes the slot) and start the slot's turn ``turn_ids[i]`` of episode
+        ``row_ids[i]``. The state is donated."""
+        p = len(slot_ids)
+        if not p or any(len(c) == 0 for c in chunks):
+            raise ValueError("admit: pass at least one slot, each with a non-empty chunk")
+        # Rows and width bucketed (powers of 4 rows, powers of 2 tokens): few compiles.
+        rows = 1
+        while rows < p:
+            rows *= 4
+        rows = max(min(rows, self.slots), p)
+        t = bucket(max(len(c) for c in chunks), pow2=True, minimum=8)
+        chunk = self.sampling.prefill_chunk
+        if chunk and t > chunk:
+            t = bucket(t, multiple=chunk)
+        tokens = np.full((rows, t), self.pad_id, np.int32)
+        segs = np.zeros((rows, t), np.int32)
+        idx = np.full(rows, self.slots, np.int32)  # out of range: padding rows write nothing
+        new = np.zeros(rows, bool)
+        rid = np.zeros(rows, np.int32)
+        tid = np.zeros(rows, np.int32)
+        for i, c in enumerate(chunks):
+            tokens[i, : len(c)] = c
+            segs[i, : len(c)] = 1
+            idx[i], new[i], rid[i], tid[i] = slot_ids[i], fresh[i], row_ids[i], turn_ids[i]
+        self.prefilled_tokens += int(segs.sum())
+        return self._admit(params, state, idx, tokens, segs, new, key, rid, tid)
+
+    def decode(self, params, state: SlotState) -> SlotState:
+        """At most ``decode_steps`` decode steps of every slot with a turn under way (donated)."""
+        return self._decode(params, state)
+
+    # ---- device side -------------------------------------------------------------------
+    def _init_state(self, params, *, rows_sharding):
+        del params
+        s, n = self.slots, self.sampling.max_new_tokens
+        cache = init_cache(self.config, s, self.capacity, self.cache_dtype)
+        if rows_sharding is not None:
+            cache = _shard_cache_rows(cache, rows_sharding)
+        zeros = jnp.zeros((), jnp.int32)
+        return SlotState(
+            last=jnp.zeros((s,), jnp.int32),
+            pending=jnp.zeros((s,), bool),
+            finished=jnp.ones((s,), bool),
+            num_generated=jnp.zeros((s,), jnp.int32),
+            tokens=jnp.full((s, n), self.pad_id, jnp.int32),
+            logprobs=jnp.zeros((s, n), jnp.float32),
+            uniforms=jnp.zeros((s, n), jnp.float32),
+            cache=cache,
+            row_steps=zeros,
+            busy_steps=zeros,
+        )
+
+    def _admit_rows(self, params, state, idx, tokens, segs, fresh, key, row_ids, turn_ids):
+        self.num_compiles += 1
+        sampling, n = self.sampling, self.sampling.max_new_tokens
+        model = nnx.merge(self.graphdef, params)
+        rows, t = tokens.shape
+        width = min(t, sampling.prefill_chunk or t)
+        fused = model.fused_weights() if rows * width <= _DECODE_ROWS else None
+        sub = _take_rows(state.cache, jnp.minimum(idx, self.slots - 1))
+        sub = sub.replace(lengths=jnp.where(fresh, 0, sub.lengths))
+        h, sub = _prefill(model, tokens, segs, sub, fused, sampling.prefill_chunk)
+        logits = model.logits(h, fused)
+        if sampling.greedy:
+            us = jnp.zeros((rows, n), jnp.float32)
+        else:
+            us = row_uniforms(key, n, row_ids, turn_ids).T  # [rows, N]
+        tok, lp = sample_tokens_from_uniform(
+            None if sampling.greedy else us[:, 0], logits, sampling
+        )
+        stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
+
+        def put(big, small):
+            return big.at[idx].set(small, mode="drop")
+
+        return state.replace(
+            last=put(state.last, tok),
+            pending=put(state.pending, jnp.ones((rows,), bool)),
+            finished=put(state.finished, jnp.isin(tok, stop) | (n == 1)),
+            num_generated=put(state.num_generated, jnp.ones((rows,), jnp.int32)),
+            tokens=put(state.tokens, jnp.full((rows, n), self.pad_id, jnp.int32).at[:, 0].set(tok)),
+            logprobs=put(state.logprobs, jnp.zeros((rows, n), jnp.float32).at[:, 0].set(lp)),
+            uniforms=put(state.uniforms, us),
+            cache=_put_rows(state.cache, idx, sub),
+        )
+
+    def _decode_steps(self, params, state):
+        self.num_compiles += 1
+        sampling, n = self.sampling, self.sampling.max_new_tokens
+        model = nnx.merge(self.graphdef, params)
+        fused = model.fused_weights()
+        stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
+        rows = jnp.arange(state.num_slots)
+
+        def body(carry):
+            i, s = carry
+            h, cache = model.hidden(
+                s.last[:, None],
+                s.cache.lengths[:, None],
+                s.pending[:, None].astype(jnp.int32),
+                s.cache,
+                fused,
+            )
+            u = None if sampling.greedy else s.uniforms[rows, jnp.minimum(s.num_generated, n - 1)]
+            tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)
+            gen = s.pending & ~s.finished  # rows that emit a new token this step
+            col = jnp.where(gen, s.num_generated, n)  # column n is out of range: dropped
+            num_generated = s.num_generated + gen
+            return i + 1, s.replace(
+                last=jnp.where(gen, tok, s.last),
+                pending=gen,
+                finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),
+                num_generated=num_generated,
+                tokens=s.tokens.at[rows, col].set(tok, mode="drop"),
+                logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"),
+                cache=cache,
+                row_steps=s.row_steps + s.num_slots,
+                busy_steps=s.busy_steps + jnp.sum(s.pending, dtype=jnp.int32),
+            )
+
+        def cond(carry):
+            i, s = carry
+            return (i < self.decode_steps) & jnp.any(s.pending)
+
+        _, state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))
+        return state
+
+
+def _put_rows(cache: KVCache, index: jax.Array, rows: KVCache) -> KVCache:
+    """``cache`` with row ``index[i]`` replaced by row i of ``rows`` (out-of-range indices are
+    dropped); the inverse of ``sampler._take_rows``."""
+    if cache.stacked:
+        put = lambda big, small: big.at[:, index].set(small, mode="drop")
+    else:
+        put = lambda big, small: big.at[index].set(small, mode="drop")
+    return KVCache(
+        keys=jax.tree.map(put, cache.keys, rows.keys),
+        values=jax.tree.map(put, cache.values, rows.values),
+        lengths=cache.lengths.at[index].set(rows.lengths, mode="drop"),
+    )

@@ -1,0 +1,148 @@
+"""The continuous-batching engine samples what the lock-step driver samples.
+
+Same key, same tasks: every episode's tokens, loss mask, turn ids and termination are
+identical and log-probs agree to float rounding, greedy and sampled, with fewer slots than
+episodes (admission from a queue, slots reused), and with environments that answer in a
+shuffled order from a thread pool. The engine's log-probs are the learner's (fp32, 1e-4).
+"""
+
+import random
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxagent.agents.batch import pack_episodes
+from jaxagent.agents.cached import CachedTurnSampler
+from jaxagent.agents.engine import SlotEngine, slot_occupancy
+from jaxagent.agents.pool_runner import PoolRunner
+from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
+from jaxagent.agents.runner import InlineRunner
+from jaxagent.generate import SamplingConfig
+from jaxagent.pool import PoolConfig
+from jaxagent.train.policy import make_logprob_fn
+
+from test_rollout import ScriptedEnv, _tasks, setup  # noqa: F401  (fixture)
+
+
+def _more_tasks():
+    from jaxagent.envs.base import Task
+
+    return _tasks() + [
+        Task(id="c", split="train", prompt="", data={"n": 3, "turns": 4}),
+        Task(id="d", split="train", prompt="", data={"n": 1, "turns": 1}),
+        Task(id="e", split="train", prompt="", data={"n": 4, "turns": 3, "crash_at": 2}),
+    ]
+
+
+class JitteryEnv(ScriptedEnv):
+    """The scripted world answering after a random delay (a seeded per-instance stream), so a
+    thread pool's answers arrive in an order unrelated to submission."""
+
+    _count = 0
+    _lock = threading.Lock()
+
+    def __init__(self):
+        super().__init__()
+        with JitteryEnv._lock:
+            JitteryEnv._count += 1
+            self._rng = random.Random(JitteryEnv._count)
+
+    def step(self, action):
+        time.sleep(self._rng.uniform(0.0, 0.03))
+        return super().step(action)
+
+
+def _jittery(_env_id):
+    return JitteryEnv()
+
+
+def _run(policy, params, chat, runner, key, budget, tasks, k=2):
+    spec = RolloutSpec(chat, "one two", budget, runner)
+    return collect_episodes(policy, params, tasks, samples_per_task=k, spec=spec, key=key)
+
+
+def _same(a, b):
+    assert [ep.tokens for ep in a] == [ep.tokens for ep in b]
+    assert [ep.loss_mask for ep in a] == [ep.loss_mask for ep in b]
+    assert [ep.turn_ids for ep in a] == [ep.turn_ids for ep in b]
+    assert [ep.termination for ep in a] == [ep.termination for ep in b]
+    assert [ep.reward for ep in a] == [ep.reward for ep in b]
+    np.testing.assert_allclose(
+        np.concatenate([ep.logprobs for ep in a]),
+        np.concatenate([ep.logprobs for ep in b]),
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_engine_equals_lockstep_token_for_token(setup, greedy):  # noqa: F811
+    _, chat, graphdef, params, _ = setup
+    sampling = SamplingConfig(
+        max_new_tokens=6, temperature=1.0, greedy=greedy, stop_token_ids=chat.stop_ids
+    )
+    budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
+    tasks, key = _more_tasks(), jax.random.key(3)
+    lock, _ = _run(
+        CachedTurnSampler(graphdef, sampling, 256, chat.pad_id),
+        params,
+        chat,
+        InlineRunner(ScriptedEnv),
+        key,
+        budget,
+        tasks,
+    )
+    assert len({len(ep.turns) for ep in lock}) > 2  # episodes of different lengths
+    for slots, decode_steps in [(0, 16), (3, 2)]:  # every episode at once; a queue of 10 for 3
+        engine = SlotEngine(
+            graphdef, sampling, 256, chat.pad_id, slots=slots, decode_steps=decode_steps
+        )
+        eps, stats = _run(engine, params, chat, InlineRunner(ScriptedEnv), key, budget, tasks)
+        _same(eps, lock)
+        assert stats.policy_tokens == sum(ep.num_policy_tokens for ep in eps)
+        assert 0 < slot_occupancy(stats) <= 1
+        assert engine._state is None  # released: no live KV buffer after the rollout
+
+
+def test_engine_with_shuffled_env_replies_equals_lockstep(setup):  # noqa: F811
+    _, chat, graphdef, params, _ = setup
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
+    budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
+    tasks, key = _more_tasks(), jax.random.key(5)
+    lock, _ = _run(
+        CachedTurnSampler(graphdef, sampling, 256, chat.pad_id),
+        params,
+        chat,
+        InlineRunner(ScriptedEnv),
+        key,
+        budget,
+        tasks,
+    )
+    runner = PoolRunner(_jittery, PoolConfig(num_envs=4, backend="thread", step_timeout_s=10))
+    try:
+        engine = SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=4, decode_steps=1)
+        eps, _ = _run(engine, params, chat, runner, key, budget, tasks)
+    finally:
+        runner.close()
+    _same(eps, lock)
+    crashed = [ep for ep in eps if ep.task.id == "e"]
+    assert crashed and all(ep.env_failed for ep in crashed)  # env_error, kept, not dropped
+
+
+def test_engine_logprobs_are_the_learners(setup):  # noqa: F811
+    _, chat, graphdef, params, _ = setup
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
+    budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
+    engine = SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=3, decode_steps=4)
+    eps, _ = _run(
+        engine, params, chat, InlineRunner(ScriptedEnv), jax.random.key(2), budget, _tasks()
+    )
+    batch = pack_episodes(eps, pad_id=chat.pad_id, max_len=256, length_multiple=16)
+    learner, _ = make_logprob_fn(graphdef)(params, batch.tokens, batch.positions, batch.segment_ids)
+    mask = batch.loss_mask > 0
+    assert mask.sum() > 20
+    np.testing.assert_allclose(
+        np.asarray(learner)[mask], batch.old_logprobs[mask], atol=1e-4, rtol=0
+    )
