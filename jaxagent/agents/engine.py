@@ -27,6 +27,7 @@ at submission (``InlineRunner``: instantaneous worlds).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -45,8 +46,36 @@ from jaxagent.agents.rollout import (
 )
 from jaxagent.buckets import bucket
 from jaxagent.envs.base import Task
+from jaxagent.errors import ConfigError
 from jaxagent.generate import SamplingConfig
 from jaxagent.generate.slots import SlotSampler
+
+ENGINES = ("lockstep", "slots")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Which episode loop samples the policy.
+
+    ``engine``: "slots", continuous batching over KV slots (``SlotEngine``), or "lockstep",
+    rounds in which every waiting episode is served by one batched call and every
+    environment steps before the next (``collect_episodes``' own loop). Both sample the
+    same tokens for the same key.
+    """
+
+    engine: str = "slots"
+    slots: int = 0  # episodes in flight (KV cache rows); 0 = every episode of a rollout
+    decode_steps: int = 16  # decode steps per device call (how long a finished turn waits)
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ConfigError(f"EngineConfig.engine={self.engine!r} must be one of {list(ENGINES)}")
+        if not isinstance(self.slots, int) or self.slots < 0:
+            raise ConfigError(
+                f"EngineConfig.slots={self.slots!r} must be an int >= 0 (0 = one per episode)"
+            )
+        if not isinstance(self.decode_steps, int) or self.decode_steps < 1:
+            raise ConfigError(f"EngineConfig.decode_steps={self.decode_steps!r} must be >= 1")
 
 
 class SlotEngine(CachedTurnSampler):
@@ -160,6 +189,7 @@ class SlotEngine(CachedTurnSampler):
         actions: dict[int, str] = {}
         waiting = 0  # environment calls outstanding
         finished = 0
+        since: dict[int, float] = {}  # slot -> when its env call was sent / its chunk ready
 
         def end(slot: int) -> None:
             nonlocal finished
@@ -179,13 +209,17 @@ class SlotEngine(CachedTurnSampler):
                     admitted.append(slot)
                 env.reset(admitted, [eps[episode_in[s]].task for s in admitted])
                 waiting += len(admitted)
+                since.update((s, time.perf_counter()) for s in admitted)
             idle = not ready and not decoding
             t0 = time.perf_counter()
             replies = env.poll(None if idle and waiting else 0.0)
             if idle:
                 stats.env_s += time.perf_counter() - t0
+            now = time.perf_counter()
             for slot, reply in replies:
                 waiting -= 1
+                stats.env_row_s += now - since[slot]
+                since[slot] = now
                 ep = eps[episode_in[slot]]
                 if slot not in opened:
                     opened.add(slot)
@@ -206,6 +240,7 @@ class SlotEngine(CachedTurnSampler):
             t0 = time.perf_counter()
             if ready:
                 slots = sorted(ready)
+                stats.device_row_s += sum(t0 - since[s] for s in slots)
                 state = dev.admit(
                     params,
                     state,
@@ -240,8 +275,13 @@ class SlotEngine(CachedTurnSampler):
             if over:
                 env.step(over, [actions[s] for s in over])
                 waiting += len(over)
+                since.update((s, time.perf_counter()) for s in over)
         row_steps, busy = jax.device_get((state.row_steps, state.busy_steps))
         stats.row_steps, stats.busy_steps = int(row_steps), int(busy)
+        stats.decode_steps = stats.row_steps // n_slots
+        # Every decode step attends over each slot's whole capacity: it reads the whole cache.
+        cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.cache))
+        stats.kv_bytes = float(stats.decode_steps) * cache_bytes
         stats.wall_s = time.perf_counter() - t_start
         return eps, stats
 

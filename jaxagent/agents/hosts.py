@@ -75,17 +75,29 @@ def gather_stats(stats: RolloutStats) -> RolloutStats:
     if jax.process_count() == 1:
         return stats
     parts = allgather_objects(stats)
+    summed = ("policy_tokens", "row_steps", "busy_steps", "kv_bytes", "env_row_s", "device_row_s")
     return RolloutStats(
-        generate_s=max(p.generate_s for p in parts),
-        env_s=max(p.env_s for p in parts),
-        policy_tokens=sum(p.policy_tokens for p in parts),
-        rounds=max(p.rounds for p in parts),
+        **{
+            f.name: (sum if f.name in summed else max)(getattr(p, f.name) for p in parts)
+            for f in dataclasses.fields(RolloutStats)
+        }
     )
 
 
 def rollout_record(stats: RolloutStats, batch, valid, update_s: float, iteration_s: float) -> dict:
-    """An iteration's rollout and batch metrics (stats already gathered over hosts)."""
+    """An iteration's rollout and batch metrics (stats already gathered over hosts); with the
+    slot engine also its slot occupancy (the share of decoded rows generating a turn) and the
+    episode-seconds spent waiting for environments and, with a chunk ready, for the device."""
+    engine = {}
+    if stats.row_steps:
+        engine = {
+            "rollout/slot_occupancy": stats.busy_steps / stats.row_steps,
+            "rollout/decode_steps": stats.decode_steps,
+            "rollout/env_wait_row_s": stats.env_row_s,
+            "rollout/device_wait_row_s": stats.device_row_s,
+        }
     return {
+        **engine,
         "time/generate_s": stats.generate_s,
         "time/env_s": stats.env_s,
         "time/update_s": update_s,

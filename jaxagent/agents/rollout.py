@@ -69,8 +69,13 @@ class RolloutStats:
     policy_tokens: int = 0
     rounds: int = 0  # policy calls (the engine: decode calls)
     wall_s: float = 0.0  # the whole rollout (the engine; 0 for the lock-step driver)
-    row_steps: int = 0  # decode steps x KV rows run (the engine's slots)
+    # The engine's decode accounting (0 for the lock-step driver):
+    decode_steps: int = 0  # decode steps run
+    row_steps: int = 0  # decode steps x KV rows (slots)
     busy_steps: int = 0  # of those, row-steps of rows generating a turn
+    kv_bytes: float = 0.0  # KV-cache bytes the decode steps read (every slot's capacity)
+    env_row_s: float = 0.0  # episode-seconds waiting for an environment's answer
+    device_row_s: float = 0.0  # episode-seconds with a chunk ready, waiting for the device
 
 
 @dataclasses.dataclass(frozen=True)

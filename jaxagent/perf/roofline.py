@@ -130,6 +130,7 @@ class Roofline:
         sampled_tokens: float,
         decode_steps: float,
         generate_s: float,
+        kv_bytes: float = 0.0,
         batch_tokens: float,
         loss_tokens: float,
         epochs: int,
@@ -151,7 +152,7 @@ class Roofline:
         backend reports them (GPU, TPU)."""
         ctx = context_tokens / max(rows, 1) / 2  # mean keys attended per token
         s_flops = self.forward_flops(context_tokens, ctx, sampled_tokens)
-        s_bytes = decode_steps * self.param_bytes
+        s_bytes = decode_steps * self.param_bytes + kv_bytes
         width = batch_tokens / max(rows, 1)
         u_flops = passes * epochs * self.forward_flops(batch_tokens, width / 2, loss_tokens)
         u_bytes = optimizer_steps * 8 * self.param_bytes
@@ -198,7 +199,10 @@ def iteration_metrics(
         context_tokens=real,
         real_tokens=real,
         sampled_tokens=float(stats.policy_tokens),
-        decode_steps=float(stats.rounds * max_new_tokens),
+        # The engine counts its decode steps and the KV bytes they read; the lock-step
+        # driver's rounds run at most max_new_tokens steps each (an upper bound).
+        decode_steps=float(stats.decode_steps or stats.rounds * max_new_tokens),
+        kv_bytes=float(stats.kv_bytes),
         generate_s=float(stats.generate_s),
         batch_tokens=float(rows * width),
         loss_tokens=float(np.sum(np.asarray(batch.loss_mask))),
@@ -220,4 +224,9 @@ def progress_fields(metrics: dict) -> dict:
         "mfu_sample": f"{metrics['time/sample_mfu']:.1%}",
         "mfu_update": f"{metrics['time/update_mfu']:.1%}",
         "env_wait": f"{metrics['time/env_wait_frac']:.0%}",
+        **(
+            {"slots": f"{metrics['rollout/slot_occupancy']:.0%}"}
+            if "rollout/slot_occupancy" in metrics
+            else {}
+        ),
     }

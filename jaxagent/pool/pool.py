@@ -166,6 +166,9 @@ class EnvPool:
         give_up = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
+                # Answers already in are handled before deadlines are checked: each is judged
+                # by when it arrived (``Outcome.at``), however long the caller was away.
+                self._drain()
                 self._poll_timers()
                 need = min(min_batch, self.pending())
                 # With nothing pending, return at once unless a timeout asks to wait for work.
@@ -189,11 +192,15 @@ class EnvPool:
                 continue
             with self._lock:
                 self._handle(outcome)
-                while True:  # drain without blocking
-                    try:
-                        self._handle(self._results.get_nowait())
-                    except queue.Empty:
-                        break
+                self._drain()
+
+    def _drain(self) -> None:
+        """Handle every outcome already queued, without blocking."""
+        while True:
+            try:
+                self._handle(self._results.get_nowait())
+            except queue.Empty:
+                return
 
     def close(self) -> None:
         """Stop every worker (hung ones are killed); safe to call twice."""
@@ -292,8 +299,8 @@ class EnvPool:
             return
         if outcome.status == "ready":
             slot.ready = True
-            if slot.call is not None:  # time the call from now, not from the worker's start
-                now = time.monotonic()
+            if slot.call is not None:  # time the call from then, not from the worker's start
+                now = outcome.at or time.monotonic()
                 slot.call.sent_at, slot.call.deadline = now, now + slot.call.timeout
                 self._timers.push(slot.call.deadline, slot.call.seq, outcome.env_id)
             return
@@ -310,6 +317,13 @@ class EnvPool:
             return
         if slot.call is None or outcome.seq != slot.call.seq:
             self.health.add("stale_results")
+            return
+        if outcome.at > slot.call.deadline:  # answered, but after its deadline: a timeout
+            self.health.add("timeouts")
+            call = slot.call
+            limit = call.timeout if slot.ready else self.config.start_timeout_s
+            self._restart(outcome.env_id)
+            self._fail(outcome.env_id, "timeout", f"{call.kind} exceeded {limit:.3g}s")
             return
         if outcome.status == "crash":
             self.health.add("crashes")

@@ -19,6 +19,7 @@ import pickle
 import queue
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -32,6 +33,11 @@ class Outcome(NamedTuple):
     seq: int | None  # None: the worker died while idle
     status: str  # "ok" | "error" | "crash" | "corrupt" | "ready" (the env was built)
     value: Any
+    # When it arrived (time.monotonic(), one clock for every process on the host): the pool
+    # judges a call late by this, not by when the consumer next calls recv, so a consumer
+    # busy elsewhere (decoding, with environments streamed) never turns a prompt answer into
+    # a timeout.
+    at: float = 0.0
 
 
 def execute(env, cmd: str, payload: Any) -> Any:
@@ -94,7 +100,9 @@ class ThreadWorker:
                 pass
 
     def _put(self, seq, status, value):
-        self._results.put(Outcome(self.env_id, self.generation, seq, status, value))
+        self._results.put(
+            Outcome(self.env_id, self.generation, seq, status, value, time.monotonic())
+        )
 
     def submit(self, seq: int, cmd: str, payload: Any) -> None:
         self._inbox.put((seq, cmd, payload))
@@ -174,15 +182,26 @@ class ProcessWorker:
                 why = f"exit code {self.process.exitcode}"
                 if not started:  # e.g. a script re-imported as __main__ without a main guard
                     why += " before building its env (the worker's stderr says why)"
-                self._results.put(Outcome(self.env_id, self.generation, None, "crash", why))
+                self._results.put(
+                    Outcome(self.env_id, self.generation, None, "crash", why, time.monotonic())
+                )
                 return
             except Exception as exc:  # the child sent bytes we cannot unpickle
                 self._results.put(
-                    Outcome(self.env_id, self.generation, None, "corrupt", _format_error(exc))
+                    Outcome(
+                        self.env_id,
+                        self.generation,
+                        None,
+                        "corrupt",
+                        _format_error(exc),
+                        time.monotonic(),
+                    )
                 )
                 continue
             started = True
-            self._results.put(Outcome(self.env_id, self.generation, seq, status, value))
+            self._results.put(
+                Outcome(self.env_id, self.generation, seq, status, value, time.monotonic())
+            )
 
     def submit(self, seq: int, cmd: str, payload: Any) -> None:
         with self._send_lock:

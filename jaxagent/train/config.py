@@ -28,6 +28,7 @@ from typing import Any, Dict, Sequence
 
 from omegaconf import OmegaConf
 
+from jaxagent.agents.engine import EngineConfig
 from jaxagent.agents.rollout import Budget
 from jaxagent.envs.faults import FAULT_KINDS, FaultConfig
 from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive, check_prob
@@ -162,12 +163,13 @@ def sampling_fields(temperature: float) -> dict:
 RolloutSection = derive(
     Budget,
     SamplingConfig,
+    EngineConfig,
     key="rollout",
     name="RolloutSection",
     module=__name__,
-    doc="The episode budgets (``jaxagent.agents.rollout.Budget``) and sampling "
-    "(``jaxagent.generate.SamplingConfig``; temperature 0 = greedy), and how many episodes an "
-    "iteration collects.",
+    doc="The episode budgets (``jaxagent.agents.rollout.Budget``), sampling "
+    "(``jaxagent.generate.SamplingConfig``; temperature 0 = greedy), the episode loop "
+    "(``jaxagent.agents.engine.EngineConfig``) and how many episodes an iteration collects.",
     # Derived: the episode's token budget (from max_total_tokens below and the model's length),
     # the stop ids (the chat template's) and greedy (temperature 0)
     drop=("max_total_tokens", "stop_token_ids", "greedy"),
@@ -181,6 +183,7 @@ RolloutSection = derive(
     probe=lambda s: {
         "Budget": {"max_total_tokens": 1},
         "SamplingConfig": sampling_fields(s.temperature),
+        "EngineConfig": {},
     },
 )
 

@@ -8,11 +8,13 @@ sampler. ``make_logprob_fn`` is the learner's teacher-forced log-prob (and value
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import optax
 
+from jaxagent.agents.cached import CachedTurnSampler
+from jaxagent.agents.engine import EngineConfig, SlotEngine
 from jaxagent.agents.sampling import ReferenceSampler
 from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.generate import SamplingConfig
@@ -126,15 +128,29 @@ def make_logprob_fn(graphdef) -> Callable:
 
 
 def make_turn_sampler(
-    graphdef, sampling: SamplingConfig, max_len: int, kind: str = "auto", pad_id: int = 0
+    graphdef,
+    sampling: SamplingConfig,
+    max_len: int,
+    kind: str = "auto",
+    pad_id: int = 0,
+    engine: Optional[EngineConfig] = None,
 ) -> TurnPolicy:
     """The multi-turn LM sampler: "cached" (KV cache with ragged continuation), "reference"
-    (re-encodes each row for every token) or "auto" (cached)."""
+    (re-encodes each row for every token) or "auto" (cached). A cached sampler runs its
+    episodes through ``engine`` (default: ``EngineConfig()``, continuous batching)."""
     if kind not in ("auto", "cached", "reference"):
         raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
     if kind in ("auto", "cached"):
-        from jaxagent.agents.cached import CachedTurnSampler
-
+        engine = engine or EngineConfig()
+        if engine.engine == "slots":
+            return SlotEngine(
+                graphdef,
+                sampling,
+                max_len,
+                pad_id=pad_id,
+                slots=engine.slots,
+                decode_steps=engine.decode_steps,
+            )
         return CachedTurnSampler(graphdef, sampling, max_len, pad_id=pad_id)
     return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len, pad_id=pad_id)
 

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from jaxagent.agents.chat import Chat, make_chat
+from jaxagent.agents.engine import EngineConfig
 from jaxagent.agents.rollout import Budget, RolloutSpec
 from jaxagent.agents.task_tools import tools_of_env
 from jaxagent.agents.runner import EnvRunner, InlineRunner
@@ -272,7 +273,9 @@ def build_run(
             **sampling_fields(temperature),
             stop_token_ids=chat.stop_ids,
         )
-        return make_turn_sampler(graphdef, sampling, max_len, pad_id=chat.pad_id)
+        return make_turn_sampler(
+            graphdef, sampling, max_len, pad_id=chat.pad_id, engine=build(r, EngineConfig)
+        )
 
     rl_sampler = sampler(r.temperature)
     same = config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0
