@@ -253,7 +253,9 @@ class SlotEngine(CachedTurnSampler):
                 )
                 decoding.update(slots)
                 ready.clear()
-            state = dev.decode(params, state)
+            # Every slot with a turn on the device ends it within max_new_tokens more tokens.
+            longest = max(len(eps[episode_in[s]].tokens) for s in decoding)
+            state = dev.decode(params, state, longest + self.sampling.max_new_tokens)
             self._state = state
             stats.rounds += 1
             pending, done, num = jax.device_get(

@@ -122,7 +122,9 @@ class SlotSampler:
         self.prefilled_tokens = 0
         self._init = jax.jit(self._init_state, static_argnames=("rows_sharding",))
         self._admit = jax.jit(self._admit_rows, donate_argnames=("state",))
-        self._decode = jax.jit(self._decode_steps, donate_argnames=("state",))
+        self._decode = jax.jit(
+            self._decode_steps, donate_argnames=("state",), static_argnames=("window",)
+        )
 
     # ---- host side ---------------------------------------------------------------------
     def init(self, params) -> SlotState:
@@ -146,31 +148,54 @@ class SlotSampler:
         p = len(slot_ids)
         if not p or any(len(c) == 0 for c in chunks):
             raise ValueError("admit: pass at least one slot, each with a non-empty chunk")
+        # Prefix sharing: fresh slots with the same chunk (the K samples of a task start from
+        # one prompt) are prefilled once and the cache row copied to each of them.
+        unique: dict = {}
+        expand = np.zeros(p, np.int32)
+        for i, c in enumerate(chunks):
+            key_i = (True, tuple(c)) if fresh[i] else (False, i)
+            expand[i] = unique.setdefault(key_i, len(unique))
+        firsts = [int(np.argmax(expand == u)) for u in range(len(unique))]
         # Rows and width bucketed (powers of 4 rows, powers of 2 tokens): few compiles.
-        rows = 1
-        while rows < p:
-            rows *= 4
-        rows = max(min(rows, self.slots), p)
+        rows, pre = self._rows(p), self._rows(len(unique))
         t = bucket(max(len(c) for c in chunks), pow2=True, minimum=8)
         chunk = self.sampling.prefill_chunk
         if chunk and t > chunk:
             t = bucket(t, multiple=chunk)
-        tokens = np.full((rows, t), self.pad_id, np.int32)
-        segs = np.zeros((rows, t), np.int32)
+        tokens = np.full((pre, t), self.pad_id, np.int32)
+        segs = np.zeros((pre, t), np.int32)
+        src = np.zeros(pre, np.int32)  # the slot each prefill row continues
+        new = np.zeros(pre, bool)
+        for u, i in enumerate(firsts):
+            tokens[u, : len(chunks[i])] = chunks[i]
+            segs[u, : len(chunks[i])] = 1
+            src[u], new[u] = slot_ids[i], fresh[i]
         idx = np.full(rows, self.slots, np.int32)  # out of range: padding rows write nothing
-        new = np.zeros(rows, bool)
+        take = np.zeros(rows, np.int32)
         rid = np.zeros(rows, np.int32)
         tid = np.zeros(rows, np.int32)
-        for i, c in enumerate(chunks):
-            tokens[i, : len(c)] = c
-            segs[i, : len(c)] = 1
-            idx[i], new[i], rid[i], tid[i] = slot_ids[i], fresh[i], row_ids[i], turn_ids[i]
+        idx[:p], take[:p], rid[:p], tid[:p] = slot_ids, expand, row_ids, turn_ids
         self.prefilled_tokens += int(segs.sum())
-        return self._admit(params, state, idx, tokens, segs, new, key, rid, tid)
+        return self._admit(params, state, src, tokens, segs, new, idx, take, key, rid, tid)
 
-    def decode(self, params, state: SlotState) -> SlotState:
-        """At most ``decode_steps`` decode steps of every slot with a turn under way (donated)."""
-        return self._decode(params, state)
+    def _rows(self, p: int) -> int:
+        rows = 1
+        while rows < p:
+            rows *= 4
+        return max(min(rows, self.slots), p)
+
+    def decode(self, params, state: SlotState, longest: int | None = None) -> SlotState:
+        """At most ``decode_steps`` decode steps of every slot with a turn under way (donated).
+
+        ``longest``: a bound on every slot's length at the end of its turn (the host knows
+        it: tokens so far + ``max_new_tokens``). Attention then reads only that many slots,
+        rounded up to a power of two (at least 64: few compiled programs), instead of the
+        whole capacity: length-aware decode."""
+        window = None
+        if longest is not None:
+            window = bucket(longest, pow2=True, minimum=64)
+            window = None if window >= self.capacity else window
+        return self._decode(params, state, window=window)
 
     # ---- device side -------------------------------------------------------------------
     def _init_state(self, params, *, rows_sharding):
@@ -193,17 +218,21 @@ class SlotSampler:
             busy_steps=zeros,
         )
 
-    def _admit_rows(self, params, state, idx, tokens, segs, fresh, key, row_ids, turn_ids):
+    def _admit_rows(
+        self, params, state, src, tokens, segs, fresh, idx, take, key, row_ids, turn_ids
+    ):
         self.num_compiles += 1
         sampling, n = self.sampling, self.sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
-        rows, t = tokens.shape
+        pre, t = tokens.shape
+        rows = idx.shape[0]
         width = min(t, sampling.prefill_chunk or t)
-        fused = model.fused_weights() if rows * width <= _DECODE_ROWS else None
-        sub = _take_rows(state.cache, jnp.minimum(idx, self.slots - 1))
+        fused = model.fused_weights() if pre * width <= _DECODE_ROWS else None
+        sub = _take_rows(state.cache, src)
         sub = sub.replace(lengths=jnp.where(fresh, 0, sub.lengths))
         h, sub = _prefill(model, tokens, segs, sub, fused, sampling.prefill_chunk)
-        logits = model.logits(h, fused)
+        logits = model.logits(h, fused)[take]  # prefill row -> the slots that share it
+        sub = _take_rows(sub, take)
         if sampling.greedy:
             us = jnp.zeros((rows, n), jnp.float32)
         else:
@@ -227,7 +256,7 @@ class SlotSampler:
             cache=_put_rows(state.cache, idx, sub),
         )
 
-    def _decode_steps(self, params, state):
+    def _decode_steps(self, params, state, window=None):
         self.num_compiles += 1
         sampling, n = self.sampling, self.sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
@@ -243,6 +272,7 @@ class SlotSampler:
                 s.pending[:, None].astype(jnp.int32),
                 s.cache,
                 fused,
+                window=window,
             )
             u = None if sampling.greedy else s.uniforms[rows, jnp.minimum(s.num_generated, n - 1)]
             tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)

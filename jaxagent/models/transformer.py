@@ -187,6 +187,11 @@ class Attention(nnx.Module):
                 keys = jax.lax.dynamic_index_in_dim(keys, layer, keepdims=False)
                 values = jax.lax.dynamic_index_in_dim(values, layer, keepdims=False)
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
+        if cache_kv is not None and mask.shape[-1] < keys.shape[-1]:
+            # A window narrower than the cache (``hidden``'s ``window``): only the slots in
+            # use are read, so a decode step costs what the rows' lengths need.
+            w = mask.shape[-1]
+            keys, values = keys[..., :w], values[..., :w, :]
         keys, values = keys.astype(x.dtype), values.astype(x.dtype)
         if isinstance(mask, Segments):
             out = attend_blockwise(q, keys, values, mask.ids)
@@ -308,6 +313,7 @@ class Transformer(nnx.Module):
         fused: dict | None = None,
         remat=False,
         activation_sharding=None,
+        window: int | None = None,
     ):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
@@ -324,6 +330,9 @@ class Transformer(nnx.Module):
         axes) pins the residual stream between blocks: without it, XLA's propagation may take
         the FSDP-sharded weights' layout (hidden dimension split) and compute every row on
         every device.
+        ``window`` (with a cache, static): attention reads only the cache's first ``window``
+        slots, which must hold every row's tokens, old and new (a length-aware decode step:
+        its cost follows the rows' lengths, not the cache's capacity).
         With ``config.scan_layers`` the blocks run as one ``jax.lax.scan`` over the stacked
         parameters (and the stacked cache, ``init_cache``): one block is traced and compiled
         whatever the depth; ``remat`` wraps the scanned block the same way.
@@ -348,7 +357,8 @@ class Transformer(nnx.Module):
             slots = None
         else:
             slots, query_slots = write_slots(cache, segment_ids)
-            mask = jnp.arange(cache.capacity)[None, None, :] <= query_slots[:, :, None]
+            width = cache.capacity if window is None else min(window, cache.capacity)
+            mask = jnp.arange(width)[None, None, :] <= query_slots[:, :, None]
         if cfg.scan_layers:
             return self._scan_blocks(
                 x, cos, sin, mask, slots, cache, fused, remat, pin, segment_ids
