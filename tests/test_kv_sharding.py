@@ -4,6 +4,9 @@ With the parameters tensor-parallel (heads over 'tensor') and the rows over 'dat
 should hold only its rows' keys and values of its own KV heads, and sample exactly what one
 device samples (eight simulated CPU devices, see conftest)."""
 
+import sys
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -91,3 +94,24 @@ def test_sampling_on_rows_x_heads_equals_one_device():
         np.testing.assert_array_equal(split[i], one[i])
     for i in (1, 3):  # log-probs: vocabulary 128, contractions of width 64 split in two
         np.testing.assert_allclose(split[i], one[i], atol=1e-5)
+
+
+def test_pod_plan_rollout_compiles_the_slot_programs(monkeypatch):
+    """benchmarks/pod_plan.py --phase rollout on the 8 CPU devices with a tiny model: the
+    pool is laid out rows x heads by the sampler's own init, both SlotSampler programs
+    compile, and the decode step's KV bytes are one device's share of every slot's cache."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.modules.pop("pod_plan", None)
+    import pod_plan
+
+    monkeypatch.setitem(pod_plan.MODELS, "tiny", (128, 64, 2, 4, 2, 16, 96, True, True, 1e4))
+    argv = ["--cpu-devices", "8", "--phase", "rollout", "--episodes", "16", "--tokens", "256"]
+    args = pod_plan._args([*argv, "--tensor", "2", "--new-tokens", "16", "--prefill-chunk", "64"])
+    args.model = "tiny"
+    r = pod_plan.rollout_plan(args)
+    assert r["mesh"] == "data=4,fsdp=1,tensor=2"
+    assert "('data', 'tensor', None, None)" in r["layout"]["kv_cache"]
+    assert r["admit_rows"] == 4 and set(r["programs"]) == {"admit", "decode"}
+    assert all(p["peak_gib_per_chip"] is not None for p in r["programs"].values())
+    # keys + values, 2 layers, 4 of 16 rows, 1 of 2 KV heads, 256 slots of head_dim 16, bf16
+    assert r["decode_kv_bytes_per_step"] == 2 * 2 * 4 * 1 * 256 * 16 * 2
