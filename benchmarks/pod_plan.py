@@ -422,7 +422,7 @@ def rollout_plan(args) -> dict:
         "hbm_gib": hbm_gib,
         "weights_gib_per_chip": round(weights_b / gib, 3),
         "kv_cache_gib_per_chip": round(kv_b / gib, 3),
-        "slots_per_chip": s // shards if s % shards == 0 else s,
+        "slots_per_data_shard": s // shards if s % shards == 0 else s,
         "decode_bytes_per_step": step_b,
         "decode_weight_bytes_per_step": weights_b - embed_b,
         "decode_kv_bytes_per_step": kv_b,
@@ -485,7 +485,7 @@ def print_rollout(r: dict) -> None:
     print(
         f"setup: {r['model']} rollout (SlotSampler) on {r['topology']} ({r['chips']} x "
         f"{r['chip']}), mesh {r['mesh']}; {r['slots']} slots x {r['capacity']} tokens "
-        f"({r['slots_per_chip']} a data shard), {r['new_tokens']} tokens a turn, "
+        f"({r['slots_per_data_shard']} a data shard), {r['new_tokens']} tokens a turn, "
         f"{r['decode_steps']} steps a decode call; admit {r['admit_rows']} rows x "
         f"{r['admit_width']} tokens in chunks of {r['prefill_chunk']} (row inputs "
         f"{r['admit_inputs']}); scan_layers "
