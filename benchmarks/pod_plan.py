@@ -23,11 +23,26 @@ temporaries it asked for. ``TPU_LIBRARY_PATH=/path/to/libtpu.so`` points JAX at 
 installed outside site-packages (so other JAX processes on the machine do not load it).
 The last line is one JSON object.
 
+``--phase rollout`` compiles the continuous-batching rollout engine's device programs instead
+(``jaxagent.generate.slots.SlotSampler``'s own jitted ``_admit`` and ``_decode``) for a pool
+of ``--episodes`` slots of ``--tokens`` capacity, in the layout a model samples in: weights
+in bf16, tensor-parallel over 'tensor' (``--tensor``, default 4: one v5e host's chips) and
+replicated over 'data' (``parallel.layout.NO_FSDP_RULES``), the bf16 KV cache split by the
+sampler itself (rows over 'data', KV heads over 'tensor'), the pool laid out by the
+sampler's own ``init`` program. ``admit`` prefills ``--admit-rows`` slots (default: the
+slots of one data shard) of ``--prompt-tokens`` (default two prefill chunks); ``decode``
+runs ``--decode-steps`` steps of every slot. Per program it prints the per-chip plan as
+above, and the bytes a decode step reads per chip (the weights, plus the KV cache of every
+slot's whole capacity, which attention reads today) with the step time that implies at the
+chip's HBM bandwidth.
+
 Usage:
   python benchmarks/pod_plan.py --model qwen2.5-7b --topology v5e:16x16 --recipe loop \\
       --episodes 512 --tokens 4096
   python benchmarks/pod_plan.py --model qwen2.5-32b --lora 16 --topology v5e:16x16
   python benchmarks/pod_plan.py --model qwen2.5-0.5b --cpu-devices 8 --episodes 16 --tokens 1024
+  python benchmarks/pod_plan.py --model qwen2.5-7b --topology v5e:16x16 --phase rollout \\
+      --episodes 256 --tokens 8192 --scan-layers
 """
 
 from __future__ import annotations
@@ -49,16 +64,17 @@ MODELS = {
     "qwen2.5-32b": (152064, 5120, 64, 40, 8, 128, 27648, True, False, 1e6),
     "llama-3.1-8b": (128256, 4096, 32, 32, 8, 128, 14336, False, False, 5e5),
 }
-# HBM per chip (GiB) and dense bf16 peak (FLOP/s), from the vendors' data sheets.
+# HBM per chip (GiB), dense bf16 peak (FLOP/s) and HBM bandwidth (bytes/s), from the
+# vendors' data sheets.
 CHIPS = {
-    "TPU v5 lite": (16, 197e12),
-    "TPU v5e": (16, 197e12),
-    "TPU v5": (95, 459e12),
-    "TPU v5p": (95, 459e12),
-    "TPU v4": (32, 275e12),
-    "TPU v6 lite": (32, 918e12),
-    "TPU v6e": (32, 918e12),
-    "cpu": (None, None),
+    "TPU v5 lite": (16, 197e12, 819e9),
+    "TPU v5e": (16, 197e12, 819e9),
+    "TPU v5": (95, 459e12, 2765e9),
+    "TPU v5p": (95, 459e12, 2765e9),
+    "TPU v4": (32, 275e12, 1200e9),
+    "TPU v6 lite": (32, 918e12, 1640e9),
+    "TPU v6e": (32, 918e12, 1640e9),
+    "cpu": (None, None, None),
 }
 
 
@@ -74,8 +90,37 @@ def _args(argv=None):
     ap.add_argument("--episodes", type=int, default=512, help="rows of one update batch")
     ap.add_argument("--tokens", type=int, default=4096, help="tokens a row")
     ap.add_argument("--microbatch", type=int, default=0, help="rows a gradient step (0: 1/chip)")
-    ap.add_argument("--mesh", default="", help="data,fsdp,tensor (default: 1,chips/T,T)")
-    ap.add_argument("--tensor", type=int, default=1, help="tensor-parallel size (no --mesh)")
+    ap.add_argument("--phase", default="update", choices=("update", "rollout"))
+    ap.add_argument(
+        "--mesh",
+        default="",
+        help="data,fsdp,tensor (default: update 1,chips/T,T; rollout chips/T,1,T)",
+    )
+    ap.add_argument(
+        "--tensor",
+        type=int,
+        default=0,
+        help="tensor-parallel size (no --mesh; 0: update 1, rollout 4)",
+    )
+    ap.add_argument("--new-tokens", type=int, default=1024, help="rollout: tokens a turn (N)")
+    ap.add_argument("--decode-steps", type=int, default=16, help="rollout: steps a decode call")
+    ap.add_argument("--prefill-chunk", type=int, default=512, help="rollout: prefill chunk")
+    ap.add_argument(
+        "--admit-rows",
+        type=int,
+        default=0,
+        help="rollout: rows an admit, bucketed as SlotSampler.admit does (0: slots / data shards)",
+    )
+    ap.add_argument(
+        "--admit-inputs",
+        default="replicated",
+        choices=("replicated", "rows"),
+        help="rollout: the admit's row inputs as SlotSampler.admit passes them (numpy: "
+        "replicated) or, as a what-if, split over the data axis",
+    )
+    ap.add_argument(
+        "--prompt-tokens", type=int, default=0, help="rollout: admit width (0: 2 prefill chunks)"
+    )
     ap.add_argument("--param-dtype", default="", help="default: float32, bfloat16 under LoRA")
     ap.add_argument("--dtype", default="bfloat16", help="compute dtype")
     ap.add_argument("--mfu", type=float, default=0.4, help="MFU for the projected step time")
@@ -90,10 +135,34 @@ def _args(argv=None):
     return args
 
 
+def _devices(args):
+    """The target devices (a TPU topology's, or simulated CPUs) and their description."""
+    import jax
+
+    if args.cpu_devices:
+        return jax.devices()[: args.cpu_devices], f"cpu x{args.cpu_devices}"
+    from jax.experimental import topologies
+
+    desc = topologies.get_topology_desc(platform="tpu", topology_name=args.topology)
+    return desc.devices, args.topology
+
+
+def _model_config(args, param_dtype: str):
+    from jaxagent.models import ModelConfig
+
+    v, d, layers, h, k, hd, f, bias, tie, theta = MODELS[args.model]
+    return ModelConfig(
+        vocab_size=v, hidden_size=d, num_layers=layers, num_heads=h, num_kv_heads=k,
+        head_dim=hd, intermediate_size=f, qkv_bias=bias, tie_embeddings=tie, rope_theta=theta,
+        param_dtype=param_dtype, dtype=args.dtype, max_seq_len=max(args.tokens, 4096),
+        model_type="qwen2" if bias else "llama", scan_layers=args.scan_layers,
+    )  # fmt: skip
+
+
 def plan(args) -> dict:
     import jax
 
-    from jaxagent.models import ModelConfig, abstract_graphdef, init_model, param_logical_axes
+    from jaxagent.models import abstract_graphdef, init_model, param_logical_axes
     from jaxagent.parallel.layout import DeviceLayout
     from jaxagent.parallel.mesh import MeshConfig, make_mesh
     from jaxagent.rl.model_fns import model_logprob_fn
@@ -102,29 +171,18 @@ def plan(args) -> dict:
     from jaxagent.rl.update import make_update_step
     from jaxagent.types import TokenBatch
 
-    if args.cpu_devices:
-        devices, where = jax.devices()[: args.cpu_devices], f"cpu x{args.cpu_devices}"
-    else:
-        from jax.experimental import topologies
-
-        devices = topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
-        where = args.topology
+    devices, where = _devices(args)
     n = len(devices)
     kind = devices[0].device_kind
-    hbm_gib, peak_flops = CHIPS.get(kind, (None, None))
+    hbm_gib, peak_flops, _ = CHIPS.get(kind, (None, None, None))
 
-    v, d, layers, h, k, hd, f, bias, tie, theta = MODELS[args.model]
     param_dtype = args.param_dtype or ("bfloat16" if args.lora else "float32")
-    cfg = ModelConfig(
-        vocab_size=v, hidden_size=d, num_layers=layers, num_heads=h, num_kv_heads=k,
-        head_dim=hd, intermediate_size=f, qkv_bias=bias, tie_embeddings=tie, rope_theta=theta,
-        param_dtype=param_dtype, dtype=args.dtype, max_seq_len=max(args.tokens, 4096),
-        model_type="qwen2" if bias else "llama", scan_layers=args.scan_layers,
-    )  # fmt: skip
+    cfg = _model_config(args, param_dtype)
     if args.mesh:
         data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
     else:
-        data, fsdp, tensor = 1, n // args.tensor, args.tensor
+        tensor = args.tensor or 1
+        data, fsdp = 1, n // tensor
     mesh_cfg = MeshConfig(data=data, fsdp=fsdp, tensor=tensor)
     mesh = make_mesh(mesh_cfg, devices=devices)
     rows_per_step = args.microbatch or data * fsdp  # one row per chip per gradient step
@@ -240,8 +298,240 @@ def plan(args) -> dict:
     }
 
 
+def _per_chip_bytes(tree) -> int:
+    """Bytes one device holds of abstract arrays with shardings (the largest shard)."""
+    import jax
+    import numpy as np
+
+    return sum(
+        int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+        for x in jax.tree.leaves(tree)
+    )
+
+
+def _spec(x) -> str:
+    return str(tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec)))
+
+
+def rollout_plan(args) -> dict:
+    """Compile the continuous-batching engine's two device programs (``SlotSampler._admit``,
+    ``._decode``) for ``episodes`` slots of ``tokens`` capacity, in the sampling layout: bf16
+    weights tensor-parallel over 'tensor' and replicated over 'data' (``NO_FSDP_RULES``), the
+    KV cache (bf16) split over rows and KV heads by the sampler itself."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxagent.generate import SamplingConfig
+    from jaxagent.generate.sampler import _row_sharding
+    from jaxagent.generate.slots import SlotSampler
+    from jaxagent.models import abstract_graphdef, init_model, param_logical_axes
+    from jaxagent.parallel.layout import NO_FSDP_RULES
+    from jaxagent.parallel.mesh import MeshConfig, make_mesh, param_shardings
+
+    devices, where = _devices(args)
+    n = len(devices)
+    kind = devices[0].device_kind
+    hbm_gib, _, bandwidth = CHIPS.get(kind, (None, None, None))
+    cfg = _model_config(args, args.param_dtype or "bfloat16")
+    if args.mesh:
+        data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
+    else:
+        tensor = args.tensor or 4
+        data, fsdp = n // tensor, 1
+    mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=devices)
+    graphdef = abstract_graphdef(cfg)
+    params = jax.eval_shape(lambda key: init_model(cfg, key)[1], jax.random.key(0))
+    p_sh = param_shardings(params, param_logical_axes(graphdef, params), mesh, NO_FSDP_RULES)
+    params = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), params, p_sh
+    )
+    s, cap = args.episodes, args.tokens
+    sampling = SamplingConfig(
+        max_new_tokens=args.new_tokens, prefill_chunk=args.prefill_chunk, stop_token_ids=(2,)
+    )
+    sampler = SlotSampler(
+        graphdef, sampling, s, cap, decode_steps=args.decode_steps, cache_dtype=cfg.jnp_dtype
+    )
+    rows_sh = _row_sharding(params, s)
+    t0 = time.perf_counter()
+    # The pool as ``SlotSampler.init`` lays it out: its own program's output shardings.
+    init = sampler._init.lower(params, rows_sharding=rows_sh).compile()
+    state = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+        jax.eval_shape(lambda p: sampler._init_state(p, rows_sharding=None), params),
+        init.output_shardings,
+    )
+    init_s = time.perf_counter() - t0
+    shards = data * fsdp  # the rows' mesh axes (``batch_mesh_axes``)
+    p_rows = 1  # SlotSampler.admit's row buckets: powers of 4, at most the slots
+    while p_rows < (args.admit_rows or max(1, s // shards)):
+        p_rows *= 4
+    p_rows = min(p_rows, s)
+    width = args.prompt_tokens or 2 * args.prefill_chunk
+    rep = NamedSharding(mesh, P())  # the host's numpy inputs: replicated
+    row_in = rep
+    if args.admit_inputs == "rows":  # what-if: the rows split over the batch axes
+        if p_rows % shards:
+            raise SystemExit(f"--admit-inputs rows needs --admit-rows a multiple of {shards}")
+        row_in = NamedSharding(mesh, P(rows_sh.spec[0]))
+
+    def arg(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=row_in)
+
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
+    admit_args = (
+        arg((p_rows,), "int32"),  # slot ids
+        arg((p_rows, width), "int32"),  # tokens
+        arg((p_rows, width), "int32"),  # segment ids
+        arg((p_rows,), "bool"),  # fresh
+        key,
+        arg((p_rows,), "int32"),  # row ids
+        arg((p_rows,), "int32"),  # turn ids
+    )
+    weights_b = _per_chip_bytes(params)
+    kv_b = _per_chip_bytes((state.cache.keys, state.cache.values))
+    # A decode step reads every kernel once, but of the input embedding only the rows looked
+    # up (untied: the [V, D] table is not read; tied, it is the LM head and is read).
+    embed_b = 0 if cfg.tie_embeddings else _per_chip_bytes(params["embed"])
+    step_b = weights_b - embed_b + kv_b  # attention reads each slot's whole capacity
+    gib = 2.0**30
+    k0 = jax.tree.leaves(state.cache.keys)[0]
+    out = {
+        "phase": "rollout",
+        "model": args.model,
+        "topology": where,
+        "chip": kind,
+        "chips": n,
+        "mesh": f"data={data},fsdp={fsdp},tensor={tensor}",
+        "layout": {
+            "weights": f"{cfg.param_dtype}, rules NO_FSDP_RULES (vocab/heads/kv_heads/mlp over "
+            "tensor, embed unsharded): replicated over data",
+            "q_proj": _spec(params["blocks" if cfg.scan_layers else "layer_0"]["attn"]["q_proj"]),
+            "kv_cache": f"{k0.dtype}, keys {list(k0.shape)} spec {_spec(k0)}",
+            "slot_state": f"tokens {_spec(state.tokens)}",
+        },
+        "scan_layers": cfg.scan_layers,
+        "slots": s,
+        "capacity": cap,
+        "new_tokens": args.new_tokens,
+        "decode_steps": args.decode_steps,
+        "admit_rows": p_rows,
+        "admit_width": width,
+        "admit_inputs": args.admit_inputs,
+        "prefill_chunk": args.prefill_chunk,
+        "hbm_gib": hbm_gib,
+        "weights_gib_per_chip": round(weights_b / gib, 3),
+        "kv_cache_gib_per_chip": round(kv_b / gib, 3),
+        "slots_per_data_shard": s // shards if s % shards == 0 else s,
+        "decode_bytes_per_step": step_b,
+        "decode_weight_bytes_per_step": weights_b - embed_b,
+        "decode_kv_bytes_per_step": kv_b,
+        "hbm_bytes_per_s": bandwidth,
+        "decode_step_ms_at_hbm_bw": None if not bandwidth else round(step_b / bandwidth * 1e3, 3),
+        "init_compile_s": round(init_s, 1),
+        "programs": {},
+    }
+    programs = (("admit", sampler._admit, admit_args), ("decode", sampler._decode, ()))
+    for name, fn, extra in programs:
+        t0 = time.perf_counter()
+        lowered = fn.lower(params, state, *extra)
+        t1 = time.perf_counter()
+        out["programs"][name] = _memory(lowered, hbm_gib) | {"lower_s": round(t1 - t0, 1)}
+    out["peak_gib"] = {k: v["peak_gib_per_chip"] for k, v in out["programs"].items()}
+    fits = [v["fits"] for v in out["programs"].values()]
+    out["fits"] = None if None in fits else all(fits)
+    return out
+
+
+def _memory(lowered, hbm_gib) -> dict:
+    """Compile ``lowered`` and read XLA's per-chip plan (or the TPU compiler's refusal)."""
+    import re
+
+    import jax
+
+    t0 = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as err:
+        msg = str(err).splitlines()[0]
+        need = re.search(r"temporaries \(([\d.]+)G\)", msg)
+        return {
+            "fits": False,
+            "peak_gib_per_chip": None,
+            "temp_gib": float(need.group(1)) * 1e9 / 2**30 if need else None,
+            "compile_s": round(time.perf_counter() - t0, 1),
+            "compile_error": msg[:300],
+        }
+    mem = compiled.memory_analysis()
+    gib = 2.0**30
+    peak = (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        + mem.temp_size_in_bytes
+        - mem.alias_size_in_bytes
+    )
+    return {
+        "argument_gib": round(mem.argument_size_in_bytes / gib, 3),
+        "output_gib": round(mem.output_size_in_bytes / gib, 3),
+        "temp_gib": round(mem.temp_size_in_bytes / gib, 3),
+        "alias_gib": round(mem.alias_size_in_bytes / gib, 3),
+        "peak_gib_per_chip": round(peak / gib, 3),
+        "fits": None if hbm_gib is None else peak / gib <= hbm_gib,
+        "compile_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def print_rollout(r: dict) -> None:
+    print(
+        f"setup: {r['model']} rollout (SlotSampler) on {r['topology']} ({r['chips']} x "
+        f"{r['chip']}), mesh {r['mesh']}; {r['slots']} slots x {r['capacity']} tokens "
+        f"({r['slots_per_data_shard']} a data shard), {r['new_tokens']} tokens a turn, "
+        f"{r['decode_steps']} steps a decode call; admit {r['admit_rows']} rows x "
+        f"{r['admit_width']} tokens in chunks of {r['prefill_chunk']} (row inputs "
+        f"{r['admit_inputs']}); scan_layers "
+        f"{r['scan_layers']}"
+    )
+    lay = r["layout"]
+    print(
+        f"layout: weights {lay['weights']} (q_proj {lay['q_proj']}); KV cache {lay['kv_cache']}; "
+        f"slot state {lay['slot_state']}"
+    )
+    print(
+        f"per chip resident: weights {r['weights_gib_per_chip']} GiB, KV cache "
+        f"{r['kv_cache_gib_per_chip']} GiB (pool init compiled in {r['init_compile_s']} s)"
+    )
+    for name, m in r["programs"].items():
+        if "compile_error" in m:
+            print(f"{name}: DOES NOT FIT: {m['compile_error']} (compile {m['compile_s']} s)")
+            continue
+        print(
+            f"{name}: arguments {m['argument_gib']} GiB, outputs {m['output_gib']} GiB, "
+            f"temporaries {m['temp_gib']} GiB, aliased {m['alias_gib']} GiB -> peak "
+            f"{m['peak_gib_per_chip']} GiB of {r['hbm_gib']} GiB HBM (fits: {m['fits']}); "
+            f"lower {m['lower_s']} s, compile {m['compile_s']} s"
+        )
+    bw = r["hbm_bytes_per_s"]
+    print(
+        f"decode step per chip: {r['decode_bytes_per_step'] / 1e9:.3f} GB read (weights "
+        f"{r['decode_weight_bytes_per_step'] / 1e9:.3f} GB + KV {r['decode_kv_bytes_per_step'] / 1e9:.3f} GB"
+        f", every slot's whole capacity) -> "
+        + (
+            f"{r['decode_step_ms_at_hbm_bw']} ms at {bw / 1e9:.0f} GB/s HBM, "
+            f"{r['slots'] / (r['decode_step_ms_at_hbm_bw'] / 1e3):.0f} tokens/s over the pod "
+            "if every slot decodes (bandwidth bound)"
+            if bw
+            else "(no bandwidth figure for this chip)"
+        )
+    )
+
+
 def main(argv=None) -> None:
     args = _args(argv)
+    if args.phase == "rollout":
+        r = rollout_plan(args)
+        print_rollout(r)
+        print(json.dumps(r))
+        return
     r = plan(args)
     if "compile_error" in r:
         print(

@@ -8,7 +8,8 @@ one task then cost one prefill.
 
 The KV cache is preallocated and donated, so the decode loop updates it in place. Under a
 mesh (parameters carrying NamedShardings) the cache is split over batch rows, each device
-holding its own rows' keys and values. Rows keep
+holding its own rows' keys and values, and over KV heads along the mesh's tensor axis when
+that divides them (the heads the device's attention projections compute). Rows keep
 their own lengths: a call may append a ragged chunk of new tokens per row (a prompt, or an
 environment observation on top of an earlier turn) and continue decoding from there, so a
 multi-turn episode never re-encodes its history. After a call the cache holds every token
@@ -492,7 +493,7 @@ def _row_sharding(params, batch_size: int) -> Optional[NamedSharding]:
     """How the rows of a call are split: over the batch axes of the mesh the parameters live
     on (``jaxagent.parallel.mesh``'s default rules), or None for unsharded parameters. Each device
     then holds the KV cache of its own rows only; rows that do not divide evenly are
-    replicated instead."""
+    replicated instead. (The cache's KV heads are split further by ``_shard_cache_rows``.)"""
     sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
     if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
         return None
@@ -504,18 +505,38 @@ def _row_sharding(params, batch_size: int) -> Optional[NamedSharding]:
     return NamedSharding(mesh, P(axes if len(axes) > 1 else axes[0]))
 
 
+def _kv_head_axis(rows: NamedSharding, num_kv_heads: int) -> Optional[str]:
+    """The mesh axis the cache's KV-head dimension is split over: 'tensor' when it has more
+    than one device, divides ``num_kv_heads`` and does not already split the rows. The
+    attention projections split their (KV) heads over the same axis (``DEFAULT_RULES``), so
+    each device attends its own heads over its own slice of the cache (Megatron-style
+    tensor parallelism, Shoeybi et al. 2019), and a row's cache is spread over the tensor
+    group instead of copied on each of its devices."""
+    size = dict(rows.mesh.shape).get("tensor", 1)
+    spec = rows.spec[0] if len(rows.spec) else None
+    used = spec if isinstance(spec, tuple) else (spec,)
+    if size > 1 and num_kv_heads % size == 0 and "tensor" not in used:
+        return "tensor"
+    return None
+
+
 def _shard_cache_rows(cache: KVCache, rows: NamedSharding) -> KVCache:
     """Constrain every cache buffer's row dimension to the rows' sharding (dimension 0, or 1
-    after the layer axis of a stacked cache)."""
-    spec = rows.spec
+    after the layer axis of a stacked cache), and its KV-head dimension (the next one: keys
+    [B, K, hd, S], values [B, K, S, hd]) to the mesh's tensor axis where it divides the heads
+    (``_kv_head_axis``)."""
+    row = rows.spec[0] if len(rows.spec) else None
+    first = cache.keys if cache.stacked else cache.keys[0]
+    heads = _kv_head_axis(rows, first.shape[2 if cache.stacked else 1])
 
-    def one(x, lead=()):
-        rest = [None] * (x.ndim - len(spec) - len(lead))
-        return jax.lax.with_sharding_constraint(x, NamedSharding(rows.mesh, P(*lead, *spec, *rest)))
+    def one(x, lead=(), head=None):
+        dims = (*lead, row) if head is None else (*lead, row, head)
+        rest = [None] * (x.ndim - len(dims))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(rows.mesh, P(*dims, *rest)))
 
     layer = (None,) if cache.stacked else ()
     return KVCache(
-        keys=jax.tree.map(lambda k: one(k, layer), cache.keys),
-        values=jax.tree.map(lambda v: one(v, layer), cache.values),
+        keys=jax.tree.map(lambda k: one(k, layer, heads), cache.keys),
+        values=jax.tree.map(lambda v: one(v, layer, heads), cache.values),
         lengths=one(cache.lengths),
     )
