@@ -18,6 +18,7 @@ exchanged with ``allgather_objects`` (tests/test_multihost_trainer.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pickle
 from typing import Any, Sequence, TypeVar
@@ -151,24 +152,38 @@ def host_local(params: Any, shardings: Any = None) -> Any:
     """The weights as this process's own arrays, for a rollout that runs on each host
     independently; the identity with one process.
 
-    ``shardings`` (a tree like ``params`` over this process's devices, e.g.
-    ``DeviceLayout.host_shardings``): every local chip holds its slice and samples its rows;
-    None: one full copy on the first local device.
+    Two paths, chosen for the whole tree:
+
+    - zero copy: when every leaf is a global array whose shards on this host's devices
+      together hold all of it (``mesh.rollout_layout=replicas`` with the 'tensor' axis inside
+      a host: every host's chips hold whole copies), each leaf is viewed as a host-local
+      array over the same buffers (``host_view``), keeping its layout; ``shardings`` is
+      not used.
+    - gather (otherwise, e.g. the training layout with FSDP across hosts, or a tensor axis
+      spanning hosts): the global leaves are gathered through host memory in one collective
+      (``process_allgather``) and placed by ``shardings`` (a tree like ``params`` over this
+      process's devices, e.g. ``DeviceLayout.host_shardings``: every local chip holds its
+      slice and samples its rows; None: one full copy on the first local device). Leaves
+      already this host's own (e.g. the SFT result) are placed as they are.
 
     Global arrays sharded across hosts cannot feed a per-host sampler: each host's decode
     loop runs as long as its own episodes need, so no collective could line up."""
     if jax.process_count() == 1:
         return params
+    leaves, treedef = jax.tree.flatten(params)
+    local = jax.local_devices()
+    glob = [isinstance(x, jax.Array) and not x.is_fully_addressable for x in leaves]
+    axes = set().union(*(split_axes(x) for x, g in zip(leaves, glob) if g))
+    views = [host_view(x, local, axes) if g else None for x, g in zip(leaves, glob)]
+    if leaves and all(v is not None for v in views):
+        return jax.tree.unflatten(treedef, views)
     from jax.experimental import multihost_utils
 
-    leaves, treedef = jax.tree.flatten(params)
     where = (
-        [jax.local_devices()[0]] * len(leaves)
+        [local[0]] * len(leaves)
         if shardings is None
         else jax.tree.leaves(shardings, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))
     )
-    # Global arrays are gathered in one collective (host memory, then each local device's
-    # slice); leaves already this host's own (e.g. the SFT result) are placed as they are.
     glob = [
         i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable
     ]
@@ -179,3 +194,61 @@ def host_local(params: Any, shardings: Any = None) -> Any:
     if shardings is not None:
         leaves = [x if i in glob else jax.device_put(x, where[i]) for i, x in enumerate(leaves)]
     return jax.tree.unflatten(treedef, leaves)
+
+
+def split_axes(x: jax.Array) -> set:
+    """The mesh axes that ``x``'s ``NamedSharding`` splits it over (empty for others)."""
+    if not isinstance(x.sharding, jax.sharding.NamedSharding):
+        return set()
+    return {
+        a
+        for entry in x.sharding.spec
+        if entry is not None
+        for a in (entry if isinstance(entry, tuple) else (entry,))
+    }
+
+
+def host_view(x: jax.Array, devices: Sequence, axes: set | None = None) -> Any:
+    """``x`` (a global array on a ``NamedSharding``) as an array over ``devices`` alone,
+    made of the shards they already hold (``jax.make_array_from_single_device_arrays``: no
+    copy, no collective), or None when those shards do not hold all of ``x``.
+
+    The view's mesh is the slice of ``x``'s mesh on ``devices``: the mesh axes in ``axes``
+    (default: those ``x`` is split over; a tree passes the union over its leaves, so every
+    leaf's view is on the same mesh) keep their size and must lie wholly inside
+    ``devices``, the others shrink to the groups of ``devices``, each holding one whole
+    copy; each device keeps exactly the slice it held (checked)."""
+    sharding = x.sharding
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    mesh, spec = sharding.mesh, sharding.spec
+    used = split_axes(x) if axes is None else split_axes(x) | set(axes)
+    names = list(mesh.axis_names)
+    split = [n for n in names if n in used]
+    rest = [n for n in names if n not in used]
+    # devices as (copies, *split axes): one row per combination of the unsplit axes
+    grid = np.transpose(mesh.devices, [names.index(n) for n in rest + split])
+    grid = grid.reshape(math.prod(mesh.shape[n] for n in rest), -1)
+    mine = set(devices)
+    held = np.array([[d in mine for d in row.flat] for row in grid])
+    rows = grid[held.all(axis=1)]
+    if not len(rows) or (held.any(axis=1) & ~held.all(axis=1)).any():
+        return None  # no whole copy here, or a copy only partly here
+    if not rest and len(rows) > 1:
+        return None
+    # back to the mesh's axis order: the copies on the first unsplit axis, the others size 1
+    shape = {n: mesh.shape[n] for n in split}
+    shape.update({n: 1 for n in rest})
+    if rest:
+        shape[rest[0]] = len(rows)
+    arranged = rows.reshape([len(rows)] + [mesh.shape[n] for n in split])
+    arranged = arranged.reshape([shape[n] for n in rest + split])
+    arranged = np.transpose(arranged, [(rest + split).index(n) for n in names])
+    local_mesh = jax.sharding.Mesh(arranged, mesh.axis_names, axis_types=mesh.axis_types)
+    view = jax.sharding.NamedSharding(local_mesh, spec)
+    want = sharding.devices_indices_map(x.shape)
+    got = view.devices_indices_map(x.shape)
+    if any(want[d] != got[d] for d in got):
+        return None
+    shards = {s.device: s.data for s in x.addressable_shards}
+    return jax.make_array_from_single_device_arrays(x.shape, view, [shards[d] for d in got])

@@ -6,8 +6,10 @@
 - the train state: parameters and Adam moments by the logical-axis rules (``state``);
 - each packed batch: rows split over the mesh axes of the logical 'batch' axis, assembled
   from every process's local rows into one global array (``put_batch``);
-- the rollout's weights: the training shardings, or with ``mesh.rollout_layout=no_fsdp``
-  resharded once per iteration to a layout without FSDP all-gathers in every decode step
+- the rollout's weights: the training shardings, or with ``mesh.rollout_layout=replicas``
+  one jitted reshard per iteration (device to device) to tensor-parallel weights replicated
+  over 'data' and 'fsdp', so every chip samples without FSDP all-gathers in its decode steps;
+  ``mesh.sampling_dtype=bfloat16`` casts fp32 weights in that same program
   (``rollout_params``). The sampler shards its KV cache over batch rows by itself (it reads
   the mesh off the parameters, see ``jaxagent.generate.sampler``).
 
@@ -33,15 +35,11 @@ from jaxagent.parallel.mesh import (
     batch_shardings,
     make_mesh,
     param_shardings,
+    replica_rules,
     state_shardings,
 )
 from jaxagent.perf import host_memory
 from jaxagent.errors import ConfigError
-
-# Sampling layout "no_fsdp": the rules with 'embed' (the FSDP-sharded dimension) unsharded.
-NO_FSDP_RULES = tuple(
-    (name, ()) if name == "embed" else (name, axes) for name, axes in DEFAULT_RULES
-)
 
 
 @dataclasses.dataclass
@@ -52,12 +50,15 @@ class DeviceLayout:
     logical_axes: Any  # tree of logical-axis tuples like the params (None without a mesh)
     rollout_layout: str = "train"
     rules: tuple = DEFAULT_RULES
+    sampling_dtype: str = "param"
+    # argument types and shardings -> the compiled reshard (one program per param structure)
+    _reshards: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, m: MeshConfig, graphdef, params) -> "DeviceLayout":
         """The layout ``m`` (a run's ``mesh:`` section) asks for, over the model's params."""
         if m.single_device and jax.process_count() == 1:
-            return cls(mesh=None, logical_axes=None)
+            return cls(mesh=None, logical_axes=None, sampling_dtype=m.sampling_dtype)
         devices = jax.devices()
         size = m.data * m.fsdp * m.tensor
         if m.data != -1 and size < len(devices):
@@ -71,7 +72,8 @@ class DeviceLayout:
             mesh = make_mesh(m, devices=devices)
         except ValueError as exc:
             raise ConfigError(f"mesh: {exc}") from None
-        return cls(mesh, param_logical_axes(graphdef, params), m.rollout_layout, m.rules)
+        logical = param_logical_axes(graphdef, params)
+        return cls(mesh, logical, m.rollout_layout, m.rules, m.sampling_dtype)
 
     @property
     def batch_devices(self) -> int:
@@ -142,12 +144,54 @@ class DeviceLayout:
             batch,
         )
 
+    def rollout_shardings(self, params) -> Any:
+        """Where the sampling weights live: the training shardings ("train") or the
+        ``replica_rules`` of the run's rules ("replicas"); None without a mesh."""
+        if self.mesh is None:
+            return None
+        if self.rollout_layout == "train":
+            return jax.tree.map(lambda x: x.sharding, params)
+        return self.param_shardings(params, replica_rules(self.rules))
+
     def rollout_params(self, params) -> Any:
-        """The weights the sampler reads: the training layout, or (``no_fsdp``) a copy
-        resharded once without FSDP so decode steps run without all-gathers."""
-        if self.mesh is None or self.rollout_layout == "train" or self.mesh.shape["fsdp"] == 1:
+        """The weights the sampler reads: ``params`` themselves when neither the layout nor
+        the dtype changes (no copy), else a copy made by one compiled program, device to
+        device (``reshard_program``)."""
+        target = self.rollout_shardings(params)
+        same_place = target is None or all(
+            x.sharding.is_equivalent_to(sh, x.ndim)
+            for x, sh in zip(jax.tree.leaves(params), jax.tree.leaves(target))
+        )
+        if same_place and not any(_casts(x, self.sampling_dtype) for x in jax.tree.leaves(params)):
             return params
-        return place(params, self.param_shardings(params, NO_FSDP_RULES))
+        return self.reshard_program(params)(params)
+
+    def reshard_program(self, params) -> Any:
+        """The compiled ``params -> sampling weights`` program: the cast to
+        ``sampling_dtype`` on each input shard (so only the narrow values move), then
+        ``out_shardings`` = ``rollout_shardings``; XLA's partitioner emits the collectives
+        (all-gathers over 'fsdp' for "replicas"). Compiled once per argument structure,
+        types and shardings; the training weights are read, never donated."""
+        leaves, tree = jax.tree.flatten(params)
+        key = (tree, tuple((jax.typeof(x), x.sharding) for x in leaves))
+        compiled = self._reshards.get(key)
+        if compiled is None:
+            casts = [_casts(x, self.sampling_dtype) for x in leaves]
+            where = [None if self.mesh is None else x.sharding for x in leaves]
+
+            def reshard(p):
+                xs = jax.tree.leaves(p)
+                for i, x in enumerate(xs):
+                    if casts[i]:
+                        xs[i] = x.astype(jax.numpy.bfloat16)
+                        if where[i] is not None:  # round where the fp32 shard lives
+                            xs[i] = jax.lax.with_sharding_constraint(xs[i], where[i])
+                return jax.tree.unflatten(tree, xs)
+
+            out = self.rollout_shardings(params)
+            compiled = jax.jit(reshard, out_shardings=out).lower(params).compile()
+            self._reshards[key] = compiled
+        return compiled
 
     def host_shardings(self, params) -> Any:
         """Shardings over this process's own devices for its per-host sampler (the run's
@@ -170,6 +214,31 @@ class DeviceLayout:
 
     def replicated(self) -> Optional[NamedSharding]:
         return None if self.mesh is None else NamedSharding(self.mesh, P())
+
+
+def _casts(x, sampling_dtype: str) -> bool:
+    """Whether the sampling copy rounds leaf ``x``: fp32 weights under ``bfloat16``."""
+    return sampling_dtype == "bfloat16" and x.dtype == np.float32
+
+
+def added_bytes(tree, base) -> int:
+    """The bytes one device holds of ``tree``'s arrays in buffers that ``base`` does not
+    hold (the largest over this process's devices): what the sampling copy costs a chip, 0
+    when the sampler reads ``base``'s own buffers (the same arrays, or in-place views of
+    them such as ``distributed.host_local``'s)."""
+    if tree is base:
+        return 0
+    own = {
+        (s.device, s.data.unsafe_buffer_pointer())
+        for x in jax.tree.leaves(base)
+        for s in x.addressable_shards
+    }
+    per: dict = {}
+    for x in jax.tree.leaves(tree):
+        for s in x.addressable_shards:
+            if (s.device, s.data.unsafe_buffer_pointer()) not in own:
+                per[s.device] = per.get(s.device, 0) + s.data.nbytes
+    return max(per.values(), default=0)
 
 
 def place(tree, shardings, donate: bool = False):

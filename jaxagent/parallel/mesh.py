@@ -43,7 +43,18 @@ DEFAULT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-ROLLOUT_LAYOUTS = ("train", "no_fsdp")
+ROLLOUT_LAYOUTS = ("train", "replicas")
+SAMPLING_DTYPES = ("param", "bfloat16")
+
+
+def replica_rules(rules) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``rules`` with the weights' data-parallel axes dropped: every logical axis but 'batch'
+    keeps only its 'tensor' split, so a weight is tensor-parallel and replicated over 'data'
+    and 'fsdp' (with the default rules: 'embed' unsharded, the rest as before)."""
+    return tuple(
+        (name, tuple(axes) if name == "batch" else tuple(a for a in axes if a == "tensor"))
+        for name, axes in rules
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,10 +67,21 @@ class MeshConfig:
     fsdp: int = 1  # data-parallel size with parameters and Adam moments sharded (ZeRO-3)
     tensor: int = 1  # model-parallel size (heads, MLP width, vocabulary split)
     # The sampler's weight layout: "train" samples from the training shardings (no copy;
-    # every decode step all-gathers FSDP-sharded weights), "no_fsdp" reshards the weights
-    # once per iteration to replicated-over-fsdp (one extra model copy while sampling, no
-    # per-step all-gathers), as the PyTorch stacks' hybrid engines do.
+    # every decode step all-gathers FSDP-sharded weights); "replicas" makes every chip a
+    # sampler: once per iteration one jitted reshard (device to device, on the global mesh)
+    # turns the weights tensor-parallel over 'tensor' and replicated over 'data' and 'fsdp'
+    # (``replica_rules``), so decode steps run without all-gathers and each host's chips
+    # hold whole copies (a multi-host rollout then views them in place, no host round
+    # trip: ``distributed.host_local``). Costs one model copy per chip group while sampling,
+    # as the PyTorch stacks' hybrid engines do.
     rollout_layout: str = "train"
+    # The sampling copy's floating-point dtype: "param" (exact, the learner's weights) or
+    # "bfloat16" (fp32 master weights cast inside the same reshard: half the copy's bytes
+    # and half the decode steps' weight reads). With bfloat16 the sampler's log-probs are
+    # those of the rounded weights and differ from the learner's fp32 ones (expected: the
+    # update's ratios against the sampler's log-probs carry that mismatch, as with rollouts
+    # from a lower-precision inference engine).
+    sampling_dtype: str = "param"
     rules: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_RULES  # logical -> mesh axes
 
     def __post_init__(self) -> None:
@@ -71,6 +93,7 @@ class MeshConfig:
                     + (" or -1 (every remaining device)" if name == "data" else "")
                 )
         check_choice("mesh.rollout_layout", self.rollout_layout, ROLLOUT_LAYOUTS)
+        check_choice("mesh.sampling_dtype", self.sampling_dtype, SAMPLING_DTYPES)
         # YAML hands the rules back as lists: the config stays hashable and comparable.
         object.__setattr__(self, "rules", tuple((n, tuple(a)) for n, a in self.rules))
         known = {name for name, _ in self.rules}

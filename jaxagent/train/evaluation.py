@@ -56,6 +56,8 @@ class RunEvaluation:
       release: called after each evaluation (the trainer returns freed buffers to the OS).
       host_shardings: ``params -> shardings`` over one process's devices for its per-host
         sampler (``DeviceLayout.host_shardings``), or None.
+      rollout_params: ``params -> sampling weights`` (``DeviceLayout.rollout_params``: the
+        layout and dtype the rollout samples with), or None (the params themselves).
     """
 
     def __init__(
@@ -65,9 +67,11 @@ class RunEvaluation:
         echo: Callable[[str], None],
         release,
         host_shardings=None,
+        rollout_params=None,
     ):
         self.config, self.echo, self._release = config, echo, release
         self._host_shardings = host_shardings or (lambda params: None)
+        self._rollout_params = rollout_params or (lambda params: params)
         self.sampler, self.rollout = run.eval_sampler, run.rollout
         self.test_tasks, self.val_tasks = run.tasks.eval, run.tasks.val
 
@@ -75,6 +79,7 @@ class RunEvaluation:
         """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
         evaluation; returns flat metrics."""
         tasks, prefix = (self.test_tasks, "eval") if split == "test" else (self.val_tasks, "val")
+        params = self._rollout_params(params)  # sampled as the rollout samples
         result = hosts.evaluate_sharded(
             self.sampler,
             tasks,

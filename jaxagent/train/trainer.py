@@ -41,7 +41,7 @@ from jaxagent.train.config import Config, config_to_dict, config_to_yaml
 from jaxagent.perf import host_memory
 from jaxagent.agents import hosts
 from jaxagent.parallel.distributed import host_local, is_writer, start_distributed, task_shard
-from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate, place
+from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate, added_bytes, place
 from jaxagent.perf.roofline import Roofline, iteration_metrics, progress_fields
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
 from jaxagent.train.policy import run_optimizer
@@ -143,7 +143,12 @@ class Trainer:
         )
         self._programs = (self.update_step,)  # what holds compiled programs besides jit caches
         self.evaluation = RunEvaluation(
-            config, run, self.echo, self._release, self.layout.host_shardings
+            config,
+            run,
+            self.echo,
+            self._release,
+            self.layout.host_shardings,
+            self.layout.rollout_params,
         )
 
     def _write_run_files(self) -> None:
@@ -205,10 +210,12 @@ class Trainer:
         t0 = time.perf_counter()
         # LoRA samples from a merged copy (the base is never written: bit-identical).
         merged, state = begin_sampling(state)
-        # Several processes: each samples on every one of its own devices.
+        # The sampling weights (mesh.rollout_layout / sampling_dtype: one on-device reshard);
+        # several processes: each samples on every one of its own devices.
         rollout = self.layout.rollout_params(merged)
         params = host_local(rollout, self.layout.host_shardings(rollout))
         rollout = None
+        copy_bytes = added_bytes(params, merged)
         sampler_devices = len(jax.tree.leaves(params)[0].sharding.device_set)
         tasks = self._tasks_for(it)
         mine = task_shard(tasks)  # this host's slice (every task with one process)
@@ -231,6 +238,7 @@ class Trainer:
         m.update(data_m)
         m.update(self._rollout_metrics(drawn, batch, t0, t1))
         m["sampler/devices"] = sampler_devices  # the devices this process sampled on
+        m["mem/sampling_weights_gib"] = copy_bytes / 2**30  # per chip; 0: samples in place
         return state, m
 
     def _collect(self, params, it: int, tasks: list, mine: list) -> dapo.DynamicSample:
