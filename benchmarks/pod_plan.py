@@ -27,7 +27,7 @@ The last line is one JSON object.
 (``jaxagent.generate.slots.SlotSampler``'s own jitted ``_admit`` and ``_decode``) for a pool
 of ``--episodes`` slots of ``--tokens`` capacity, in the layout a model samples in: weights
 in bf16, tensor-parallel over 'tensor' (``--tensor``, default 4: one v5e host's chips) and
-replicated over 'data' (``parallel.layout.NO_FSDP_RULES``), the bf16 KV cache split by the
+replicated over 'data' (``parallel.mesh.replica_rules``: ``mesh.rollout_layout=replicas``), the bf16 KV cache split by the
 sampler itself (rows over 'data', KV heads over 'tensor'), the pool laid out by the
 sampler's own ``init`` program. ``admit`` prefills ``--admit-rows`` slots (default: the
 slots of one data shard) of ``--prompt-tokens`` (default two prefill chunks); ``decode``
@@ -316,7 +316,7 @@ def _spec(x) -> str:
 def rollout_plan(args) -> dict:
     """Compile the continuous-batching engine's two device programs (``SlotSampler._admit``,
     ``._decode``) for ``episodes`` slots of ``tokens`` capacity, in the sampling layout: bf16
-    weights tensor-parallel over 'tensor' and replicated over 'data' (``NO_FSDP_RULES``), the
+    weights tensor-parallel over 'tensor' and replicated over 'data' (``replica_rules``, the ``replicas`` rollout layout), the
     KV cache (bf16) split over rows and KV heads by the sampler itself."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -325,7 +325,7 @@ def rollout_plan(args) -> dict:
     from jaxagent.generate.sampler import _row_sharding
     from jaxagent.generate.slots import SlotSampler
     from jaxagent.models import abstract_graphdef, init_model, param_logical_axes
-    from jaxagent.parallel.layout import NO_FSDP_RULES
+    from jaxagent.parallel.mesh import DEFAULT_RULES, replica_rules
     from jaxagent.parallel.mesh import MeshConfig, make_mesh, param_shardings
 
     devices, where = _devices(args)
@@ -341,7 +341,9 @@ def rollout_plan(args) -> dict:
     mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=devices)
     graphdef = abstract_graphdef(cfg)
     params = jax.eval_shape(lambda key: init_model(cfg, key)[1], jax.random.key(0))
-    p_sh = param_shardings(params, param_logical_axes(graphdef, params), mesh, NO_FSDP_RULES)
+    p_sh = param_shardings(
+        params, param_logical_axes(graphdef, params), mesh, replica_rules(DEFAULT_RULES)
+    )
     params = jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), params, p_sh
     )
@@ -379,11 +381,15 @@ def rollout_plan(args) -> dict:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=row_in)
 
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
+    # No prefix sharing (every admitted row prefilled: the worst case): as many prefill rows
+    # as admitted slots.
     admit_args = (
-        arg((p_rows,), "int32"),  # slot ids
+        arg((p_rows,), "int32"),  # the slot each prefill row continues
         arg((p_rows, width), "int32"),  # tokens
         arg((p_rows, width), "int32"),  # segment ids
         arg((p_rows,), "bool"),  # fresh
+        arg((p_rows,), "int32"),  # slot ids
+        arg((p_rows,), "int32"),  # prefill row of each slot
         key,
         arg((p_rows,), "int32"),  # row ids
         arg((p_rows,), "int32"),  # turn ids
@@ -404,7 +410,7 @@ def rollout_plan(args) -> dict:
         "chips": n,
         "mesh": f"data={data},fsdp={fsdp},tensor={tensor}",
         "layout": {
-            "weights": f"{cfg.param_dtype}, rules NO_FSDP_RULES (vocab/heads/kv_heads/mlp over "
+            "weights": f"{cfg.param_dtype}, rules replica_rules (the replicas rollout layout: vocab/heads/kv_heads/mlp over "
             "tensor, embed unsharded): replicated over data",
             "q_proj": _spec(params["blocks" if cfg.scan_layers else "layer_0"]["attn"]["q_proj"]),
             "kv_cache": f"{k0.dtype}, keys {list(k0.shape)} spec {_spec(k0)}",

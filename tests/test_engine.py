@@ -95,9 +95,16 @@ def test_engine_equals_lockstep_token_for_token(setup, greedy):  # noqa: F811
         tasks,
     )
     assert len({len(ep.turns) for ep in lock}) > 2  # episodes of different lengths
-    for slots, decode_steps in [(0, 16), (3, 2)]:  # every episode at once; a queue of 10 for 3
+    # Every episode at once; a queue of 10 for 3 slots; one slot prefilled a call.
+    for slots, decode_steps, max_admit in [(0, 16, 0), (3, 2, 0), (4, 3, 1)]:
         engine = SlotEngine(
-            graphdef, sampling, 256, chat.pad_id, slots=slots, decode_steps=decode_steps
+            graphdef,
+            sampling,
+            256,
+            chat.pad_id,
+            slots=slots,
+            decode_steps=decode_steps,
+            max_admit=max_admit,
         )
         eps, stats = _run(engine, params, chat, InlineRunner(ScriptedEnv), key, budget, tasks)
         _same(eps, lock)

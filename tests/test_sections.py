@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from jaxagent.agents.engine import EngineConfig
 from jaxagent.agents.rollout import Budget
 from jaxagent.envs.faults import FaultConfig
 from jaxagent.errors import ConfigError
@@ -26,7 +27,10 @@ def test_sections_hold_every_package_field_but_the_derived_ones():
     assert _names(ModelSection) == _names(ModelConfig) - set(DERIVED_MODEL_FIELDS) | {"init_from"}
     assert _names(PoolSection) == _names(PoolConfig) - {"seed"}
     assert _names(FaultSection) == _names(FaultConfig) - {"hang_s"}
-    kept = (_names(Budget) | _names(SamplingConfig)) - {"stop_token_ids", "greedy"}
+    kept = (_names(Budget) | _names(SamplingConfig) | _names(EngineConfig)) - {
+        "stop_token_ids",
+        "greedy",
+    }
     assert _names(RolloutSection) - kept == {"tasks_per_iteration", "samples_per_task"}
 
 

@@ -66,6 +66,10 @@ class EngineConfig:
     engine: str = "slots"
     slots: int = 0  # episodes in flight (KV cache rows); 0 = every episode of a rollout
     decode_steps: int = 16  # decode steps per device call (how long a finished turn waits)
+    # Slots prefilled per device call at most (0: every slot whose chunk is ready). Every chip
+    # prefills every admitted row: at 7B on 16 GiB v5e chips more than 16 rows a call do not
+    # fit (benchmarks/pod_plan.py --phase rollout); the rest wait for the next call.
+    max_admit: int = 0
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -76,6 +80,10 @@ class EngineConfig:
             )
         if not isinstance(self.decode_steps, int) or self.decode_steps < 1:
             raise ConfigError(f"EngineConfig.decode_steps={self.decode_steps!r} must be >= 1")
+        if not isinstance(self.max_admit, int) or self.max_admit < 0:
+            raise ConfigError(
+                f"EngineConfig.max_admit={self.max_admit!r} must be an int >= 0 (0 = no cap)"
+            )
 
 
 class SlotEngine(CachedTurnSampler):
@@ -93,6 +101,7 @@ class SlotEngine(CachedTurnSampler):
       slots: episodes in flight at most (KV cache rows); 0: one per episode of the call.
       decode_steps: decode steps per device call at most (how long a finished turn can wait
         for the host).
+      max_admit: slots prefilled per device call at most (0: all that are ready).
     """
 
     continuous = True
@@ -106,8 +115,10 @@ class SlotEngine(CachedTurnSampler):
         *,
         slots: int = 0,
         decode_steps: int = 16,
+        max_admit: int = 0,
     ):
         super().__init__(graphdef, sampling, max_len, pad_id=pad_id)
+        self.max_admit = max_admit
         if slots < 0 or decode_steps < 1:
             raise ValueError(
                 f"SlotEngine: slots={slots} must be >= 0 (0 = one per episode) and "
@@ -239,7 +250,7 @@ class SlotEngine(CachedTurnSampler):
                 continue
             t0 = time.perf_counter()
             if ready:
-                slots = sorted(ready)
+                slots = sorted(ready)[: self.max_admit or None]
                 stats.device_row_s += sum(t0 - since[s] for s in slots)
                 state = dev.admit(
                     params,
@@ -252,7 +263,8 @@ class SlotEngine(CachedTurnSampler):
                     [len(eps[episode_in[s]].turns) for s in slots],
                 )
                 decoding.update(slots)
-                ready.clear()
+                for s in slots:
+                    del ready[s]
             # Every slot with a turn on the device ends it within max_new_tokens more tokens.
             longest = max(len(eps[episode_in[s]].tokens) for s in decoding)
             state = dev.decode(params, state, longest + self.sampling.max_new_tokens)

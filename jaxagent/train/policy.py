@@ -150,6 +150,7 @@ def make_turn_sampler(
                 pad_id=pad_id,
                 slots=engine.slots,
                 decode_steps=engine.decode_steps,
+                max_admit=engine.max_admit,
             )
         return CachedTurnSampler(graphdef, sampling, max_len, pad_id=pad_id)
     return ReferenceSampler(make_logits_fn(graphdef), sampling, max_len, pad_id=pad_id)
