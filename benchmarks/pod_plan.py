@@ -437,7 +437,10 @@ def rollout_plan(args) -> dict:
         "init_compile_s": round(init_s, 1),
         "programs": {},
     }
-    programs = (("admit", sampler._admit, admit_args), ("decode", sampler._decode, ()))
+    programs = (
+        ("admit", sampler._admit, admit_args),
+        ("decode", sampler._decode, (None,)),
+    )  # every slot
     for name, fn, extra in programs:
         t0 = time.perf_counter()
         lowered = fn.lower(params, state, *extra)

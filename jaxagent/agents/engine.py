@@ -50,7 +50,7 @@ from jaxagent.errors import ConfigError
 from jaxagent.generate import SamplingConfig
 from jaxagent.generate.slots import SlotSampler
 
-ENGINES = ("lockstep", "slots")
+ENGINES = ("auto", "lockstep", "slots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +60,13 @@ class EngineConfig:
     ``engine``: "slots", continuous batching over KV slots (``SlotEngine``), or "lockstep",
     rounds in which every waiting episode is served by one batched call and every
     environment steps before the next (``collect_episodes``' own loop). Both sample the
-    same tokens for the same key.
+    same tokens for the same key. "auto": slots when the environments run in a pool that
+    answers asynchronously (the engine decodes while they work), lock-step when they are
+    called inline (nothing to overlap; on this project's 2-core CPU the lock-step driver's
+    fewer, larger calls are faster there: ``benchmarks/rollout_engine.py``).
     """
 
-    engine: str = "slots"
+    engine: str = "auto"
     slots: int = 0  # episodes in flight (KV cache rows); 0 = every episode of a rollout
     decode_steps: int = 16  # decode steps per device call (how long a finished turn waits)
     # Slots prefilled per device call at most (0: every slot whose chunk is ready). Every chip
@@ -84,6 +87,13 @@ class EngineConfig:
             raise ConfigError(
                 f"EngineConfig.max_admit={self.max_admit!r} must be an int >= 0 (0 = no cap)"
             )
+
+    def resolved(self, streamed: bool) -> str:
+        """ "slots" or "lockstep": ``engine`` with "auto" decided by whether the environments
+        answer asynchronously (``streamed``)."""
+        if self.engine != "auto":
+            return self.engine
+        return "slots" if streamed else "lockstep"
 
 
 class SlotEngine(CachedTurnSampler):
@@ -267,7 +277,9 @@ class SlotEngine(CachedTurnSampler):
                     del ready[s]
             # Every slot with a turn on the device ends it within max_new_tokens more tokens.
             longest = max(len(eps[episode_in[s]].tokens) for s in decoding)
-            state = dev.decode(params, state, longest + self.sampling.max_new_tokens)
+            state = dev.decode(
+                params, state, longest + self.sampling.max_new_tokens, active=sorted(decoding)
+            )
             self._state = state
             stats.rounds += 1
             pending, done, num = jax.device_get(
@@ -290,12 +302,16 @@ class SlotEngine(CachedTurnSampler):
                 env.step(over, [actions[s] for s in over])
                 waiting += len(over)
                 since.update((s, time.perf_counter()) for s in over)
-        row_steps, busy = jax.device_get((state.row_steps, state.busy_steps))
-        stats.row_steps, stats.busy_steps = int(row_steps), int(busy)
-        stats.decode_steps = stats.row_steps // n_slots
-        # Every decode step attends over each slot's whole capacity: it reads the whole cache.
+        steps, row_steps, busy = jax.device_get((state.steps, state.row_steps, state.busy_steps))
+        stats.decode_steps, stats.row_steps, stats.busy_steps = (
+            int(steps),
+            int(row_steps),
+            int(busy),
+        )
+        # KV bytes a decoded row reads: its slot's whole capacity (an upper bound: with a
+        # window narrower than the capacity, attention reads only the window).
         cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.cache))
-        stats.kv_bytes = float(stats.decode_steps) * cache_bytes
+        stats.kv_bytes = float(stats.row_steps) * cache_bytes / n_slots
         stats.wall_s = time.perf_counter() - t_start
         return eps, stats
 

@@ -60,7 +60,9 @@ class SlotState:
       logprobs: [S, N] their log-probs.
       uniforms: [S, N] the current turn's draws (zeros when greedy).
       cache: the KV cache, one row a slot.
-      row_steps: scalar int32: decode steps x slots run so far.
+      steps: scalar int32: decode steps run so far.
+      row_steps: scalar int32: rows decoded, summed over steps (all slots, or the active
+        slots' batch with its padding rows).
       busy_steps: scalar int32: of those, the row-steps of slots generating a turn.
     """
 
@@ -72,6 +74,7 @@ class SlotState:
     logprobs: jax.Array
     uniforms: jax.Array
     cache: KVCache
+    steps: jax.Array
     row_steps: jax.Array
     busy_steps: jax.Array
 
@@ -156,9 +159,10 @@ class SlotSampler:
             key_i = (True, tuple(c)) if fresh[i] else (False, i)
             expand[i] = unique.setdefault(key_i, len(unique))
         firsts = [int(np.argmax(expand == u)) for u in range(len(unique))]
-        # Rows and width bucketed (powers of 4 rows, powers of 2 tokens): few compiles.
+        # Rows and width bucketed (powers of 8 rows, powers of 2 tokens from 16): few
+        # compiled programs, whatever order the environments answer in.
         rows, pre = self._rows(p), self._rows(len(unique))
-        t = bucket(max(len(c) for c in chunks), pow2=True, minimum=8)
+        t = bucket(max(len(c) for c in chunks), pow2=True, minimum=16)
         chunk = self.sampling.prefill_chunk
         if chunk and t > chunk:
             t = bucket(t, multiple=chunk)
@@ -181,21 +185,41 @@ class SlotSampler:
     def _rows(self, p: int) -> int:
         rows = 1
         while rows < p:
-            rows *= 4
+            rows *= 8
         return max(min(rows, self.slots), p)
 
-    def decode(self, params, state: SlotState, longest: int | None = None) -> SlotState:
+    def decode(
+        self,
+        params,
+        state: SlotState,
+        longest: int | None = None,
+        active: Sequence[int] | None = None,
+    ) -> SlotState:
         """At most ``decode_steps`` decode steps of every slot with a turn under way (donated).
 
         ``longest``: a bound on every slot's length at the end of its turn (the host knows
         it: tokens so far + ``max_new_tokens``). Attention then reads only that many slots,
         rounded up to a power of two (at least 64: few compiled programs), instead of the
-        whole capacity: length-aware decode."""
+        whole capacity: length-aware decode.
+
+        ``active``: the slots with a turn under way. Only they are decoded: their rows are
+        gathered into a batch of a power of 4 rows (at least 4), decoded and put back, so
+        idle slots (turns over, episodes waiting for their environment) cost nothing but
+        the copy; None decodes every slot."""
         window = None
         if longest is not None:
             window = bucket(longest, pow2=True, minimum=64)
             window = None if window >= self.capacity else window
-        return self._decode(params, state, window=window)
+        rows = self.slots
+        if active is not None:
+            rows = 4
+            while rows < len(active):
+                rows *= 4
+        if rows >= self.slots:
+            return self._decode(params, state, None, window=window)
+        idx = np.full(rows, self.slots, np.int32)
+        idx[: len(active)] = sorted(active)
+        return self._decode(params, state, idx, window=window)
 
     # ---- device side -------------------------------------------------------------------
     def _init_state(self, params, *, rows_sharding):
@@ -214,6 +238,7 @@ class SlotSampler:
             logprobs=jnp.zeros((s, n), jnp.float32),
             uniforms=jnp.zeros((s, n), jnp.float32),
             cache=cache,
+            steps=zeros,
             row_steps=zeros,
             busy_steps=zeros,
         )
@@ -256,8 +281,42 @@ class SlotSampler:
             cache=_put_rows(state.cache, idx, sub),
         )
 
-    def _decode_steps(self, params, state, window=None):
+    def _decode_steps(self, params, state, active, window=None):
         self.num_compiles += 1
+        if active is None:
+            return self._decode_rows(params, state, window)
+        # The active slots as a batch of their own (padding rows, index S, idle and dropped).
+        valid = active < self.slots
+        take = jnp.minimum(active, self.slots - 1)
+        sub = state.replace(
+            last=state.last[take],
+            pending=state.pending[take] & valid,
+            finished=state.finished[take] | ~valid,
+            num_generated=state.num_generated[take],
+            tokens=state.tokens[take],
+            logprobs=state.logprobs[take],
+            uniforms=state.uniforms[take],
+            cache=_take_rows(state.cache, take),
+        )
+        sub = self._decode_rows(params, sub, window)
+
+        def put(big, small):
+            return big.at[active].set(small, mode="drop")
+
+        return state.replace(
+            last=put(state.last, sub.last),
+            pending=put(state.pending, sub.pending),
+            finished=put(state.finished, sub.finished),
+            num_generated=put(state.num_generated, sub.num_generated),
+            tokens=put(state.tokens, sub.tokens),
+            logprobs=put(state.logprobs, sub.logprobs),
+            cache=_put_rows(state.cache, active, sub.cache),
+            steps=sub.steps,
+            row_steps=sub.row_steps,
+            busy_steps=sub.busy_steps,
+        )
+
+    def _decode_rows(self, params, state, window):
         sampling, n = self.sampling, self.sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
         fused = model.fused_weights()
@@ -287,6 +346,7 @@ class SlotSampler:
                 tokens=s.tokens.at[rows, col].set(tok, mode="drop"),
                 logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"),
                 cache=cache,
+                steps=s.steps + 1,
                 row_steps=s.row_steps + s.num_slots,
                 busy_steps=s.busy_steps + jnp.sum(s.pending, dtype=jnp.int32),
             )

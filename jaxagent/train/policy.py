@@ -134,15 +134,17 @@ def make_turn_sampler(
     kind: str = "auto",
     pad_id: int = 0,
     engine: Optional[EngineConfig] = None,
+    streamed: bool = False,
 ) -> TurnPolicy:
     """The multi-turn LM sampler: "cached" (KV cache with ragged continuation), "reference"
     (re-encodes each row for every token) or "auto" (cached). A cached sampler runs its
-    episodes through ``engine`` (default: ``EngineConfig()``, continuous batching)."""
+    episodes through ``engine`` (``EngineConfig.resolved(streamed)``: ``streamed`` says the
+    environments answer asynchronously, from a pool)."""
     if kind not in ("auto", "cached", "reference"):
         raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
     if kind in ("auto", "cached"):
         engine = engine or EngineConfig()
-        if engine.engine == "slots":
+        if engine.resolved(streamed) == "slots":
             return SlotEngine(
                 graphdef,
                 sampling,

@@ -274,7 +274,13 @@ def build_run(
             stop_token_ids=chat.stop_ids,
         )
         return make_turn_sampler(
-            graphdef, sampling, max_len, pad_id=chat.pad_id, engine=build(r, EngineConfig)
+            graphdef,
+            sampling,
+            max_len,
+            pad_id=chat.pad_id,
+            engine=build(r, EngineConfig),
+            # make_runner's pool streams its answers; inline (and rendering) runners do not
+            streamed=render_dir is None and config.env.pool.backend != "inline",
         )
 
     rl_sampler = sampler(r.temperature)
