@@ -153,3 +153,29 @@ def test_engine_logprobs_are_the_learners(setup):  # noqa: F811
     np.testing.assert_allclose(
         np.asarray(learner)[mask], batch.old_logprobs[mask], atol=1e-4, rtol=0
     )
+
+
+def test_engine_on_a_data_x_tensor_mesh_equals_one_device(setup):  # noqa: F811
+    """The engine's admit gathers, active-slot batches and puts on a data=4 x tensor=2 mesh
+    (cache rows over data, KV heads over tensor): the one device's episodes."""
+    from jaxagent.models import param_logical_axes
+    from jaxagent.parallel.mesh import make_mesh, param_shardings
+
+    _, chat, graphdef, params, cfg = setup
+    assert cfg.num_kv_heads % 2 == 0
+    mesh = make_mesh(data=4, tensor=2)
+    sharded = jax.device_put(
+        params, param_shardings(params, param_logical_axes(graphdef, params), mesh)
+    )
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
+    budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
+    runs = []
+    for p in (params, sharded):
+        engine = SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=8, decode_steps=3)
+        runs.append(
+            _run(
+                engine, p, chat, InlineRunner(ScriptedEnv), jax.random.key(4), budget, _more_tasks()
+            )
+        )
+    (one, _), (split, _) = runs
+    _same(split, one)

@@ -205,13 +205,17 @@ class SlotSampler:
         ``active``: the slots with a turn under way. Only they are decoded: their rows are
         gathered into a batch of a power of 4 rows (at least 4), decoded and put back, so
         idle slots (turns over, episodes waiting for their environment) cost nothing but
-        the copy; None decodes every slot."""
+        the copy; None decodes every slot, and so does a pool whose rows are split over
+        devices (each device decodes its own slots)."""
         window = None
         if longest is not None:
             window = bucket(longest, pow2=True, minimum=64)
             window = None if window >= self.capacity else window
         rows = self.slots
-        if active is not None:
+        # Rows split over devices stay where they are: gathering the active ones would move
+        # their caches between devices every call.
+        split = _row_sharding(params, self.slots) is not None
+        if active is not None and not split:
             rows = 4
             while rows < len(active):
                 rows *= 4
