@@ -363,6 +363,14 @@ def rollout_plan(args) -> dict:
         jax.eval_shape(lambda p: sampler._init_state(p, rows_sharding=None), params),
         init.output_shardings,
     )
+    # The decode kernels, built once a rollout (``SlotSampler.prepare``), laid out by their
+    # own program too.
+    prep = sampler._prepare.lower(params).compile()
+    fused = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+        jax.eval_shape(sampler._prepare, params),
+        prep.output_shardings,
+    )
     init_s = time.perf_counter() - t0
     shards = data * fsdp  # the rows' mesh axes (``batch_mesh_axes``)
     p_rows = 1  # SlotSampler.admit's row buckets: powers of 4, at most the slots
@@ -396,6 +404,7 @@ def rollout_plan(args) -> dict:
     )
     weights_b = _per_chip_bytes(params)
     kv_b = _per_chip_bytes((state.cache.keys, state.cache.values))
+    fused_b = _per_chip_bytes(fused)
     # A decode step reads every kernel once, but of the input embedding only the rows looked
     # up (untied: the [V, D] table is not read; tied, it is the LM head and is read).
     embed_b = 0 if cfg.tie_embeddings else _per_chip_bytes(params["embed"])
@@ -428,6 +437,7 @@ def rollout_plan(args) -> dict:
         "hbm_gib": hbm_gib,
         "weights_gib_per_chip": round(weights_b / gib, 3),
         "kv_cache_gib_per_chip": round(kv_b / gib, 3),
+        "decode_kernels_gib_per_chip": round(fused_b / gib, 3),
         "slots_per_data_shard": s // shards if s % shards == 0 else s,
         "decode_bytes_per_step": step_b,
         "decode_weight_bytes_per_step": weights_b - embed_b,
@@ -443,7 +453,7 @@ def rollout_plan(args) -> dict:
     )  # every slot
     for name, fn, extra in programs:
         t0 = time.perf_counter()
-        lowered = fn.lower(params, state, *extra)
+        lowered = fn.lower(params, fused, state, *extra)
         t1 = time.perf_counter()
         out["programs"][name] = _memory(lowered, hbm_gib) | {"lower_s": round(t1 - t0, 1)}
     out["peak_gib"] = {k: v["peak_gib_per_chip"] for k, v in out["programs"].items()}
@@ -507,7 +517,9 @@ def print_rollout(r: dict) -> None:
     )
     print(
         f"per chip resident: weights {r['weights_gib_per_chip']} GiB, KV cache "
-        f"{r['kv_cache_gib_per_chip']} GiB (pool init compiled in {r['init_compile_s']} s)"
+        f"{r['kv_cache_gib_per_chip']} GiB, decode kernels (fused q/k/v, gate/up; built once a "
+        f"rollout) {r['decode_kernels_gib_per_chip']} GiB (pool init compiled in "
+        f"{r['init_compile_s']} s)"
     )
     for name, m in r["programs"].items():
         if "compile_error" in m:

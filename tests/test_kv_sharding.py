@@ -79,11 +79,12 @@ def test_sampling_on_rows_x_heads_equals_one_device():
         a = s(p, prompts, cfg, jax.random.key(1))
         slots = SlotSampler(graphdef, cfg, ROWS, 64, decode_steps=32)
         st = slots.init(p)
+        fused = slots.prepare(p)
         st = slots.admit(
-            p, st, list(range(ROWS)), prompts, [True] * ROWS, jax.random.key(3),
+            p, fused, st, list(range(ROWS)), prompts, [True] * ROWS, jax.random.key(3),
             list(range(ROWS)), [0] * ROWS,
         )  # fmt: skip
-        st = slots.decode(p, st)
+        st = slots.decode(p, fused, st)
         if p is sharded:
             for cache in (a.cache, st.cache):
                 for spec in _cache_specs(cache):

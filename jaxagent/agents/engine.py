@@ -196,7 +196,8 @@ class SlotEngine(CachedTurnSampler):
         dev = self.device(n_slots, capacity)
         self.release()
         state = dev.init(params)
-        self._state = state
+        fused = dev.prepare(params)
+        self._state = (state, fused)
         env = _Streamed(spec.runner)
         t_start = time.perf_counter()
 
@@ -264,6 +265,7 @@ class SlotEngine(CachedTurnSampler):
                 stats.device_row_s += sum(t0 - since[s] for s in slots)
                 state = dev.admit(
                     params,
+                    fused,
                     state,
                     slots,
                     [ready[s] for s in slots],
@@ -278,9 +280,13 @@ class SlotEngine(CachedTurnSampler):
             # Every slot with a turn on the device ends it within max_new_tokens more tokens.
             longest = max(len(eps[episode_in[s]].tokens) for s in decoding)
             state = dev.decode(
-                params, state, longest + self.sampling.max_new_tokens, active=sorted(decoding)
+                params,
+                fused,
+                state,
+                longest + self.sampling.max_new_tokens,
+                active=sorted(decoding),
             )
-            self._state = state
+            self._state = (state, fused)
             stats.rounds += 1
             pending, done, num = jax.device_get(
                 (state.pending, state.finished, state.num_generated)

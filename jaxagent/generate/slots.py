@@ -124,12 +124,20 @@ class SlotSampler:
         self.num_compiles = 0
         self.prefilled_tokens = 0
         self._init = jax.jit(self._init_state, static_argnames=("rows_sharding",))
+        self._prepare = jax.jit(lambda params: nnx.merge(graphdef, params).fused_weights())
         self._admit = jax.jit(self._admit_rows, donate_argnames=("state",))
         self._decode = jax.jit(
             self._decode_steps, donate_argnames=("state",), static_argnames=("window",)
         )
 
     # ---- host side ---------------------------------------------------------------------
+    def prepare(self, params):
+        """The decode kernels (``Transformer.fused_weights``: concatenated q/k/v and gate/up),
+        built once for a rollout's parameters and passed to every ``admit`` / ``decode`` call
+        (built inside each call instead, they would cost a pass over the weights and a
+        transient copy every few decode steps)."""
+        return self._prepare(params)
+
     def init(self, params) -> SlotState:
         """An empty pool (every slot idle), rows split over the parameters' mesh."""
         return self._init(params, rows_sharding=_row_sharding(params, self.slots))
@@ -137,6 +145,7 @@ class SlotSampler:
     def admit(
         self,
         params,
+        fused,
         state: SlotState,
         slot_ids: Sequence[int],
         chunks: Sequence[Sequence[int]],
@@ -147,7 +156,7 @@ class SlotSampler:
     ) -> SlotState:
         """Append ``chunks[i]`` to slot ``slot_ids[i]`` (emptied first when ``fresh[i]``: a new
         episode takes the slot) and start the slot's turn ``turn_ids[i]`` of episode
-        ``row_ids[i]``. The state is donated."""
+        ``row_ids[i]``. ``fused``: ``prepare(params)``. The state is donated."""
         p = len(slot_ids)
         if not p or any(len(c) == 0 for c in chunks):
             raise ValueError("admit: pass at least one slot, each with a non-empty chunk")
@@ -180,7 +189,7 @@ class SlotSampler:
         tid = np.zeros(rows, np.int32)
         idx[:p], take[:p], rid[:p], tid[:p] = slot_ids, expand, row_ids, turn_ids
         self.prefilled_tokens += int(segs.sum())
-        return self._admit(params, state, src, tokens, segs, new, idx, take, key, rid, tid)
+        return self._admit(params, fused, state, src, tokens, segs, new, idx, take, key, rid, tid)
 
     def _rows(self, p: int) -> int:
         rows = 1
@@ -191,6 +200,7 @@ class SlotSampler:
     def decode(
         self,
         params,
+        fused,
         state: SlotState,
         longest: int | None = None,
         active: Sequence[int] | None = None,
@@ -220,10 +230,10 @@ class SlotSampler:
             while rows < len(active):
                 rows *= 4
         if rows >= self.slots:
-            return self._decode(params, state, None, window=window)
+            return self._decode(params, fused, state, None, window=window)
         idx = np.full(rows, self.slots, np.int32)
         idx[: len(active)] = sorted(active)
-        return self._decode(params, state, idx, window=window)
+        return self._decode(params, fused, state, idx, window=window)
 
     # ---- device side -------------------------------------------------------------------
     def _init_state(self, params, *, rows_sharding):
@@ -248,7 +258,7 @@ class SlotSampler:
         )
 
     def _admit_rows(
-        self, params, state, src, tokens, segs, fresh, idx, take, key, row_ids, turn_ids
+        self, params, fused, state, src, tokens, segs, fresh, idx, take, key, row_ids, turn_ids
     ):
         self.num_compiles += 1
         sampling, n = self.sampling, self.sampling.max_new_tokens
@@ -256,7 +266,8 @@ class SlotSampler:
         pre, t = tokens.shape
         rows = idx.shape[0]
         width = min(t, sampling.prefill_chunk or t)
-        fused = model.fused_weights() if pre * width <= _DECODE_ROWS else None
+        # A long chunk (a prompt) is a wide matmul, faster with the plain kernels.
+        fused = fused if pre * width <= _DECODE_ROWS else None
         sub = _take_rows(state.cache, src)
         sub = sub.replace(lengths=jnp.where(fresh, 0, sub.lengths))
         h, sub = _prefill(model, tokens, segs, sub, fused, sampling.prefill_chunk)
@@ -285,10 +296,10 @@ class SlotSampler:
             cache=_put_rows(state.cache, idx, sub),
         )
 
-    def _decode_steps(self, params, state, active, window=None):
+    def _decode_steps(self, params, fused, state, active, window=None):
         self.num_compiles += 1
         if active is None:
-            return self._decode_rows(params, state, window)
+            return self._decode_rows(params, fused, state, window)
         # The active slots as a batch of their own (padding rows, index S, idle and dropped).
         valid = active < self.slots
         take = jnp.minimum(active, self.slots - 1)
@@ -302,7 +313,7 @@ class SlotSampler:
             uniforms=state.uniforms[take],
             cache=_take_rows(state.cache, take),
         )
-        sub = self._decode_rows(params, sub, window)
+        sub = self._decode_rows(params, fused, sub, window)
 
         def put(big, small):
             return big.at[active].set(small, mode="drop")
@@ -320,10 +331,9 @@ class SlotSampler:
             busy_steps=sub.busy_steps,
         )
 
-    def _decode_rows(self, params, state, window):
+    def _decode_rows(self, params, fused, state, window):
         sampling, n = self.sampling, self.sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
-        fused = model.fused_weights()
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
         rows = jnp.arange(state.num_slots)
 
