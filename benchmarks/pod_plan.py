@@ -457,7 +457,17 @@ def rollout_plan(args) -> dict:
         t1 = time.perf_counter()
         out["programs"][name] = _memory(lowered, hbm_gib) | {"lower_s": round(t1 - t0, 1)}
     out["peak_gib"] = {k: v["peak_gib_per_chip"] for k, v in out["programs"].items()}
+    # A program's arguments count only the buffers it reads; the weights, the decode kernels
+    # and the cache are all resident through the rollout, so a call's true peak is all of
+    # them plus its temporaries.
+    resident = (weights_b + fused_b + kv_b) / gib
+    out["resident_gib_per_chip"] = round(resident, 3)
+    out["peak_with_resident_gib"] = {
+        k: round(resident + v["temp_gib"], 3) for k, v in out["programs"].items() if "temp_gib" in v
+    }
     fits = [v["fits"] for v in out["programs"].values()]
+    if hbm_gib:
+        fits += [p <= hbm_gib for p in out["peak_with_resident_gib"].values()]
     out["fits"] = None if None in fits else all(fits)
     return out
 
@@ -529,7 +539,8 @@ def print_rollout(r: dict) -> None:
             f"{name}: arguments {m['argument_gib']} GiB, outputs {m['output_gib']} GiB, "
             f"temporaries {m['temp_gib']} GiB, aliased {m['alias_gib']} GiB -> peak "
             f"{m['peak_gib_per_chip']} GiB of {r['hbm_gib']} GiB HBM (fits: {m['fits']}); "
-            f"lower {m['lower_s']} s, compile {m['compile_s']} s"
+            f"lower {m['lower_s']} s, compile {m['compile_s']} s; with everything resident "
+            f"(weights, decode kernels, cache) {r['peak_with_resident_gib'][name]} GiB"
         )
     bw = r["hbm_bytes_per_s"]
     print(
