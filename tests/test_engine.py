@@ -179,3 +179,30 @@ def test_engine_on_a_data_x_tensor_mesh_equals_one_device(setup):  # noqa: F811
         )
     (one, _), (split, _) = runs
     _same(split, one)
+
+
+def test_engine_with_scanned_layers_equals_lockstep():
+    """A ``scan_layers`` model keeps one stacked cache: the engine's row gathers and puts,
+    and its attention window, act on the stacked layout."""
+    from jaxagent.agents.chat import ChatFormat
+    from jaxagent.models import ModelConfig, init_model
+    from jaxagent.train.tokenizer import build_word_tokenizer
+
+    from test_rollout import WORDS
+
+    tok = build_word_tokenizer(WORDS)
+    chat = ChatFormat(tok)
+    cfg = ModelConfig.test(vocab_size=len(tok), max_seq_len=256, scan_layers=True)
+    graphdef, params = init_model(cfg, jax.random.key(0))
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
+    budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
+    runs = [
+        _run(
+            policy, params, chat, InlineRunner(ScriptedEnv), jax.random.key(1), budget, _tasks(), 3
+        )
+        for policy in (
+            CachedTurnSampler(graphdef, sampling, 256, chat.pad_id),
+            SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=3, decode_steps=2),
+        )
+    ]
+    _same(runs[1][0], runs[0][0])
