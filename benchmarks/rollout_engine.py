@@ -99,6 +99,7 @@ def main(argv=None) -> None:
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--checkpoint", default="", help="a quickstart run directory")
     ap.add_argument("--slots", type=int, default=-1, help="engine slots (default: config's)")
+    ap.add_argument("--decode-steps", type=int, default=0, help="default: the config's")
     args = ap.parse_args(argv)
 
     if args.checkpoint:
@@ -125,7 +126,7 @@ def main(argv=None) -> None:
             run.max_len,
             run.chat.pad_id,
             slots=r.slots if args.slots < 0 else args.slots,
-            decode_steps=r.decode_steps,
+            decode_steps=args.decode_steps or r.decode_steps,
         ),
     }
     slots = policies["engine"].slots
@@ -135,7 +136,7 @@ def main(argv=None) -> None:
         f"= {n_eps} episodes, max_turns {r.max_turns}, max_new_tokens {r.max_new_tokens}, "
         f"temperature {r.temperature}, policy {args.checkpoint or 'untrained'}; engine slots "
         f"{slots or n_eps}, decode_steps "
-        f"{r.decode_steps}; thread pool of {n_eps} environments; {platform.processor() or ''} "
+        f"{policies['engine'].decode_steps}; thread pool of {n_eps} environments; {platform.processor() or ''} "
         f"{os.cpu_count()} cores, {jax.default_backend()}"
     )
     result: dict = {}
