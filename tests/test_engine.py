@@ -77,7 +77,8 @@ def _same(a, b):
     )
 
 
-@pytest.mark.parametrize("greedy", [False, True])
+# Greedy runs nightly (CI's 30-minute budget on 2 cores): sampled is the stricter case.
+@pytest.mark.parametrize("greedy", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_engine_equals_lockstep_token_for_token(setup, greedy):  # noqa: F811
     _, chat, graphdef, params, _ = setup
     sampling = SamplingConfig(
@@ -155,6 +156,7 @@ def test_engine_logprobs_are_the_learners(setup):  # noqa: F811
     )
 
 
+@pytest.mark.slow  # 28 s; test_kv_sharding checks the slot programs on this mesh in CI
 def test_engine_on_a_data_x_tensor_mesh_equals_one_device(setup):  # noqa: F811
     """The engine's admit gathers, active-slot batches and puts on a data=4 x tensor=2 mesh
     (cache rows over data, KV heads over tensor): the one device's episodes."""
@@ -181,6 +183,7 @@ def test_engine_on_a_data_x_tensor_mesh_equals_one_device(setup):  # noqa: F811
     _same(split, one)
 
 
+@pytest.mark.slow  # a second model's compiles (nightly)
 def test_engine_with_scanned_layers_equals_lockstep():
     """A ``scan_layers`` model keeps one stacked cache: the engine's row gathers and puts,
     and its attention window, act on the stacked layout."""
