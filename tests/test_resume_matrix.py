@@ -12,6 +12,8 @@ rollout's and evaluation's per-round callbacks, the update, the checkpoint save)
 its process group on the n-th call; the trainer itself carries no test hook.
 
 The default run covers each point once (three signals x modes); ``-m slow`` runs all twenty.
+The overlapped rollout (``overlap.staleness=1``: batches sampled with older weights are saved
+with the checkpoint) is killed mid-rollout, mid-update and mid-save (one in the default run).
 """
 
 import json
@@ -158,8 +160,32 @@ def _cases():
         ):
             default = j == i % 3  # each point once in the default run, the signals and modes mixed
             marks = () if default else (pytest.mark.slow,)
-            cases.append(pytest.param(point, sig, mode, marks=marks, id=f"{point}-{sig}-{mode}"))
+            cases.append(pytest.param(point, sig, mode, 0, marks=marks, id=f"{point}-{sig}-{mode}"))
+    for point in ("rollout", "update", "save"):
+        marks = () if point == "save" else (pytest.mark.slow,)
+        cases.append(
+            pytest.param(point, "SIGKILL", "same", 1, marks=marks, id=f"{point}-SIGKILL-overlap")
+        )
     return cases
+
+
+@pytest.fixture(scope="module")
+def overlap_reference(tmp_path_factory):
+    """The uninterrupted SHORT run with the rollout overlapped (``overlap.staleness=1``)."""
+    from jaxagent.train.trainer import Trainer
+
+    mp = pytest.MonkeyPatch()
+    _scripted(mp)
+    try:
+        d = tmp_path_factory.mktemp("ref_overlap")
+        cfg = load_config(
+            QS,
+            [*SETTINGS, "overlap.staleness=1", f"train.iterations={SHORT}", f"train.out_dir={d}"],
+        )
+        summary = Trainer(cfg, echo=lambda s: None).run()
+        return _by_step(d / "metrics.jsonl"), summary
+    finally:
+        mp.undo()
 
 
 @pytest.fixture(scope="module")
@@ -173,12 +199,12 @@ def compile_cache(tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("point,sig,mode", _cases())
-def test_interrupted_run_ends_whole(point, sig, mode, references, compile_cache, tmp_path):
+@pytest.mark.parametrize("point,sig,mode,staleness", _cases())
+def test_interrupted_run_ends_whole(point, sig, mode, staleness, request, compile_cache, tmp_path):
     run = tmp_path / "run"
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    settings = [*SETTINGS, f"train.out_dir={run}"]
+    settings = [*SETTINGS, f"train.out_dir={run}", f"overlap.staleness={staleness}"]
     scripted = ",".join(f"{k}:{v}" for k, v in SCRIPTED_VAL.items())
     env = {**os.environ, "JAX_PLATFORMS": "cpu", **compile_cache}
     first = [sys.executable, str(script), point, sig, str(POINTS[point]), scripted]
@@ -197,7 +223,10 @@ def test_interrupted_run_ends_whole(point, sig, mode, references, compile_cache,
     again += ["train", QS, *settings, f"train.iterations={n}"]
     done = subprocess.run(again, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    ref_metrics, ref_summary = references[n]
+    if staleness:
+        ref_metrics, ref_summary = request.getfixturevalue("overlap_reference")
+    else:
+        ref_metrics, ref_summary = request.getfixturevalue("references")[n]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best_val_iteration"] == ref_summary["best_val_iteration"] == 2
     assert summary["success_best_val"] == ref_summary["success_best_val"]

@@ -179,6 +179,7 @@ class SlotEngine(CachedTurnSampler):
         key: jax.Array,
         group_offset: int = 0,
         on_round: Optional[Callable[[int, int], None]] = None,
+        version: int = 0,
     ) -> tuple[list[Episode], RolloutStats]:
         """Run every (task, sample) episode to completion (``collect_episodes``' contract)."""
         if spec.budget.max_new_tokens != self.sampling.max_new_tokens:
@@ -300,7 +301,7 @@ class SlotEngine(CachedTurnSampler):
                 k = int(num[slot])
                 toks = [int(t) for t in tokens[slot, :k]]
                 ep = eps[episode_in[slot]]
-                record_turn(ep, toks, [float(x) for x in logprobs[slot, :k]])
+                record_turn(ep, toks, [float(x) for x in logprobs[slot, :k]], version)
                 stats.policy_tokens += k
                 turn_out[slot] = (k, bool(k and toks[-1] in self.sampling.stop_token_ids))
                 actions[slot] = spec.chat.decode(toks)

@@ -40,6 +40,8 @@ class Episode:
       loss_mask: 1 where the policy sampled the token, else 0 (same length as ``tokens``).
       logprobs: sampler log-prob of each sampled token, 0 elsewhere.
       turn_ids: turn index of each policy token, -1 on prompt/observation tokens.
+      versions: the policy version (the number of updates the sampling weights had seen)
+        that sampled each policy token, -1 on prompt/observation tokens.
       turns: per-turn records.
       termination: how the episode ended.
       failure_mode: why it failed (None on success).
@@ -54,6 +56,7 @@ class Episode:
     loss_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turn_ids: list[int] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
     turns: list[Turn] = dataclasses.field(default_factory=list)
     first_observation: str = ""
     termination: Termination = Termination.TRUNCATED
@@ -63,8 +66,11 @@ class Episode:
     done: bool = False
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def append(self, ids, *, sampled: bool, logprobs=None, turn: int = -1) -> None:
-        """Append token ids; ``sampled`` ones carry loss and their sampler log-probs."""
+    def append(
+        self, ids, *, sampled: bool, logprobs=None, turn: int = -1, version: int = 0
+    ) -> None:
+        """Append token ids; ``sampled`` ones carry loss, their sampler log-probs and the
+        policy ``version`` that sampled them."""
         ids = [int(t) for t in ids]
         self.tokens.extend(ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
@@ -72,9 +78,11 @@ class Episode:
             assert logprobs is not None and len(logprobs) == len(ids)
             self.logprobs.extend(float(x) for x in logprobs)
             self.turn_ids.extend([turn] * len(ids))
+            self.versions.extend([version] * len(ids))
         else:
             self.logprobs.extend([0.0] * len(ids))
             self.turn_ids.extend([-1] * len(ids))
+            self.versions.extend([-1] * len(ids))
 
     def finish(
         self,

@@ -120,6 +120,7 @@ def collect_episodes(
     key: jax.Array,
     group_offset: int = 0,
     on_round: Optional[Callable[[int, int], None]] = None,
+    version: int = 0,
 ) -> tuple[list[Episode], RolloutStats]:
     """Run ``samples_per_task`` episodes of every task to completion.
 
@@ -132,6 +133,8 @@ def collect_episodes(
       key: PRNG key for sampling.
       group_offset: added to group ids (distinct groups across calls).
       on_round: optional callback ``(finished, total)`` after each round (progress bars).
+      version: the policy version of ``params`` (updates they have seen), recorded with
+        every sampled token (``Episode.versions``).
 
     Returns:
       (episodes in input order, one per (task, sample); none is ever dropped), stats. The
@@ -152,8 +155,11 @@ def collect_episodes(
                 key=key,
                 group_offset=group_offset,
                 on_round=on_round,
+                version=version,
             )
-        return _drive(policy, params, tasks, samples_per_task, spec, key, group_offset, on_round)
+        return _drive(
+            policy, params, tasks, samples_per_task, spec, key, group_offset, on_round, version
+        )
     finally:
         release(policy)
 
@@ -176,9 +182,10 @@ def open_episode(ep: Episode, reply: EnvReply, spec: RolloutSpec) -> list[int]:
     return ids
 
 
-def record_turn(ep: Episode, tokens: list[int], logprobs: list[float]) -> None:
-    """Append the policy's turn (sampled ids and their log-probs) to ``ep``."""
-    ep.append(tokens, sampled=True, logprobs=logprobs, turn=len(ep.turns))
+def record_turn(ep: Episode, tokens: list[int], logprobs: list[float], version: int = 0) -> None:
+    """Append the policy's turn (sampled ids, their log-probs and the policy ``version``
+    that sampled them) to ``ep``."""
+    ep.append(tokens, sampled=True, logprobs=logprobs, turn=len(ep.turns), version=version)
 
 
 def close_turn(
@@ -244,6 +251,7 @@ def _drive(
     key: jax.Array,
     group_offset: int,
     on_round: Callable[[int, int], None] | None,
+    version: int,
 ) -> tuple[list[Episode], RolloutStats]:
     stats = RolloutStats()
     chat, runner = spec.chat, spec.runner
@@ -269,7 +277,7 @@ def _drive(
     while True:
         active = [i for i, ep in enumerate(eps) if not ep.done]
         for i in active:
-            record_turn(eps[i], out.tokens[i], out.logprobs[i])
+            record_turn(eps[i], out.tokens[i], out.logprobs[i], version)
             stats.policy_tokens += len(out.tokens[i])
         actions = [chat.decode(out.tokens[i]) for i in active]
         t0 = time.perf_counter()

@@ -40,6 +40,7 @@ from jaxagent.rl.config import RLConfig
 from jaxagent.sections import derive, load_typed
 from jaxagent.train.guards import GuardSection
 from jaxagent.train.model_section import ModelSection, TokenizerSection
+from jaxagent.train.overlap import OverlapSection
 from jaxagent.train.rl_section import RLSection
 
 
@@ -295,6 +296,7 @@ class Config:
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     guards: GuardSection = dataclasses.field(default_factory=GuardSection)
+    overlap: OverlapSection = dataclasses.field(default_factory=OverlapSection)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
@@ -314,6 +316,7 @@ class Config:
         object.__setattr__(self, "_rl", self.rl.build())
         self._check_rl_sampling()
         self._check_scan_layers()
+        self._check_overlap()
 
     @property
     def rl_config(self) -> RLConfig:
@@ -361,6 +364,27 @@ class Config:
             raise ConfigError(
                 "model.scan_layers=true with rl.update.fused_optimizer=true: the fused step "
                 "hooks each unrolled block; set model.scan_layers=false or fused_optimizer=false"
+            )
+
+    def _check_overlap(self) -> None:
+        """The overlapped rollout shares the devices with the update, so every program and
+        buffer of both phases stays alive (``train.release_compiled`` frees them between
+        phases), and the producer thread runs the rollout's cross-host collectives beside
+        the update's (several processes would interleave them)."""
+        k = self.overlap.staleness
+        if not k:
+            return
+        if self.train.release_compiled:
+            raise ConfigError(
+                f"overlap.staleness={k} with train.release_compiled=true: the rollout and the "
+                "update run at the same time, so neither phase's programs can be freed; set "
+                "train.release_compiled=false or overlap.staleness=0"
+            )
+        if self.distributed.num_processes > 1:
+            raise ConfigError(
+                f"overlap.staleness={k} with distributed.num_processes="
+                f"{self.distributed.num_processes}: the overlapped rollout runs on one process "
+                "for now; set overlap.staleness=0 for a multi-host run"
             )
 
     @property

@@ -10,6 +10,8 @@ validation success is chosen on validation tasks only and tested once on the hel
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, Sequence
 
 from jaxagent.agents import hosts
@@ -74,22 +76,26 @@ class RunEvaluation:
         self._rollout_params = rollout_params or (lambda params: params)
         self.sampler, self.rollout = run.eval_sampler, run.rollout
         self.test_tasks, self.val_tasks = run.tasks.eval, run.tasks.val
+        # The environments (and decode kernels) are shared with an overlapped rollout
+        # (``overlap.staleness``): the trainer sets its lock here, one user at a time.
+        self.env_lock = contextlib.nullcontext()
 
     def evaluate(self, params, tag: str, key, split: str = "test") -> dict:
         """Held-out ("test": prefix ``eval/``) or validation ("val": prefix ``val/``)
         evaluation; returns flat metrics."""
         tasks, prefix = (self.test_tasks, "eval") if split == "test" else (self.val_tasks, "val")
         params = self._rollout_params(params)  # sampled as the rollout samples
-        result = hosts.evaluate_sharded(
-            self.sampler,
-            tasks,
-            self.rollout,
-            key,
-            params,
-            samples_per_task=self.config.eval.samples_per_task,
-            local_shardings=self._host_shardings(params),
-        )
-        release_decode_kernels()  # the eval sampler's weight copy is not kept between uses
+        with self.env_lock:
+            result = hosts.evaluate_sharded(
+                self.sampler,
+                tasks,
+                self.rollout,
+                key,
+                params,
+                samples_per_task=self.config.eval.samples_per_task,
+                local_shardings=self._host_shardings(params),
+            )
+            release_decode_kernels()  # the eval sampler's weight copy is not kept between uses
         self._release()
         self.echo(
             f"[{tag}] " + result.report.describe("held-out" if prefix == "eval" else "validation")

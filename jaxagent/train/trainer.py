@@ -14,6 +14,7 @@ run restarted after a kill reloads the newest checkpoint and produces the same m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import shutil
@@ -25,6 +26,7 @@ import numpy as np
 
 from jaxagent.agents.batch import RowDrops, pack_episodes
 from jaxagent.agents.rollout import collect_episodes
+from jaxagent.errors import ConfigError
 from jaxagent.eval.report import summarize
 from jaxagent.models import abstract_graphdef, abstract_params
 from jaxagent.rl.prepare import with_critic_values
@@ -48,6 +50,8 @@ from jaxagent.train.policy import run_optimizer
 from jaxagent.train.evaluation import RunEvaluation
 from jaxagent.train.run import build_run, iteration_tasks, rows_multiple
 from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_atomic
+from jaxagent.train.overlap import BUFFER_KEY, Pipeline, Produced, decode_buffer, encode_buffer
+from jaxagent.train.overlap import staleness_metrics
 from jaxagent.train.sft import warm_start
 
 __all__ = ["Trainer"]
@@ -85,9 +89,16 @@ class Trainer:
         check_same_directory(ckpt_dir)  # several processes: all see one checkpoint directory
         refuse_overwrite(ckpt_dir, config.train.resume, config.run_dir)
         self._resuming = config.train.resume and bool(complete_steps(ckpt_dir))
+        self._resumed_buffer: dict = {}  # overlap: batches a checkpoint holds (resume)
         saved = saved_config(self.run_dir) if self._resuming else None
         if saved is not None:
             check_resume(config_to_dict(config), saved, self.run_dir)
+        if config.overlap.staleness and jax.process_count() > 1:
+            raise ConfigError(
+                f"overlap.staleness={config.overlap.staleness} in a run of "
+                f"{jax.process_count()} processes: the overlapped rollout runs on one process "
+                "for now; set overlap.staleness=0 for a multi-host run"
+            )
         self._cache_settings = None  # train.release_compiled: set before the first compilation
         if config.train.release_compiled:
             self._cache_settings = host_memory.compile_cache(self.echo)
@@ -206,42 +217,104 @@ class Trainer:
         )
 
     def iteration(self, state: TrainState, it: int) -> tuple[TrainState, dict]:
-        """One RL iteration: collect -> pack -> update (advantages inside the step)."""
+        """One synchronous RL iteration: collect -> pack -> update (advantages inside the
+        step), sampling with the state's own weights (policy version ``it``)."""
         t0 = time.perf_counter()
         # LoRA samples from a merged copy (the base is never written: bit-identical).
         merged, state = begin_sampling(state)
-        # The sampling weights (mesh.rollout_layout / sampling_dtype: one on-device reshard);
-        # several processes: each samples on every one of its own devices.
+        params, placed = self._sampling_params(merged, own_copy=False)
+        produced = Produced(it, it, self._produce(it, it, params))
+        params = None
+        state, merged = end_sampling(state, merged), None
+        return self._learn(state, it, produced, t0, placed)
+
+    def _overlapped_iteration(
+        self, state: TrainState, it: int, pipeline: Pipeline
+    ) -> tuple[TrainState, dict]:
+        """One iteration with the rollout overlapped (``overlap.staleness`` = k): the weights
+        of version ``it`` go to the producer (when a batch still samples with them), then the
+        update runs on batch ``it``, sampled by version ``max(0, it - k)``."""
+        t0 = time.perf_counter()
+        placed: dict = {}
+        if pipeline.needs(it):
+            merged, state = begin_sampling(state)
+            params, placed = self._sampling_params(merged, own_copy=True)
+            state, merged = end_sampling(state, merged), None
+            pipeline.publish(it, params)
+            params = None
+        produced, waited, ready = pipeline.take(it)
+        state, m = self._learn(state, it, produced, t0, placed)
+        m["time/learner_wait_s"] = waited
+        m["time/sampler_wait_s"] = produced.sampler_wait_s
+        m["time/batches_ready"] = ready  # timing-dependent, like the waits
+        m["async/version"] = produced.version
+        return state, m
+
+    def _sampling_params(self, merged, own_copy: bool) -> tuple[Any, dict]:
+        """The weights the rollout samples with (``mesh.rollout_layout`` / ``sampling_dtype``:
+        one on-device reshard; several processes: each samples on every one of its own
+        devices) and their placement metrics. ``own_copy``: never the state's own buffers
+        (the update donates those while an overlapped rollout still samples)."""
         rollout = self.layout.rollout_params(merged)
         params = host_local(rollout, self.layout.host_shardings(rollout))
         rollout = None
-        copy_bytes = added_bytes(params, merged)
-        sampler_devices = len(jax.tree.leaves(params)[0].sharding.device_set)
+        if own_copy and not added_bytes(params, merged):
+            params = jax.tree.map(lambda x: x.copy(), params)
+        placed = {
+            "sampler/devices": len(jax.tree.leaves(params)[0].sharding.device_set),
+            # per chip; 0: samples in place
+            "mem/sampling_weights_gib": added_bytes(params, merged) / 2**30,
+        }
+        return params, placed
+
+    def _produce(self, it: int, version: int, params) -> dict:
+        """Iteration ``it``'s batch sampled with ``params`` (policy ``version``): episodes,
+        the packed host batch (critic values included) and the data-shaping metrics."""
+        t0 = time.perf_counter()
         tasks = self._tasks_for(it)
         mine = task_shard(tasks)  # this host's slice (every task with one process)
-        drawn = self._collect(params, it, tasks, mine)
+        drawn = self._collect(params, it, tasks, mine, version)
         t1 = time.perf_counter()
         batch, data_m = self._pack(drawn.episodes, rows=len(mine) * self.config.group_size)
         if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
-            batch = with_critic_values(self.graphdef, params, batch)
+            batch = jax.tree.map(np.asarray, with_critic_values(self.graphdef, params, batch))
         # The rollout's extra buffers go before the update allocates gradients and moments.
         release_decode_kernels()
-        params = None
-        state, merged = end_sampling(state, merged), None
+        return {
+            "drawn": drawn,
+            "batch": batch,
+            "data_m": data_m,
+            "collect_s": t1 - t0,
+            "pack_s": time.perf_counter() - t1,
+        }
+
+    def _learn(
+        self, state: TrainState, it: int, produced: Produced, t0: float, placed: dict
+    ) -> tuple[TrainState, dict]:
+        """The update on a produced batch, and the iteration's metrics."""
+        p = produced.payload
+        drawn, batch = p["drawn"], p["batch"]
         self.checkpointer.before_mutation()  # the update donates the state
         # The rollout's freed buffers (and, release_compiled, its programs) go back before the
         # update's peak; the step's gradients, activations and program before the next rollout.
         self._release()
+        t_update = time.perf_counter()
         state, m = self.update_step(state, batch)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
+        update_s = time.perf_counter() - t_update
         self._release()
-        m.update(data_m)
-        m.update(self._rollout_metrics(drawn, batch, t0, t1))
-        m["sampler/devices"] = sampler_devices  # the devices this process sampled on
-        m["mem/sampling_weights_gib"] = copy_bytes / 2**30  # per chip; 0: samples in place
+        m.update(p["data_m"])
+        m.update(
+            self._rollout_metrics(drawn, batch, p["pack_s"] + update_s, time.perf_counter() - t0)
+        )
+        m.update(placed)
+        if self.config.overlap.staleness:
+            m.update(staleness_metrics(drawn.episodes, it, self.config.overlap.staleness))
         return state, m
 
-    def _collect(self, params, it: int, tasks: list, mine: list) -> dapo.DynamicSample:
+    def _collect(
+        self, params, it: int, tasks: list, mine: list, version: int
+    ) -> dapo.DynamicSample:
         """This host's episodes of iteration ``it`` (``mine``: its slice of ``tasks``; with
         dynamic sampling, refilled until the batch holds enough informative groups)."""
         first = jax.process_index() * len(mine)
@@ -264,8 +337,9 @@ class Trainer:
                 samples_per_task=per_task,
                 spec=self.rollout,
                 key=jax.random.fold_in(key, round_) if round_ else key,
-                group_offset=(it + round_) * len(tasks) + first,
-            )  # unique within the batch
+                group_offset=(it + round_) * len(tasks) + first,  # unique within the batch
+                version=version,
+            )
 
         if data.dynamic_sampling:
             return dapo.dynamic_sample(collect, len(tasks), data.max_sampling_rounds)
@@ -295,17 +369,16 @@ class Trainer:
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
         return jax.tree.map(np.asarray, batch), data_m
 
-    def _rollout_metrics(self, drawn: dapo.DynamicSample, batch, t0: float, t1: float) -> dict:
+    def _rollout_metrics(
+        self, drawn: dapo.DynamicSample, batch, update_s: float, total_s: float
+    ) -> dict:
         """Train-episode report (every host's first-round episodes), rollout throughput,
         environment health and the roofline of the iteration."""
         m = dict(drawn.metrics()) if self.config.rl.data.dynamic_sampling else {}
-        t2 = time.perf_counter()
         report = summarize(hosts.gather_episodes(drawn.first_round))
         stats = hosts.gather_stats(drawn.total_stats())
         m.update(report.as_metrics("train"))
-        m.update(
-            hosts.rollout_record(stats, batch, batch.row_weight, t2 - t1, time.perf_counter() - t0)
-        )
+        m.update(hosts.rollout_record(stats, batch, batch.row_weight, update_s, total_s))
         m["sampler/recompiles"] = self.sampler.recompiles
         for k, v in self.runner.health().items():
             m[f"env_health/{k}"] = v
@@ -343,29 +416,52 @@ class Trainer:
         state, start, history, extra = self._start_or_resume()
         self.logger.truncate_after(start)
         ck_every = cfg.train.checkpoint_every
-        with progress.Progress(
-            cfg.train.progress if is_writer() else "none", "rl", cfg.train.iterations, start
-        ) as bar:
-            for it in range(start, cfg.train.iterations):
-                state, m = self.iteration(state, it)
-                done = it + 1
-                self.guard.check(done, m)  # skipped-update count, grad-norm / KL spikes
-                state, val_m, eval_m = self.evaluation.after_iteration(
-                    state, done, self._on_model, history, extra
-                )
-                m.update(val_m)
-                m.update(eval_m)
-                self.logger.log(done, m)
-                self.guard.stop_if_needed()  # past guards.max_skipped_updates: stop, clearly
-                bar.update(
-                    1,
-                    success=f"{m['train/success']:.2f}",
-                    reward=f"{m['train/avg_reward']:.2f}",
-                    **progress_fields(m),
-                )
-                if done == cfg.train.iterations or val_m or (ck_every and done % ck_every == 0):
-                    best = val_m["val/success"] if val_m else eval_m.get("eval/success")
-                    self.checkpointer.save(done, state, self._meta(done, history, extra), best)
+        pipeline = None
+        if cfg.overlap.staleness and start < cfg.train.iterations:
+            pipeline = Pipeline(
+                self._produce,
+                start,
+                cfg.train.iterations,
+                cfg.overlap.staleness,
+                self._resumed_buffer,
+            )
+            self.evaluation.env_lock = pipeline.env_lock
+        self._resumed_buffer = {}
+        try:
+            with progress.Progress(
+                cfg.train.progress if is_writer() else "none", "rl", cfg.train.iterations, start
+            ) as bar:
+                for it in range(start, cfg.train.iterations):
+                    if pipeline is None:
+                        state, m = self.iteration(state, it)
+                    else:
+                        state, m = self._overlapped_iteration(state, it, pipeline)
+                    done = it + 1
+                    self.guard.check(done, m)  # skipped-update count, grad-norm / KL spikes
+                    state, val_m, eval_m = self.evaluation.after_iteration(
+                        state, done, self._on_model, history, extra
+                    )
+                    m.update(val_m)
+                    m.update(eval_m)
+                    self.logger.log(done, m)
+                    self.guard.stop_if_needed()  # past guards.max_skipped_updates: stop, clearly
+                    bar.update(
+                        1,
+                        success=f"{m['train/success']:.2f}",
+                        reward=f"{m['train/avg_reward']:.2f}",
+                        **progress_fields(m),
+                    )
+                    if done == cfg.train.iterations or val_m or (ck_every and done % ck_every == 0):
+                        best = val_m["val/success"] if val_m else eval_m.get("eval/success")
+                        meta = self._meta(done, history, extra)
+                        if pipeline is not None and done < cfg.train.iterations:
+                            # the batches sampled with weights this checkpoint does not hold
+                            meta[BUFFER_KEY] = encode_buffer(pipeline.pending(done))
+                        self.checkpointer.save(done, state, meta, best)
+        finally:
+            if pipeline is not None:
+                pipeline.close()
+                self.evaluation.env_lock = contextlib.nullcontext()
         self.checkpointer.wait()
         state = None  # the best-validation test below restores its own
         self.evaluation.record_best_val(
@@ -390,8 +486,10 @@ class Trainer:
             extra = {
                 k: v
                 for k, v in meta.items()
-                if k not in ("iteration", "data_position", "history", "seed", "wall_s")
+                if k not in ("iteration", "data_position", "history", "seed", "wall_s", BUFFER_KEY)
             }
+            if BUFFER_KEY in meta:
+                self._resumed_buffer = decode_buffer(meta[BUFFER_KEY])
             self._wall_offset = float(meta.get("wall_s", 0.0))
             return state, int(meta["iteration"]), list(meta["history"]), extra
         # A new run (or one killed before its first checkpoint) starts its record afresh.

@@ -81,6 +81,7 @@ def merge_attempts(attempts: Sequence[Episode], **method_info: Any) -> Episode:
         ep.loss_mask += a.loss_mask
         ep.logprobs += a.logprobs
         ep.turn_ids += [t if t < 0 else t + offset for t in a.turn_ids]
+        ep.versions += a.versions
         ep.turns += a.turns
         offset += len(a.turns)
     ep.finish(last.termination, last.failure_mode, success=last.success, error=last.error)

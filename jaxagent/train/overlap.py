@@ -1,0 +1,211 @@
+"""Rollout overlapped with the update: bounded-staleness asynchronous RL that stays exact.
+
+With ``overlap.staleness = k >= 1`` the batch of iteration ``i`` is sampled by the policy of
+iteration ``max(0, i - k)`` (the weights after that many updates), so while the learner updates
+on batch ``i`` a producer thread is already collecting batch ``i + 1`` (up to ``i + k``) with
+weights it has. Rollout (environment waits, decode) and update (the learner's forward and
+backward) then run at the same time on the same devices (colocated); the staleness of every
+token is exactly ``min(i, k)`` versions, recorded per token (``Episode.versions``).
+
+This is the one-step-off-policy schedule of NeMo-RL and verl's "one step overlap" (k = 1) and
+AReaL's bounded staleness (Fu et al. 2025, arXiv 2505.24298, Sec. 4: at most k versions
+between the sampling and the training policy), in its deterministic form: which weights
+sample which batch is fixed by the schedule, never by timing, and every batch is built
+with the synchronous run's keys and task order, so two runs with the same seed give the same
+episodes, metrics and parameters bit for bit, whatever order environment replies arrive in.
+Its off-policy gap is corrected in the loss (``rl.loss.off_policy``).
+
+Lossless resume: a checkpoint taken after iteration ``n`` holds, beside the state, the
+batches ``n .. n + k - 1`` that were sampled with weights older than ``n`` (which the
+checkpoint does not hold); the producer finishes them before the save, so a run killed at any
+point and resumed continues exactly, skipping and repeating no task.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import pickle
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from jaxagent.errors import FROZEN, check_positive
+
+__all__ = ["BUFFER_KEY", "OverlapSection", "Pipeline", "Produced", "staleness_metrics"]
+
+BUFFER_KEY = "overlap_buffer"  # the checkpoint meta key holding the pending batches
+
+
+@dataclasses.dataclass(**FROZEN)
+class OverlapSection:
+    """Rollout overlapped with the update (``overlap.<field>`` in a config)."""
+
+    # k: the batch of iteration i is sampled by the policy of iteration max(0, i - k) and
+    # collected while earlier updates run; 0 = synchronous (collect, then update).
+    staleness: int = 0
+
+    def __post_init__(self):
+        check_positive("overlap.staleness", self.staleness, allow_zero=True)
+
+
+@dataclasses.dataclass
+class Produced:
+    """One batch from the producer: iteration ``index``, sampled with policy ``version``."""
+
+    index: int
+    version: int
+    payload: Any  # what the trainer's produce function returned (host data only)
+    sampler_wait_s: float = 0.0  # the producer waited this long for the version's weights
+    collect_s: float = 0.0
+
+
+class Pipeline:
+    """The producer thread and the hand-over of weights and batches.
+
+    Args:
+      produce: ``produce(index, version, params) -> payload`` (host data: episodes, packed
+        batch); runs on the producer thread while holding ``env_lock``.
+      start, stop: the iterations to produce (``range(start, stop)``).
+      staleness: k >= 1.
+      buffered: ``{index: Produced}`` restored from a checkpoint (those are not produced
+        again).
+    """
+
+    def __init__(
+        self,
+        produce: Callable[[int, int, Any], Any],
+        start: int,
+        stop: int,
+        staleness: int,
+        buffered: Optional[dict[int, Produced]] = None,
+    ):
+        if staleness < 1:
+            raise ValueError(f"Pipeline needs staleness >= 1, got {staleness}")
+        self._produce, self.k = produce, staleness
+        self.start, self.stop = start, stop
+        self._cond = threading.Condition(threading.RLock())
+        self._weights: dict[int, Any] = {}  # version -> sampling params
+        self._done: dict[int, Produced] = dict(buffered or {})
+        self._produced: set[int] = set(self._done)  # every batch made (taken ones too)
+        self._error: Optional[BaseException] = None
+        self._closing = False
+        # Environments and decode kernels are shared with the evaluation: one user at a time.
+        self.env_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
+        self._thread.start()
+
+    def version_of(self, index: int) -> int:
+        return max(0, index - self.k)
+
+    def needs(self, version: int) -> bool:
+        """True when a batch still to be produced samples with ``version``'s weights."""
+        users = range(0, self.k + 1) if version == 0 else (version + self.k,)
+        with self._cond:
+            return any(self.start <= j < self.stop and j not in self._produced for j in users)
+
+    def publish(self, version: int, params: Any) -> None:
+        """Hand the producer the sampling weights of ``version`` (a copy it may keep)."""
+        with self._cond:
+            self._weights[version] = params
+            self._cond.notify_all()
+
+    def take(self, index: int) -> tuple[Produced, float, int]:
+        """Batch ``index`` (blocking): ``(produced, seconds waited, batches ready beyond it)``."""
+        t0 = time.perf_counter()
+        with self._cond:
+            while index not in self._done:
+                self._raise_if_failed()
+                self._cond.wait(0.5)
+            item = self._done.pop(index)
+            ahead = sum(j > index for j in self._done)
+        return item, time.perf_counter() - t0, ahead
+
+    def pending(self, done: int) -> dict[int, Produced]:
+        """The batches ``done .. done + k - 1`` (those sampled with weights older than
+        ``done``), waiting for the ones still being collected: what a checkpoint taken after
+        iteration ``done`` must hold."""
+        want = [j for j in range(done, min(done + self.k, self.stop))]
+        with self._cond:
+            while not all(j in self._done for j in want):
+                self._raise_if_failed()
+                self._cond.wait(0.5)
+            return {j: self._done[j] for j in want}
+
+    def close(self) -> None:
+        """Stop after the batch being collected (the thread is a daemon: a crash never hangs)."""
+        with self._cond:
+            self._closing = True
+            self._weights.clear()
+            self._cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(
+                f"the rollout producer failed: {type(self._error).__name__}: {self._error}"
+            ) from self._error
+
+    def _run(self) -> None:
+        try:
+            for j in range(self.start, self.stop):
+                with self._cond:
+                    if j in self._produced:
+                        continue
+                    v = self.version_of(j)
+                    t0 = time.perf_counter()
+                    while v not in self._weights and not self._closing:
+                        self._cond.wait(0.5)
+                    if self._closing:
+                        return
+                    params = self._weights[v]
+                waited = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                with self.env_lock:
+                    payload = self._produce(j, v, params)
+                item = Produced(j, v, payload, waited, time.perf_counter() - t1)
+                params = None
+                with self._cond:
+                    self._done[j] = item
+                    self._produced.add(j)
+                    if not self.needs(v):  # no later batch samples with these weights
+                        self._weights.pop(v, None)
+                    self._cond.notify_all()
+        except BaseException as err:  # re-raised on the learner's thread by take()
+            with self._cond:
+                self._error = err
+                self._cond.notify_all()
+
+
+def encode_buffer(items: dict[int, Produced]) -> str:
+    """Batches as a JSON-safe string for a checkpoint's meta (saved atomically with it)."""
+    return base64.b64encode(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)).decode()
+
+
+def decode_buffer(text: str) -> dict[int, Produced]:
+    return pickle.loads(base64.b64decode(text.encode()))
+
+
+def staleness_metrics(episodes, iteration: int, staleness: int) -> dict:
+    """How many updates old the policy that sampled each trained token was, read from the
+    tokens' recorded versions (``Episode.versions``): mean, max and the share of tokens at
+    each staleness ``0 .. k``; ``async/stale_dropped`` counts episodes older than ``k``
+    (none under the bounded schedule: a nonzero count is a bookkeeping error)."""
+    counts = [0] * (staleness + 1)
+    total = dropped = 0
+    worst = 0
+    for ep in episodes:
+        ages = [iteration - v for v in ep.versions if v >= 0]
+        if ages and max(ages) > staleness:
+            dropped += 1
+        for a in ages:
+            counts[min(a, staleness)] += 1
+            worst = max(worst, a)
+        total += len(ages)
+    m = {
+        "async/staleness_mean": sum(i * c for i, c in enumerate(counts)) / max(total, 1),
+        "async/staleness_max": worst,
+        "async/stale_dropped": dropped,
+    }
+    for i, c in enumerate(counts):
+        m[f"async/staleness_frac/{i}"] = c / max(total, 1)
+    return m
