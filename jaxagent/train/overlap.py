@@ -96,13 +96,18 @@ class Pipeline:
         self._thread.start()
 
     def version_of(self, index: int) -> int:
-        return max(0, index - self.k)
+        """The policy version batch ``index`` samples with: ``max(0, index - k)``, and never
+        older than the weights the pipeline starts from (a resumed run whose checkpoint holds
+        no batches, e.g. one trained synchronously until then, samples them with its own)."""
+        return max(self.start, index - self.k)
 
     def needs(self, version: int) -> bool:
         """True when a batch still to be produced samples with ``version``'s weights."""
-        users = range(0, self.k + 1) if version == 0 else (version + self.k,)
         with self._cond:
-            return any(self.start <= j < self.stop and j not in self._produced for j in users)
+            return any(
+                self.version_of(j) == version and j not in self._produced
+                for j in range(max(self.start, version), min(self.stop, version + self.k + 1))
+            )
 
     def publish(self, version: int, params: Any) -> None:
         """Hand the producer the sampling weights of ``version`` (a copy it may keep)."""
