@@ -159,6 +159,15 @@ def _model_config(args, param_dtype: str):
     )  # fmt: skip
 
 
+def _placed(tree, shardings):
+    """Abstract arrays of ``tree``'s shapes and dtypes laid out by ``shardings``."""
+    import jax
+
+    return jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings
+    )
+
+
 def plan(args) -> dict:
     import jax
 
@@ -344,9 +353,7 @@ def rollout_plan(args) -> dict:
     p_sh = param_shardings(
         params, param_logical_axes(graphdef, params), mesh, replica_rules(DEFAULT_RULES)
     )
-    params = jax.tree.map(
-        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), params, p_sh
-    )
+    params = _placed(params, p_sh)
     s, cap = args.episodes, args.tokens
     sampling = SamplingConfig(
         max_new_tokens=args.new_tokens, prefill_chunk=args.prefill_chunk, stop_token_ids=(2,)
@@ -358,19 +365,14 @@ def rollout_plan(args) -> dict:
     t0 = time.perf_counter()
     # The pool as ``SlotSampler.init`` lays it out: its own program's output shardings.
     init = sampler._init.lower(params, rows_sharding=rows_sh).compile()
-    state = jax.tree.map(
-        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+    state = _placed(
         jax.eval_shape(lambda p: sampler._init_state(p, rows_sharding=None), params),
         init.output_shardings,
     )
     # The decode kernels, built once a rollout (``SlotSampler.prepare``), laid out by their
     # own program too.
     prep = sampler._prepare.lower(params).compile()
-    fused = jax.tree.map(
-        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-        jax.eval_shape(sampler._prepare, params),
-        prep.output_shardings,
-    )
+    fused = _placed(jax.eval_shape(sampler._prepare, params), prep.output_shardings)
     init_s = time.perf_counter() - t0
     shards = data * fsdp  # the rows' mesh axes (``batch_mesh_axes``)
     p_rows = 1  # SlotSampler.admit's row buckets: powers of 4, at most the slots

@@ -64,6 +64,13 @@ def _run(policy, params, chat, runner, key, budget, tasks, k=2):
     return collect_episodes(policy, params, tasks, samples_per_task=k, spec=spec, key=key)
 
 
+def _lockstep(built, sampling, key, budget, tasks):
+    """The lock-step driver's episodes: the reference the engine must equal."""
+    _, chat, graphdef, params, _ = built
+    sampler = CachedTurnSampler(graphdef, sampling, 256, chat.pad_id)
+    return _run(sampler, params, chat, InlineRunner(ScriptedEnv), key, budget, tasks)[0]
+
+
 def _same(a, b):
     assert [ep.tokens for ep in a] == [ep.tokens for ep in b]
     assert [ep.loss_mask for ep in a] == [ep.loss_mask for ep in b]
@@ -86,15 +93,7 @@ def test_engine_equals_lockstep_token_for_token(setup, greedy):  # noqa: F811
     )
     budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
     tasks, key = _more_tasks(), jax.random.key(3)
-    lock, _ = _run(
-        CachedTurnSampler(graphdef, sampling, 256, chat.pad_id),
-        params,
-        chat,
-        InlineRunner(ScriptedEnv),
-        key,
-        budget,
-        tasks,
-    )
+    lock = _lockstep(setup, sampling, key, budget, tasks)
     assert len({len(ep.turns) for ep in lock}) > 2  # episodes of different lengths
     # Every episode at once; a queue of 10 for 3 slots; one slot prefilled a call.
     for slots, decode_steps, max_admit in [(0, 16, 0), (3, 2, 0), (4, 3, 1)]:
@@ -119,15 +118,7 @@ def test_engine_with_shuffled_env_replies_equals_lockstep(setup):  # noqa: F811
     sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
     budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
     tasks, key = _more_tasks(), jax.random.key(5)
-    lock, _ = _run(
-        CachedTurnSampler(graphdef, sampling, 256, chat.pad_id),
-        params,
-        chat,
-        InlineRunner(ScriptedEnv),
-        key,
-        budget,
-        tasks,
-    )
+    lock = _lockstep(setup, sampling, key, budget, tasks)
     runner = PoolRunner(_jittery, PoolConfig(num_envs=4, backend="thread", step_timeout_s=10))
     try:
         engine = SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=4, decode_steps=1)

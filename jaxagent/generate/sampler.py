@@ -399,14 +399,6 @@ class Sampler:
         )
 
         def body(s: _LoopState) -> _LoopState:
-            # Feed the last sampled token of pending rows; rows already done write nothing.
-            h, new_cache = model.hidden(
-                s.last[:, None],
-                s.cache.lengths[:, None],
-                s.pending[:, None].astype(jnp.int32),
-                s.cache,
-                fused,
-            )
             # Token num_generated of each row; the last step's draw (all rows done) is unused.
             u = (
                 None
@@ -415,21 +407,7 @@ class Sampler:
                     us, jnp.minimum(s.step + 1, n - 1), keepdims=False
                 )
             )
-            tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)
-            gen = s.pending & ~s.finished  # rows that emit a new token this step
-            col = jnp.where(gen, s.num_generated, n)  # column n is out of range: dropped
-            rows = jnp.arange(b)
-            num_generated = s.num_generated + gen
-            return _LoopState(
-                step=s.step + 1,
-                last=jnp.where(gen, tok, s.last),
-                pending=gen,
-                finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),
-                num_generated=num_generated,
-                tokens=s.tokens.at[rows, col].set(tok, mode="drop"),
-                logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"),
-                cache=new_cache,
-            )
+            return s.replace(step=s.step + 1, **decode_step(model, fused, sampling, stop, s, u))
 
         state = jax.lax.while_loop(lambda s: jnp.any(s.pending), body, state)
         return SampleOutput(
@@ -438,6 +416,38 @@ class Sampler:
             lengths=state.num_generated,
             cache=state.cache,
         )
+
+
+def decode_step(model, fused, sampling, stop, s, u, window: int | None = None) -> dict:
+    """One decode step over a batch of rows (the one step of ``Sampler`` and
+    ``SlotSampler``): feed each pending row's last sampled token into the cache, sample the
+    next from ``u`` [B] (None: greedy), write it at the row's column; returns the new
+    ``last``, ``pending``, ``finished``, ``num_generated``, ``tokens``, ``logprobs`` and
+    ``cache`` of state ``s``. A row that already finished writes nothing (column
+    ``max_new_tokens`` is out of range: dropped)."""
+    n = sampling.max_new_tokens
+    h, cache = model.hidden(
+        s.last[:, None],
+        s.cache.lengths[:, None],
+        s.pending[:, None].astype(jnp.int32),
+        s.cache,
+        fused,
+        window=window,
+    )
+    tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)
+    gen = s.pending & ~s.finished  # rows that emit a new token this step
+    col = jnp.where(gen, s.num_generated, n)
+    rows = jnp.arange(s.last.shape[0])
+    num_generated = s.num_generated + gen
+    return dict(
+        last=jnp.where(gen, tok, s.last),
+        pending=gen,
+        finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),
+        num_generated=num_generated,
+        tokens=s.tokens.at[rows, col].set(tok, mode="drop"),
+        logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"),
+        cache=cache,
+    )
 
 
 def _prefill(model, tokens, segment_ids, cache, fused, chunk: int):

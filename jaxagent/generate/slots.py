@@ -34,6 +34,7 @@ from jaxagent.buckets import bucket
 from jaxagent.generate.sampler import (
     _DECODE_ROWS,
     _prefill,
+    decode_step,
     _row_sharding,
     _shard_cache_rows,
     _take_rows,
@@ -339,27 +340,9 @@ class SlotSampler:
 
         def body(carry):
             i, s = carry
-            h, cache = model.hidden(
-                s.last[:, None],
-                s.cache.lengths[:, None],
-                s.pending[:, None].astype(jnp.int32),
-                s.cache,
-                fused,
-                window=window,
-            )
             u = None if sampling.greedy else s.uniforms[rows, jnp.minimum(s.num_generated, n - 1)]
-            tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)
-            gen = s.pending & ~s.finished  # rows that emit a new token this step
-            col = jnp.where(gen, s.num_generated, n)  # column n is out of range: dropped
-            num_generated = s.num_generated + gen
             return i + 1, s.replace(
-                last=jnp.where(gen, tok, s.last),
-                pending=gen,
-                finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),
-                num_generated=num_generated,
-                tokens=s.tokens.at[rows, col].set(tok, mode="drop"),
-                logprobs=s.logprobs.at[rows, col].set(lp, mode="drop"),
-                cache=cache,
+                **decode_step(model, fused, sampling, stop, s, u, window),
                 steps=s.steps + 1,
                 row_steps=s.row_steps + s.num_slots,
                 busy_steps=s.busy_steps + jnp.sum(s.pending, dtype=jnp.int32),
