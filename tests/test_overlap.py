@@ -124,7 +124,7 @@ def test_overlap_refuses_release_compiled():
         load_config(QS, TINY + ["overlap.staleness=-1"])
 
 
-def _run(tmp_path, name, staleness, iterations=3):
+def _run(tmp_path, name, staleness, iterations=3, extra=()):
     from jaxagent.train.trainer import Trainer
 
     d = tmp_path / name
@@ -135,6 +135,10 @@ def _run(tmp_path, name, staleness, iterations=3):
             f"train.out_dir={d}",
             f"overlap.staleness={staleness}",
             f"train.iterations={iterations}",
+            "eval.every=0",
+            "eval.val_tasks=0",
+            "sft.steps=1",
+            *extra,
         ],
     )
     summary = Trainer(cfg, echo=lambda s: None).run()
@@ -167,3 +171,38 @@ def test_first_asynchronous_iteration_is_the_synchronous_one(tmp_path):
     shared = [k for k in sync[1] if k in asy[1] and not k.startswith("mem/")]
     assert {k: sync[1][k] for k in shared} == {k: asy[1][k] for k in shared}
     assert sync[2]["loss/policy"] != asy[2]["loss/policy"]
+
+
+@pytest.mark.slow  # two runs on an 8-device mesh; the schedule itself is checked in CI
+def test_disaggregated_samples_on_its_own_devices_like_colocated(tmp_path, monkeypatch):
+    """4 + 4 of the 8 simulated devices: the update on the first four, the rollout on the
+    last four (weights copied device to device after each update). The same rows go to the
+    same number of devices either way, so the run equals the colocated one."""
+    from jaxagent.parallel.layout import DeviceLayout
+
+    placed = []
+    to_sampler = DeviceLayout.to_sampler
+
+    def spy(self, params):
+        out = to_sampler(self, params)
+        placed.append({d.id for x in jax.tree.leaves(out) for d in x.sharding.device_set})
+        return out
+
+    monkeypatch.setattr(DeviceLayout, "to_sampler", spy)
+    both = ["mesh.data=4", "rollout.tasks_per_iteration=4"]
+    colo, *_ = _run(tmp_path, "colocated", 1, iterations=2, extra=both)
+    dis, *_ = _run(
+        tmp_path, "disaggregated", 1, iterations=2, extra=[*both, "overlap.sampler_devices=4"]
+    )
+    assert placed and all(p == {4, 5, 6, 7} for p in placed)
+    assert dis[1]["sampler/devices"] == 4
+    skip = ("mem/", "sampler/")
+    for step in (1, 2):
+        a = {k: v for k, v in colo[step].items() if not k.startswith(skip)}
+        b = {k: v for k, v in dis[step].items() if not k.startswith(skip)}
+        assert a == b
+
+
+def test_disaggregated_needs_a_device_for_the_update():
+    with pytest.raises(ConfigError, match="overlap.sampler_devices=2 with overlap.staleness=0"):
+        load_config(QS, TINY + ["overlap.sampler_devices=2"])

@@ -51,15 +51,36 @@ class DeviceLayout:
     rollout_layout: str = "train"
     rules: tuple = DEFAULT_RULES
     sampling_dtype: str = "param"
+    # The rollout's own devices (disaggregated, ``overlap.sampler_devices``): the sampling
+    # weights are copied there device to device; None: the rollout samples on ``mesh``.
+    sampler_mesh: Optional[Mesh] = None
     # argument types and shardings -> the compiled reshard (one program per param structure)
     _reshards: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def build(cls, m: MeshConfig, graphdef, params) -> "DeviceLayout":
-        """The layout ``m`` (a run's ``mesh:`` section) asks for, over the model's params."""
-        if m.single_device and jax.process_count() == 1:
-            return cls(mesh=None, logical_axes=None, sampling_dtype=m.sampling_dtype)
+    def build(cls, m: MeshConfig, graphdef, params, sampler_devices: int = 0) -> "DeviceLayout":
+        """The layout ``m`` (a run's ``mesh:`` section) asks for, over the model's params;
+        ``sampler_devices`` > 0 keeps the last that many devices for the rollout (its own
+        data-parallel mesh of replicas) and lays the update out over the others."""
         devices = jax.devices()
+        sampler = None
+        if sampler_devices:
+            if jax.process_count() > 1 or sampler_devices >= len(devices):
+                raise ConfigError(
+                    f"overlap.sampler_devices={sampler_devices} must leave the update at least "
+                    f"one of this process's {len(devices)} devices (one process); lower it or "
+                    "set it to 0 (the rollout then samples on the update's devices)"
+                )
+            sampler = make_mesh(MeshConfig(data=-1), devices=devices[-sampler_devices:])
+            devices = devices[:-sampler_devices]
+        if m.single_device and jax.process_count() == 1:
+            logical = None if sampler is None else param_logical_axes(graphdef, params)
+            return cls(
+                mesh=None,
+                logical_axes=logical,
+                sampling_dtype=m.sampling_dtype,
+                sampler_mesh=sampler,
+            )
         size = m.data * m.fsdp * m.tensor
         if m.data != -1 and size < len(devices):
             if jax.process_count() > 1:
@@ -73,7 +94,7 @@ class DeviceLayout:
         except ValueError as exc:
             raise ConfigError(f"mesh: {exc}") from None
         logical = param_logical_axes(graphdef, params)
-        return cls(mesh, logical, m.rollout_layout, m.rules, m.sampling_dtype)
+        return cls(mesh, logical, m.rollout_layout, m.rules, m.sampling_dtype, sampler)
 
     @property
     def batch_devices(self) -> int:
@@ -165,6 +186,14 @@ class DeviceLayout:
         if same_place and not any(_casts(x, self.sampling_dtype) for x in jax.tree.leaves(params)):
             return params
         return self.reshard_program(params)(params)
+
+    def to_sampler(self, params) -> Any:
+        """The sampling weights copied onto the rollout's own devices (``sampler_mesh``),
+        device to device, replicated over them (each samples its share of the rows)."""
+        shardings = param_shardings(
+            params, self.logical_axes, self.sampler_mesh, replica_rules(self.rules)
+        )
+        return jax.device_put(params, shardings)
 
     def reshard_program(self, params) -> Any:
         """The compiled ``params -> sampling weights`` program: the cast to

@@ -4,8 +4,10 @@ With ``overlap.staleness = k >= 1`` the batch of iteration ``i`` is sampled by t
 iteration ``max(0, i - k)`` (the weights after that many updates), so while the learner updates
 on batch ``i`` a producer thread is already collecting batch ``i + 1`` (up to ``i + k``) with
 weights it has. Rollout (environment waits, decode) and update (the learner's forward and
-backward) then run at the same time on the same devices (colocated); the staleness of every
-token is exactly ``min(i, k)`` versions, recorded per token (``Episode.versions``).
+backward) then run at the same time, on the same devices (colocated) or on two disjoint sets
+(disaggregated, ``overlap.sampler_devices``: the weights are copied device to device to the
+sampler's own mesh after each update); the staleness of every token is exactly ``min(i, k)``
+versions, recorded per token (``Episode.versions``).
 
 This is the one-step-off-policy schedule of NeMo-RL and verl's "one step overlap" (k = 1) and
 AReaL's bounded staleness (Fu et al. 2025, arXiv 2505.24298, Sec. 4: at most k versions
@@ -30,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from jaxagent.errors import FROZEN, check_positive
+from jaxagent.errors import FROZEN, ConfigError, check_positive
 
 __all__ = ["BUFFER_KEY", "OverlapSection", "Pipeline", "Produced", "staleness_metrics"]
 
@@ -44,9 +46,20 @@ class OverlapSection:
     # k: the batch of iteration i is sampled by the policy of iteration max(0, i - k) and
     # collected while earlier updates run; 0 = synchronous (collect, then update).
     staleness: int = 0
+    # Disaggregated: the last N devices sample (a data-parallel mesh of replicas of their
+    # own) and the update's mesh covers the others; the weights go from one to the other by
+    # a device-to-device copy after each update. 0: colocated (both on the same devices).
+    sampler_devices: int = 0
 
     def __post_init__(self):
         check_positive("overlap.staleness", self.staleness, allow_zero=True)
+        check_positive("overlap.sampler_devices", self.sampler_devices, allow_zero=True)
+        if self.sampler_devices and not self.staleness:
+            raise ConfigError(
+                f"overlap.sampler_devices={self.sampler_devices} with overlap.staleness=0: "
+                "separate rollout devices would idle while the update runs; set "
+                "overlap.staleness >= 1 (or sampler_devices=0)"
+            )
 
 
 @dataclasses.dataclass

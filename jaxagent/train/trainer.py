@@ -186,7 +186,12 @@ class Trainer:
         """The device layout of ``config.mesh`` over the model's shapes (built before any
         weight is read or made) and the params' shardings in it (None on one device)."""
         params = abstract_params(model_config)
-        self.layout = DeviceLayout.build(self.config.mesh, abstract_graphdef(model_config), params)
+        self.layout = DeviceLayout.build(
+            self.config.mesh,
+            abstract_graphdef(model_config),
+            params,
+            sampler_devices=self.config.overlap.sampler_devices,
+        )
         return None if self.layout.mesh is None else self.layout.param_shardings(params)
 
     def take_initial_params(self):
@@ -258,7 +263,9 @@ class Trainer:
         rollout = self.layout.rollout_params(merged)
         params = host_local(rollout, self.layout.host_shardings(rollout))
         rollout = None
-        if own_copy and not added_bytes(params, merged):
+        if self.layout.sampler_mesh is not None:  # disaggregated: the rollout's own devices
+            params = self.layout.to_sampler(params)
+        elif own_copy and not added_bytes(params, merged):
             params = jax.tree.map(lambda x: x.copy(), params)
         placed = {
             "sampler/devices": len(jax.tree.leaves(params)[0].sharding.device_set),
