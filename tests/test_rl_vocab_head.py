@@ -125,18 +125,25 @@ def test_checkpoint_in_backward_gradients_and_memory():
     assert temp(lean) < 3 * act, (temp(lean) / act, temp(plain) / act)
 
 
-def test_lean_logprob_fn_vocab_chunks_match_logits_path():
+@pytest.mark.parametrize(
+    "tied,skip",
+    [
+        (False, True),  # the trainer's learner pass: in CI
+        pytest.param(False, False, marks=pytest.mark.slow),
+        pytest.param(True, False, marks=pytest.mark.slow),
+    ],
+)
+def test_lean_logprob_fn_vocab_chunks_match_logits_path(tied, skip):
     # The lean path (block remat, head over blocks of 5 positions and chunks of 48 vocabulary
     # entries, neither dividing) against the plain logits path, tied and untied, values
     # included, with and without skipping the positions that carry no loss.
     from jaxagent.models import ModelConfig, init_model
     from jaxagent.rl.model_fns import model_logprob_fn
 
-    for tied, skip in ((False, False), (True, False), (False, True)):
-        cfg = ModelConfig.test(num_layers=2, value_head=True, tie_embeddings=tied)
-        graphdef, params = init_model(cfg, jax.random.key(0))
-        lean = model_logprob_fn(graphdef, head_chunk=5, vocab_chunk=48, skip_unmasked_chunks=skip)
-        assert_logprob_fns_match(graphdef, params, lean)
+    cfg = ModelConfig.test(num_layers=2, value_head=True, tie_embeddings=tied)
+    graphdef, params = init_model(cfg, jax.random.key(0))
+    lean = model_logprob_fn(graphdef, head_chunk=5, vocab_chunk=48, skip_unmasked_chunks=skip)
+    assert_logprob_fns_match(graphdef, params, lean)
 
 
 def test_lean_update_on_8_device_mesh_equals_single_device():
