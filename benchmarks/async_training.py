@@ -9,12 +9,14 @@ sleeps ``slow_s``; which calls are slow is a seeded stream, the same in every mo
 
 Modes: synchronous (``overlap.staleness=0``: collect, then update; the anchor) and
 asynchronous colocated ``overlap.staleness=1`` and ``2`` (the rollout of the next batches runs
-while the learner updates, on the same devices). Figure: the median ``time/iteration_s`` over
+while the learner updates, on the same devices), all on one device; and disaggregated on 8
+simulated devices, ``overlap.sampler_devices=4`` with the update on a ``mesh.data=4`` mesh of
+the other four, against the synchronous run on that same 4-device mesh (its own anchor). Figure: the median ``time/iteration_s`` over
 iterations 2.. (the first compiles), i.e. the wall time between two updates. Ceiling: a
 perfect overlap hides the shorter of the two phases, so the best asynchronous / synchronous
 ratio is max(collect, update) / (collect + update), from the synchronous run's own phase times.
-The disaggregated layout (a sampler sub-mesh and a trainer sub-mesh) is not built; it is
-reported as such. SFT is off (the untrained policy's answers run long: rollout-heavy).
+On a CPU the simulated devices share the machine's cores, so the disaggregated figures show
+the schedule and its copies, not separate hardware. SFT is off (the untrained policy's answers run long: rollout-heavy).
 The last line is one JSON object.
 
     python benchmarks/async_training.py [--iterations 6] [--profiles latency_100ms,long_tail]
@@ -32,6 +34,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# 8 simulated CPU devices for the disaggregated modes (set before JAX starts; a GPU / TPU
+# host uses its own devices).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 
@@ -43,12 +48,21 @@ PROFILES = {
     "latency_100ms": ["env.faults.slow=1.0", "env.faults.slow_s=0.1"],
     "long_tail": ["env.faults.slow=0.05", "env.faults.slow_s=2.0"],
 }
-MODES = {"sync": 0, "async_k1": 1, "async_k2": 2}
+MESH4 = ["mesh.data=4"]
+MODES = {  # name -> (staleness, extra settings)
+    "sync": (0, []),
+    "async_k1": (1, []),
+    "async_k2": (2, []),
+    "sync_mesh4": (0, MESH4),
+    "disagg_k1": (1, [*MESH4, "overlap.sampler_devices=4"]),
+    "disagg_k2": (2, [*MESH4, "overlap.sampler_devices=4"]),
+}
 
 
-def run_mode(profile: str, staleness: int, iterations: int, out: str) -> dict:
+def run_mode(profile: str, mode: str, iterations: int, tasks: int, out: str) -> dict:
     from jaxagent.train.trainer import Trainer
 
+    staleness, extra = MODES[mode]
     cfg = load_config(
         os.path.join(ROOT, "configs/quickstart.yaml"),
         [
@@ -65,6 +79,8 @@ def run_mode(profile: str, staleness: int, iterations: int, out: str) -> dict:
             "train.tensorboard=false",
             "train.plot=false",
             f"train.out_dir={out}",
+            *([f"rollout.tasks_per_iteration={tasks}"] if tasks else []),
+            *extra,
         ],
     )
     t0 = time.perf_counter()
@@ -87,21 +103,27 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--profiles", default=",".join(PROFILES))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--tasks", type=int, default=0, help="tasks an iteration (0: config's)")
     args = ap.parse_args(argv)
+    modes = args.modes.split(",")
     cfg = load_config(os.path.join(ROOT, "configs/quickstart.yaml"), [])
     print(
         f"setup: quickstart world, model {cfg.model.num_layers} layers x "
-        f"{cfg.model.hidden_size}, {cfg.rollout.tasks_per_iteration} tasks x "
+        f"{cfg.model.hidden_size}, {args.tasks or cfg.rollout.tasks_per_iteration} tasks x "
         f"{cfg.group_size} samples an iteration, {args.iterations} iterations a mode (median "
         f"of iterations 2..), thread pool, no SFT; {platform.processor() or ''} "
-        f"{os.cpu_count()} cores, {jax.default_backend()}; disaggregated: not built"
+        f"{os.cpu_count()} cores, {jax.default_backend()} ({jax.device_count()} devices); "
+        f"load average before: {os.getloadavg()[0]:.1f}"
     )
     result: dict = {}
     for profile in args.profiles.split(","):
         rows = {}
-        for mode, k in MODES.items():
+        for mode in modes:
             with tempfile.TemporaryDirectory() as d:
-                rows[mode] = run_mode(profile, k, args.iterations, os.path.join(d, "run"))
+                rows[mode] = run_mode(
+                    profile, mode, args.iterations, args.tasks, os.path.join(d, "run")
+                )
             r = rows[mode]
             print(
                 f"{profile:>14} {mode:>9}: {r['iteration_s']:.2f} s/iteration (collect "
@@ -112,20 +134,25 @@ def main(argv=None) -> None:
         sync = rows["sync"]
         c, u = sync["collect_s"], sync["update_s"]
         ceiling = max(c, u) / max(c + u, 1e-9)
-        result[profile] = {
-            "async_k1_over_sync": rows["async_k1"]["iteration_s"] / sync["iteration_s"],
-            "async_k2_over_sync": rows["async_k2"]["iteration_s"] / sync["iteration_s"],
-            "ceiling": ceiling,
-            "sync_iteration_s": sync["iteration_s"],
-            "async_k1_iteration_s": rows["async_k1"]["iteration_s"],
-            "async_k2_iteration_s": rows["async_k2"]["iteration_s"],
-            "disaggregated": None,
-        }
-        x = result[profile]
+        x = {"ceiling": ceiling, "sync_iteration_s": sync["iteration_s"]}
+        for mode, anchor in (
+            ("async_k1", "sync"),
+            ("async_k2", "sync"),
+            ("disagg_k1", "sync_mesh4"),
+            ("disagg_k2", "sync_mesh4"),
+        ):
+            if mode in rows and anchor in rows:
+                name = mode.replace("disagg", "disaggregated")
+                x[f"{name}_over_sync"] = rows[mode]["iteration_s"] / rows[anchor]["iteration_s"]
+                x[f"{name}_iteration_s"] = rows[mode]["iteration_s"]
+        if "sync_mesh4" in rows:
+            x["sync_mesh4_iteration_s"] = rows["sync_mesh4"]["iteration_s"]
+        result[profile] = x
+        shown = " | ".join(f"{k[:-10]} {v:.2f}x" for k, v in x.items() if k.endswith("_over_sync"))
         print(
-            f"{profile:>14}: sync (anchor) {sync['iteration_s']:.2f} s | async k=1 "
-            f"{x['async_k1_over_sync']:.2f}x | async k=2 {x['async_k2_over_sync']:.2f}x of the "
-            f"synchronous time | ceiling {ceiling:.2f}x (max(collect, update) / sum)"
+            f"{profile:>14}: sync (anchor) {sync['iteration_s']:.2f} s | {shown} of the "
+            f"synchronous time | ceiling {ceiling:.2f}x (max(collect, update) / sum)",
+            flush=True,
         )
     print(json.dumps(result))
 
