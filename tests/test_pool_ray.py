@@ -3,13 +3,12 @@ in, 200 out, counters equal to the injected faults), an actor killed from outsid
 episode with env_error and is replaced, the config's checks, and one shrunken training
 iteration through ``jaxagent.train`` with its envs in Ray actors."""
 
-import sys
 import time
 
 import pytest
 
 from jaxagent.envs.base import Task
-from jaxagent.envs.faults import FAULT_KINDS
+from jaxagent.envs.faults import FaultConfig, FaultLog, FaultyEnvFactory
 from jaxagent.pool import EnvPool, PoolConfig
 from jaxagent.pool.fake_env import DyingEnvFactory, FakeToolEnvFactory
 
@@ -23,41 +22,16 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     """One local instance for the module (~2.5 s to start here); the pools join it."""
-    # This module's classes travel by value, so that an actor need not import the test
-    # module (with pytest and what it imports) each time the pool starts one.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # "local": a new instance, even where `ray start` left a cluster for ray.init() to join
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
-class _Counts:
-    def __init__(self):
-        self.counts = dict.fromkeys(FAULT_KINDS, 0)
-
-    def record(self, kind):
-        self.counts[kind] += 1
-
-    def get(self):
-        return dict(self.counts)
-
-
-class RayFaultLog:
-    """``FaultLog``'s interface over a Ray actor: actors share no memory with this process (a
-    ``FaultLog``'s shared-memory counters do not travel to them)."""
-
-    def __init__(self):
-        self.actor = ray.remote(num_cpus=0)(_Counts).remote()
-
-    def record(self, kind):
-        ray.get(self.actor.record.remote(kind))  # counted before an injected crash exits
-
-    def counts(self):
-        return ray.get(self.actor.get.remote())
-
-
 def test_ray_backend_passes_the_fault_suite():
+    from jaxagent.pool.ray_backend import RayFaultLog
+
     check_fault_suite("ray", RayFaultLog())
 
 
@@ -142,6 +116,11 @@ def test_ray_config_errors_name_the_key_the_value_and_the_fix(monkeypatch):
     )  # fmt: skip
     pool = config.env.pool_config(seed=0)
     assert pool.ray_address == "ray://head:10001" and pool.ray_resources == (("env_host", 1),)
+    # a FaultLog's shared-memory counters reach only multiprocessing children: refused, in
+    # one line naming the fix (ray_backend.RayFaultLog counts in a Ray actor instead)
+    shared = FaultyEnvFactory(FakeToolEnvFactory(), FaultConfig(crash=0.1), FaultLog.create())
+    with pytest.raises(ValueError, match="cannot be pickled.*the ray backend sends it"):
+        EnvPool(shared, PoolConfig(num_envs=1, backend="ray"))
     monkeypatch.setattr(ray_backend, "find_spec", lambda name: None)  # Ray not installed
     with pytest.raises(ConfigError) as err:
         load_config(None, ["env.pool.backend=ray"])

@@ -26,9 +26,10 @@ class PoolConfig:
     # JAX's runtime threads (a fork of them can deadlock; jaxagent.pool.shipping)
     start_method: str = "forkserver"
     latency_window: int = 10_000  # calls kept for latency percentiles
-    # ray backend (jaxagent.pool.ray_backend): "" joins the Ray this process initialised or
-    # starts a local instance, "auto" the cluster on this node, "ray://head:10001" a remote
-    # cluster through Ray Client
+    # ray backend (jaxagent.pool.ray_backend): "" joins the Ray this process initialised, else
+    # as ray.init() (a `ray start` cluster on this node, else a new local instance); "local" a
+    # new local instance, "auto" the cluster on this node, "ray://head:10001" a remote cluster
+    # through Ray Client
     ray_address: str = ""
     # what each env actor asks Ray for: CPUs (1 spreads CPU-bound envs one per core of the
     # cluster; 0 packs them anywhere) and custom resources, e.g. {"env_host": 1}

@@ -6,9 +6,11 @@ the ``reset``/``step`` calls travel to the actors. Ray is optional (``pip instal
 'jaxagent[ray]'``) and imported only when a ray pool is built.
 
 Where the actors run is ``PoolConfig.ray_address``: ``""`` joins the Ray this process already
-initialised, or else starts a local instance (``ray.init()``, which also honours
-``RAY_ADDRESS``); ``"auto"`` joins the cluster running on this node; ``"ray://head:10001"`` a
-remote cluster through Ray Client. ``ray_num_cpus`` and ``ray_resources`` are each actor's
+initialised, or else does what ``ray.init()`` does (``RAY_ADDRESS``, else a cluster that
+``ray start`` runs on this node, else a new local instance); ``"local"`` always a new local
+instance; ``"auto"`` the cluster running on this node; ``"ray://head:10001"`` a remote cluster
+through Ray Client (with token authentication, as Ray 2.60 sets up by default, the client
+needs ``RAY_AUTH_MODE=token`` and the cluster's token in ``~/.ray/auth_token``). ``ray_num_cpus`` and ``ray_resources`` are each actor's
 resource request, what Ray schedules them by.
 
 The ``Outcome`` contract of ``jaxagent.pool.backends`` maps onto Ray as follows. Each call is
@@ -16,15 +18,17 @@ one actor method call whose result arrives through a completion callback (no thr
 worker); an env exception comes back as an "error" value; a Ray error about the task itself
 (a result Ray could not serialise) is "corrupt"; the actor's death (``RayActorError``: its
 process exited or was killed, its node died) is a "crash", at once, even while the actor is
-idle, because every actor also holds a ``watch`` call in a concurrency group of its own that
-only ends when the actor stops. A thread backend's injected ``EnvCrash`` ends the actor's
-process here (``os._exit``), as it does a process worker, so an injected crash is a real
-actor death. The pool replaces a dead, hung or crashed actor with a new one; Ray's own
-actor restarts are off (``max_restarts=0``) so that restarts are counted in one place.
+idle, because every actor also holds a ``watch`` call on a second thread
+(``max_concurrency=3``) that only ends when the actor stops. A thread backend's injected
+``EnvCrash`` ends the actor's process here (``os._exit``), as it does a process worker, so an
+injected crash is a real actor death. The pool replaces a dead, hung or crashed actor with a
+new one; Ray's own actor restarts are off (``max_restarts=0``) so that restarts are counted
+in one place.
 
-An actor rebuilds ``env_fn`` itself, from bytes pickled here with Ray's cloudpickle (a lambda
-or closure works too), after adding this process's ``sys.path`` directories that exist on its
-node, as ``multiprocessing``'s spawn does: a module the caller can import (a test module, a
+``env_fn`` is stored once in Ray's object store (Ray's cloudpickle: a lambda or closure works
+too, and so do Ray handles inside it, Ray Client's included); an actor fetches and rebuilds
+it itself, after adding this process's ``sys.path`` directories that exist on its node, as
+``multiprocessing``'s spawn does: a module the caller can import (a test module, a
 script's directory) is then importable in a local actor. On a cluster, install jaxagent and
 the env's packages on every node (or ship them with a Ray ``runtime_env``).
 """
@@ -39,11 +43,10 @@ from collections.abc import Callable
 from importlib.util import find_spec
 from typing import Any
 
-from jaxagent.envs.faults import EnvCrash
+from jaxagent.envs.faults import FAULT_KINDS, EnvCrash
 from jaxagent.pool.workers import Outcome, _format_error, execute
 
 INSTALL = "pip install 'jaxagent[ray]'"
-WATCH_GROUP = "watch"  # the actor's second thread, where its watch call waits
 
 
 def check_config(config) -> None:
@@ -81,16 +84,18 @@ def connect(address: str):
 class _EnvActor:
     """The remote side: one env per actor; made a Ray actor class by ``RayBackend``."""
 
-    def __init__(self, env_fn_bytes: bytes, env_id: int, driver_path: list[str]):
-        import ray.cloudpickle
+    def __init__(self, env_fn_refs: list, env_id: int, driver_path: list[str]):
+        import ray
 
         for path in driver_path:
             if path not in sys.path and os.path.isdir(path):
                 sys.path.append(path)
         self._stopped = threading.Event()
+        self._lock = threading.Lock()  # the env's calls and close, one at a time
         self.env, self.init_error = None, None
         try:  # an error is reported on every call, so the episode ends labelled
-            self.env = ray.cloudpickle.loads(env_fn_bytes)(env_id)
+            # in a list, the ref arrives as is: fetched once sys.path can import env_fn's modules
+            self.env = ray.get(env_fn_refs[0])(env_id)
         except Exception as exc:
             self.init_error = f"env_fn({env_id}) failed: {_format_error(exc)}"
 
@@ -100,24 +105,27 @@ class _EnvActor:
     def call(self, cmd: str, payload: Any) -> tuple[str, Any]:
         if self.init_error is not None:
             return "error", self.init_error
-        try:
-            return "ok", execute(self.env, cmd, payload)
-        except EnvCrash:
-            os._exit(17)  # an injected crash: the actor dies, as a process worker would
-        except Exception as exc:
-            return "error", _format_error(exc)
+        with self._lock:
+            try:
+                return "ok", execute(self.env, cmd, payload)
+            except EnvCrash:
+                os._exit(17)  # an injected crash: the actor dies, as a process worker would
+            except Exception as exc:
+                return "error", _format_error(exc)
 
     def watch(self) -> None:
-        """Runs in ``WATCH_GROUP`` until ``close``: its failure reports the actor's death."""
+        """Waits on the actor's second thread until ``close``: its failure reports the
+        actor's death."""
         self._stopped.wait()
 
     def close(self) -> None:
         self._stopped.set()
-        if self.env is not None:
-            try:
-                self.env.close()
-            except Exception:
-                pass
+        with self._lock:
+            if self.env is not None:
+                try:
+                    self.env.close()
+                except Exception:
+                    pass
 
 
 class RayWorker:
@@ -128,9 +136,9 @@ class RayWorker:
         self._ray = backend.ray
         self._lock = threading.Lock()
         self._gone = False  # stopped, killed, or its death already reported: report no more
-        self.actor = backend.actor_class.remote(backend.env_fn_ref, env_id, backend.driver_path)
+        self.actor = backend.actor_class.remote([backend.env_fn_ref], env_id, backend.driver_path)
         self._on_done(self.actor.ready.remote(), None)
-        self._on_done(self.actor.watch.options(concurrency_group=WATCH_GROUP).remote(), "watch")
+        self._on_done(self.actor.watch.remote(), "watch")
 
     def _on_done(self, ref, seq) -> None:
         ref.future().add_done_callback(lambda future: self._report(seq, future))
@@ -193,7 +201,7 @@ class RayBackend:
     def __init__(self, env_fn: Callable[[int], Any], config):
         self.ray = ray = connect(config.ray_address)
         try:
-            env_fn_bytes = ray.cloudpickle.dumps(env_fn)
+            self.env_fn_ref = ray.put(env_fn)  # stored once, fetched by each actor
         except Exception as exc:
             raise ValueError(
                 f"env_fn {env_fn!r} cannot be pickled ({type(exc).__name__}: {exc}); the ray "
@@ -201,15 +209,46 @@ class RayBackend:
                 "shared-memory counter, an open connection) inside env_fn, or use "
                 "backend='thread'"
             ) from exc
-        self.env_fn_ref = ray.put(env_fn_bytes)  # stored once, fetched by each actor
         self.driver_path = [os.path.abspath(p or os.curdir) for p in sys.path]
         self.actor_class = ray.remote(
             num_cpus=config.ray_num_cpus,
             resources=dict(config.ray_resources) or None,
             max_restarts=0,  # the pool restarts workers (and counts it)
             max_task_retries=0,  # a call is never run twice: a step is not idempotent
-            concurrency_groups={WATCH_GROUP: 1},
+            # a threaded actor does not order its calls: one thread for the watch call, one
+            # for the env's calls (the pool sends a worker one at a time; _EnvActor's lock
+            # keeps close out of one) and one so that ready is answered while a call hangs
+            # (else the call's timeout never starts: it counts from ready)
+            max_concurrency=3,
         )(_EnvActor)
 
     def spawn(self, env_id: int, generation: int, results) -> RayWorker:
         return RayWorker(self, env_id, generation, results)
+
+
+class _FaultCounts:
+    def __init__(self):
+        self.counts = dict.fromkeys(FAULT_KINDS, 0)
+
+    def record(self, kind: str) -> None:
+        self.counts[kind] += 1
+
+    def get(self) -> dict[str, int]:
+        return dict(self.counts)
+
+
+class RayFaultLog:
+    """``jaxagent.envs.faults.FaultLog``'s interface for the ray backend: the counts live in a
+    small Ray actor, since env actors share no memory with this process (a ``FaultLog``'s
+    shared-memory counters do not pickle outside ``multiprocessing``). Joins Ray as the pool
+    does (``address``)."""
+
+    def __init__(self, address: str = ""):
+        self._ray = connect(address)
+        self._actor = self._ray.remote(num_cpus=0)(_FaultCounts).remote()
+
+    def record(self, kind: str) -> None:
+        self._ray.get(self._actor.record.remote(kind))  # counted before an injected crash exits
+
+    def counts(self) -> dict[str, int]:
+        return self._ray.get(self._actor.get.remote())
