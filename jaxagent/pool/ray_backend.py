@@ -10,16 +10,19 @@ initialised, or else does what ``ray.init()`` does (``RAY_ADDRESS``, else a clus
 ``ray start`` runs on this node, else a new local instance); ``"local"`` always a new local
 instance; ``"auto"`` the cluster running on this node; ``"ray://head:10001"`` a remote cluster
 through Ray Client (with token authentication, as Ray 2.60 sets up by default, the client
-needs ``RAY_AUTH_MODE=token`` and the cluster's token in ``~/.ray/auth_token``). ``ray_num_cpus`` and ``ray_resources`` are each actor's
-resource request, what Ray schedules them by.
+needs ``RAY_AUTH_MODE=token`` and the cluster's token in ``~/.ray/auth_token``). A run that
+starts its own instance does so from the trainer's process, where JAX's threads run: Ray
+starts its daemons with fork + exec (JAX warns once about the fork); for long runs start Ray
+first (``ray start --head``) and use ``"auto"``. ``ray_num_cpus`` and ``ray_resources`` are
+each actor's resource request, what Ray schedules them by.
 
 The ``Outcome`` contract of ``jaxagent.pool.backends`` maps onto Ray as follows. Each call is
 one actor method call whose result arrives through a completion callback (no thread per
 worker); an env exception comes back as an "error" value; a Ray error about the task itself
 (a result Ray could not serialise) is "corrupt"; the actor's death (``RayActorError``: its
 process exited or was killed, its node died) is a "crash", at once, even while the actor is
-idle, because every actor also holds a ``watch`` call on a second thread
-(``max_concurrency=3``) that only ends when the actor stops. A thread backend's injected
+idle, because every actor also holds a ``watch`` call on a thread of its own (a threaded
+actor, ``max_concurrency=3``) that only ends when the actor stops. A thread backend's injected
 ``EnvCrash`` ends the actor's process here (``os._exit``), as it does a process worker, so an
 injected crash is a real actor death. The pool replaces a dead, hung or crashed actor with a
 new one; Ray's own actor restarts are off (``max_restarts=0``) so that restarts are counted
