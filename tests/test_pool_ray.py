@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jaxagent.envs.base import Task
+from jaxagent.envs.base import StepResult, Task
 from jaxagent.envs.faults import FaultConfig, FaultLog, FaultyEnvFactory
 from jaxagent.pool import EnvPool, PoolConfig
 from jaxagent.pool.fake_env import DyingEnvFactory, FakeToolEnvFactory
@@ -88,6 +88,31 @@ def test_an_actor_killed_idle_or_mid_call_is_an_env_error_and_a_new_actor():
         assert all(r.reward == 1.0 and not r.env_error for r in finals)
         assert pool._slots[0].worker.actor._actor_id != idle._actor_id
         assert pool.health["env_error_episodes"] == 2 and pool.health["episodes_finished"] == 4
+
+
+def test_a_result_ray_cannot_ship_is_corrupt_and_the_actor_stays():
+    import threading
+
+    class LockEnv:  # defined here: cloudpickle ships it by value
+        def reset(self, task):
+            return "hi"
+
+        def step(self, action):
+            return StepResult("x", 0.0, True, {"lock": threading.Lock()})
+
+        def close(self):
+            pass
+
+    with EnvPool(lambda env_id: LockEnv(), PoolConfig(num_envs=1, backend="ray")) as pool:
+        for _ in range(2):
+            pool.async_reset([0], Task("a", "train", "p"))
+            (r,) = pool.recv()
+            assert r.observation == "hi"
+            pool.send([0], ["go"])
+            (r,) = pool.recv()
+            assert r.done and r.info["env_error"] == "corrupt"
+            assert "cannot pickle '_thread.lock' object" in r.observation
+        assert pool.health["corrupt"] == 2 and pool.health["restarts"] == 0
 
 
 def test_an_env_fn_that_kills_its_actor_is_bounded_not_a_restart_storm():

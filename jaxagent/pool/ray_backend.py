@@ -157,7 +157,9 @@ class RayWorker:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             status, value = "crash", f"Ray actor died: {first}"
         except exceptions.RayTaskError as exc:  # Ray could not run the call or ship its result
-            status, value = "corrupt", f"Ray could not deliver the result: {_format_error(exc)}"
+            cause = getattr(exc, "cause", None)
+            cause = cause if isinstance(cause, BaseException) else exc
+            status, value = "corrupt", f"Ray could not deliver the result: {_format_error(cause)}"
         except Exception as exc:  # the object was lost, the connection to Ray failed, ...
             status, value = "crash", f"Ray call failed: {_format_error(exc)}"
         else:
