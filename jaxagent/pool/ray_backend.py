@@ -61,9 +61,9 @@ def check_config(config) -> None:
         address.startswith("ray://") or ":" in address
     ):
         raise ValueError(
-            f"PoolConfig.ray_address={address!r}; use '' (a local instance), 'auto' (the "
-            "cluster on this node), 'host:port' (a cluster's GCS) or 'ray://host:10001' "
-            "(Ray Client)"
+            f"PoolConfig.ray_address={address!r}; use '' (the Ray this process joined, else "
+            "ray.init()'s choice), 'local' (a new local instance), 'auto' (the cluster on "
+            "this node), 'host:port' (a cluster's GCS) or 'ray://host:10001' (Ray Client)"
         )
     if config.ray_num_cpus < 0:
         raise ValueError(f"PoolConfig.ray_num_cpus={config.ray_num_cpus} must be >= 0")
@@ -117,8 +117,8 @@ class _EnvActor:
                 return "error", _format_error(exc)
 
     def watch(self) -> None:
-        """Waits on the actor's second thread until ``close``: its failure reports the
-        actor's death."""
+        """Waits on a thread of its own until ``close``: its failure reports the actor's
+        death."""
         self._stopped.wait()
 
     def close(self) -> None:
