@@ -33,8 +33,12 @@ def _run_episodes(pool, n_episodes, num_envs):
 
 @pytest.mark.parametrize("backend", ["process", "thread"])
 def test_faults_no_episode_lost_and_counters_match(backend):
-    # 200 episodes over 16 envs, per call: 10% hangs, 5% crashes, 5% corrupt returns.
-    log = FaultLog.create()
+    check_fault_suite(backend, FaultLog.create())
+
+
+def check_fault_suite(backend, log):
+    """200 episodes over 16 envs, per call: 10% hangs, 5% crashes, 5% corrupt returns; ``log``
+    counts the injected faults where the backend's workers run (tests/test_pool_ray.py)."""
     faults = FaultConfig(hang=0.10, crash=0.05, corrupt=0.05, seed=7, hang_s=30.0)
     # 2 s: short enough for a fast test, far above a normal call (~1 ms; < 0.7 s seen on a
     # loaded 2-core machine), so that every timeout is an injected hang.
@@ -194,7 +198,7 @@ def test_recv_timeout_and_observation_truncation():
     "kwargs, field",
     [
         ({"num_envs": 0}, "num_envs"),
-        ({"num_envs": 1, "backend": "ray"}, "backend"),
+        ({"num_envs": 1, "backend": "docker"}, "backend"),
         ({"num_envs": 1, "step_timeout_s": 0}, "step_timeout_s"),
     ],
 )

@@ -1,7 +1,7 @@
 """Host-side asynchronous environment pool (see DESIGN.md).
 
 ``EnvPool`` for text environments (its workers run on a backend from
-``jaxagent.pool.backends``: threads or processes), ``AsyncEnvPool`` for asyncio code,
+``jaxagent.pool.backends``: threads, processes or Ray actors), ``AsyncEnvPool`` for asyncio code,
 ``ArrayEnvPool`` for batched array environments (MuJoCo) and ``run_episodes`` (every task to
 its end, one policy per episode). Nothing here touches a device: episodes become learner rows
 in one place, ``jaxagent.agents.batch.pack_episodes``.

@@ -9,9 +9,11 @@
   ``Outcome`` per submitted call, or an ``Outcome(seq=None, status="crash")`` when it dies.
 * ``Backend``: ``spawn(env_id, generation, results) -> Worker``, plus ``stop_timeout_s``, how
   long ``EnvPool.close`` waits for each worker.
-* ``BACKENDS``: ``PoolConfig.backend`` name -> ``factory(env_fn, config) -> Backend``.
+* ``BACKENDS``: ``PoolConfig.backend`` name -> ``factory(env_fn, config) -> Backend``. A
+  factory may carry ``check_config(config)``, which ``PoolConfig`` runs to validate the
+  backend's own fields (``jaxagent.pool.ray_backend``: Ray installed, its address).
 
-A new backend (Ray actors, a remote service) is one module with a ``Backend`` whose workers
+A new backend (a remote service, ...) is one module with a ``Backend`` whose workers
 keep the ``Outcome`` contract (``jaxagent.pool.workers`` has the shared ``execute``), and one
 entry here (or a ``register_backend`` call); timeouts, retries, restarts and health stay in
 the pool, identical for every backend.
@@ -24,6 +26,7 @@ import queue
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from jaxagent.pool.ray_backend import RayBackend
 from jaxagent.pool.shipping import worker_imports
 from jaxagent.pool.workers import ProcessWorker, ThreadWorker, make_context
 
@@ -74,6 +77,7 @@ class ProcessBackend:
 BACKENDS: dict[str, Callable[[Callable[[int], Any], Any], Backend]] = {
     "thread": ThreadBackend,
     "process": ProcessBackend,
+    "ray": RayBackend,  # Ray actors, on this host or a cluster (imports Ray only when built)
 }
 
 

@@ -13,7 +13,7 @@ class PoolConfig:
 
     num_envs: int  # number of concurrent environments (one worker each)
     # a jaxagent.pool.backends.BACKENDS name: "thread" for I/O-bound tool envs, "process" for
-    # CPU-bound or crashy ones
+    # CPU-bound or crashy ones, "ray" for envs in Ray actors across a cluster
     backend: str = "thread"
     step_timeout_s: float = 30.0  # a step taking longer is a timeout: worker restarted, env_error
     reset_timeout_s: float = 60.0  # same for reset (resets are retried, see max_retries)
@@ -26,6 +26,15 @@ class PoolConfig:
     # JAX's runtime threads (a fork of them can deadlock; jaxagent.pool.shipping)
     start_method: str = "forkserver"
     latency_window: int = 10_000  # calls kept for latency percentiles
+    # ray backend (jaxagent.pool.ray_backend): "" joins the Ray this process initialised, else
+    # as ray.init() (a `ray start` cluster on this node, else a new local instance); "local" a
+    # new local instance, "auto" the cluster on this node, "ray://head:10001" a remote cluster
+    # through Ray Client
+    ray_address: str = ""
+    # what each env actor asks Ray for: CPUs (1 spreads CPU-bound envs one per core of the
+    # cluster; 0 packs them anywhere) and custom resources, e.g. {"env_host": 1}
+    ray_num_cpus: float = 0.0
+    ray_resources: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if self.num_envs < 1:
@@ -36,6 +45,9 @@ class PoolConfig:
             raise ValueError(
                 f"PoolConfig.backend={self.backend!r}; choose one of {tuple(BACKENDS)}"
             )
+        check = getattr(BACKENDS[self.backend], "check_config", None)
+        if check is not None:  # the backend's own fields and requirements (Ray installed)
+            check(self)
         if self.start_method not in START_METHODS:
             raise ValueError(
                 f"PoolConfig.start_method={self.start_method!r}; choose one of {START_METHODS}"
