@@ -99,7 +99,12 @@ def fault_check(env_fn, tasks, make_policy, pool_config, faults) -> FaultReport:
     from jaxagent.pool import EnvPool
     from jaxagent.pool.episodes import run_episodes
 
-    log = FaultLog.create(pool_config.start_method)
+    if pool_config.backend == "ray":  # actors share no memory with this process
+        from jaxagent.pool.ray_backend import RayFaultLog
+
+        log = RayFaultLog(pool_config.ray_address)
+    else:
+        log = FaultLog.create(pool_config.start_method)
     with EnvPool(FaultyEnvFactory(env_fn, faults, log), pool_config) as pool:
         run = run_episodes(pool, tasks, make_policy)
     ids = [e.final.episode_id for e in run.episodes]
