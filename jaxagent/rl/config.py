@@ -4,7 +4,8 @@
 
     advantage  how sequence / token advantages are estimated (``ADVANTAGE_ESTIMATORS``),
                which samples are kept, and what a truncated episode means
-    loss       the policy surrogate (``POLICY_LOSSES``), ratio level, clipping, aggregation
+    loss       the policy surrogate (``POLICY_LOSSES``), ratio level, clipping, aggregation,
+               the off-policy correction (``OFF_POLICY_CORRECTIONS``)
     kl         the KL to a reference policy (in the loss or in the reward)
     critic     the value loss of a model with a value head
     optim      AdamW, gradient clipping, warm-up
@@ -30,7 +31,7 @@ from jaxagent.rl import losses as loss_lib
 from jaxagent.rl.kl import KL_ESTIMATORS
 
 # The tables the sections validate against.
-from jaxagent.rl.tables import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+from jaxagent.rl.tables import ADVANTAGE_ESTIMATORS, OFF_POLICY_CORRECTIONS, POLICY_LOSSES
 
 _DC = dict(frozen=True, kw_only=True, slots=True)
 
@@ -53,6 +54,7 @@ KL_MODES = ("none", "loss", "reward")
 MOMENTS_DTYPES = ("param", "float32")
 LORA_DTYPES = ("float32", "param")
 TRUNCATED_MODES = ("keep", "drop")
+MISMATCH_MODES = ("free", "full", "none")
 
 
 # ----------------------------------------------------------------------------- sections
@@ -101,9 +103,43 @@ class LossConfig:
     aggregation: str = "seq_mean_token_mean"  # token_mean | seq_mean_token_mean | seq_sum_norm
     norm_constant: float = 1.0  # seq_sum_norm divisor per sequence (Dr.GRPO: generation budget)
     entropy_coef: float = 0.0  # entropy bonus weight (subtracted from the loss)
+    # Off-policy correction (a key of OFF_POLICY_CORRECTIONS) for tokens sampled by a policy
+    # pi_behav other than the learner's pi_prox at the start of the update (stale weights of
+    # asynchronous training, bfloat16 sampling weights): "none" clips the ratio against the
+    # behaviour log-probs (LOOP's on-policy path); "decoupled" (decoupled PPO), "tis"
+    # (truncated importance sampling) and "icepop" (mask tokens with an extreme ratio) clip
+    # against pi_prox and weight each token by a function of pi_prox / pi_behav.
+    off_policy: str = "none"
+    tis_cap: float = 2.0  # tis: the weight's truncation C, min(pi_prox / pi_behav, C)
+    decoupled_cap: float = 0.0  # decoupled: drop tokens with pi_prox / pi_behav above (0: off)
+    icepop_low: float = 0.5  # icepop: tokens with pi_prox / pi_behav outside [low, high]
+    icepop_high: float = 2.0  # carry no loss
 
     def __post_init__(self):
         _choice("loss.policy", self.policy, POLICY_LOSSES)
+        _choice("loss.off_policy", self.off_policy, OFF_POLICY_CORRECTIONS)
+        if self.off_policy != "none" and not POLICY_LOSSES[self.policy].on_policy:
+            raise RLConfigError(
+                f"loss.off_policy={self.off_policy!r} with loss.policy={self.policy!r}: the "
+                "loss reads no behaviour log-probs, so there is nothing to correct; set "
+                "loss.off_policy='none'"
+            )
+        if not self.tis_cap >= 1.0:
+            raise RLConfigError(
+                f"loss.tis_cap={self.tis_cap!r} must be >= 1 (a cap below 1 shrinks every "
+                "on-policy token's weight); e.g. 2"
+            )
+        if not (self.decoupled_cap == 0.0 or self.decoupled_cap >= 1.0):
+            raise RLConfigError(
+                f"loss.decoupled_cap={self.decoupled_cap!r} must be 0 (off) or >= 1 (a cap "
+                "below 1 drops on-policy tokens)"
+            )
+        if not 0.0 <= self.icepop_low <= 1.0 <= self.icepop_high:
+            raise RLConfigError(
+                f"loss.icepop_low={self.icepop_low!r}, loss.icepop_high={self.icepop_high!r}: "
+                "need 0 <= icepop_low <= 1 <= icepop_high (on-policy tokens, ratio 1, must be "
+                "kept); e.g. 0.5 and 2"
+            )
         _choice("loss.ratio_level", self.ratio_level, loss_lib.RATIO_LEVELS)
         _choice("loss.clip_lower", self.clip_lower, loss_lib.CLIP_LOWERS)
         _choice("loss.aggregation", self.aggregation, loss_lib.AGGREGATIONS)
@@ -229,9 +265,18 @@ class UpdateConfig:
     # trainer's learner pass): memory for one more forward. A small model on CPU is faster
     # without it (benchmarks/learner_step.py), where activations fit anyway.
     remat: bool = True
+    # The sampler-vs-learner mismatch (mismatch/* metrics: log pi_learner - log pi_behav
+    # before the first optimiser step). "free": from the first minibatch's own forward pass
+    # (no extra compute; over its loss tokens: the whole batch's with one minibatch, else a
+    # random 1 / n_minibatches of the rows); "full": one extra no-grad forward over every
+    # sampled token of the batch (measured +20% and +31% of benchmarks/learner_step.py's
+    # LOOP update on a busy 2-core CPU); "none". An off-policy correction (loss.off_policy)
+    # runs that forward anyway (its pi_prox) and measures the whole batch.
+    measure_mismatch: str = "free"
 
     def __post_init__(self):
         _at_least("update.num_epochs", self.num_epochs, 1)
+        _choice("update.measure_mismatch", self.measure_mismatch, MISMATCH_MODES)
         if self.fused_optimizer and self.microbatch != self.minibatch_size:
             raise RLConfigError(
                 f"update.fused_optimizer=true with update.microbatch_size={self.microbatch_size} "

@@ -196,6 +196,129 @@ def rft_keep_mask(rewards: jax.Array, threshold: float) -> jax.Array:
     return (jnp.asarray(rewards, jnp.float32) >= threshold).astype(jnp.float32)
 
 
+# ----------------------------------------------------------------------------- off-policy corrections
+#
+# Three policies meet in an asynchronous (or reduced-precision) update: pi_behav, which
+# sampled the tokens (``TokenBatch.old_logprobs``, recorded by the sampler); pi_prox, the
+# learner's policy at the start of the update (one no-grad forward, ``rl/update.py``); and
+# pi, the policy being optimised. Each correction below maps (log pi_prox, log pi_behav) to a
+# stop-gradient per-token weight that multiplies the policy loss, whose ratio is then taken
+# against pi_prox instead of pi_behav. Tokens a correction drops get weight 0 and stay in the
+# aggregation's denominators (the estimator's 1/|y| is unchanged).
+
+
+def behaviour_log_ratio(
+    prox_logprobs: jax.Array, behav_logprobs: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """[B, T] float32 ``log(pi_prox / pi_behav)`` on policy tokens (0 elsewhere), clipped to
+    +-``LOG_RATIO_CLIP`` so that exp() stays finite, without gradient."""
+    m = jnp.asarray(mask, jnp.float32)
+    lr = jnp.asarray(prox_logprobs, jnp.float32) - jnp.asarray(behav_logprobs, jnp.float32)
+    return jax.lax.stop_gradient(jnp.clip(lr, -LOG_RATIO_CLIP, LOG_RATIO_CLIP) * m)
+
+
+def decoupled_weights(
+    prox_logprobs: jax.Array, behav_logprobs: jax.Array, mask: jax.Array, cap: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """Decoupled PPO's behaviour weight ``pi_prox / pi_behav`` per token.
+
+    The clipped surrogate's ratio is pi / pi_prox (the trust region is around the learner's
+    own recent policy) and each token's loss is weighted by pi_prox / pi_behav, which corrects
+    for the tokens having been sampled by pi_behav. With ``cap > 0``, tokens whose weight
+    exceeds ``cap`` are dropped (weight 0), as AReaL's ``behav_imp_weight_cap`` does.
+
+    Returns:
+      (weight [B, T], dropped [B, T]): float32, 0 off ``mask``; ``dropped`` is 1 on policy
+      tokens the cap removed.
+
+    References:
+      Hilton, Cobbe, Schulman 2021, "Batch size-invariance for policy optimization"
+      (2110.00641), the decoupled objective; Fu et al. 2025, AReaL (2505.24298).
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    w = jnp.exp(behaviour_log_ratio(prox_logprobs, behav_logprobs, mask)) * m
+    if cap <= 0:
+        return w, jnp.zeros_like(w)
+    dropped = (w > cap).astype(jnp.float32) * m
+    return w * (1.0 - dropped), dropped
+
+
+def tis_weights(
+    prox_logprobs: jax.Array, behav_logprobs: jax.Array, mask: jax.Array, cap: float = 2.0
+) -> tuple[jax.Array, jax.Array]:
+    """Truncated importance sampling: ``min(pi_prox / pi_behav, C)`` per token.
+
+    Truncation bounds the variance that a rare token with a large ratio would add (at the
+    price of a small bias); no token is dropped.
+
+    Returns:
+      (weight [B, T], dropped [B, T] = 0), float32, 0 off ``mask``.
+
+    References:
+      Yao, Liu, et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+      Training" (fengyao.notion.site/off-policy-rl), the TIS-corrected PPO objective;
+      Ionides 2008, "Truncated importance sampling".
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    w = jnp.exp(behaviour_log_ratio(prox_logprobs, behav_logprobs, mask))
+    return jnp.minimum(w, cap) * m, jnp.zeros_like(m)
+
+
+def icepop_weights(
+    prox_logprobs: jax.Array,
+    behav_logprobs: jax.Array,
+    mask: jax.Array,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> tuple[jax.Array, jax.Array]:
+    """IcePop's double-sided mask: weight ``k = pi_prox / pi_behav`` where ``low <= k <=
+    high``, 0 outside (the token is dropped, not clipped: a token the two engines disagree on
+    that much carries no gradient at all).
+
+    Returns:
+      (weight [B, T], dropped [B, T]): float32, 0 off ``mask``; ``dropped`` is 1 on policy
+      tokens outside the band.
+
+    References:
+      Ling Team (inclusionAI) 2025, "Every Step Evolves: Scaling Reinforcement Learning for
+      Trillion-Scale Thinking Model" (Ring-1T, 2510.18855), IcePop's M(k; alpha, beta);
+      Prime Intellect 2025, INTELLECT-3 report (2512.16144), Eq. 1.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    k = jnp.exp(behaviour_log_ratio(prox_logprobs, behav_logprobs, mask))
+    keep = ((k >= low) & (k <= high)).astype(jnp.float32) * m
+    return k * keep, m - keep
+
+
+MISMATCH_THRESHOLDS = (("1e-3", 1e-3), ("1e-2", 1e-2), ("1e-1", 1e-1))
+
+
+def mismatch_metrics(
+    learner_logprobs: jax.Array,
+    behav_logprobs: jax.Array,
+    mask: jax.Array,
+    num_tokens: jax.Array | None = None,
+) -> dict:
+    """The sampler-vs-learner mismatch over the policy tokens: the statistics of
+    ``d = log pi_learner - log pi_behav`` before any optimiser step. ``mismatch/mean_abs``
+    (mean |d|) and ``mismatch/max_abs`` (over ``mask > 0``), and ``mismatch/frac_gt_<x>``
+    the fraction of tokens with |d| > x for each of ``MISMATCH_THRESHOLDS``; means weigh
+    tokens by ``mask`` (0/1 for the sampler's tokens) and divide by ``num_tokens`` (default:
+    ``mask``'s sum), so that the means of microbatches add up to the minibatch's. Nonzero d
+    comes from reduced-precision sampling weights, other kernels or summation orders in the
+    sampler, or stale sampling weights."""
+    m = jnp.asarray(mask, jnp.float32)
+    n = jnp.maximum(m.sum() if num_tokens is None else num_tokens, 1.0)
+    d = jnp.abs(
+        jnp.asarray(learner_logprobs, jnp.float32) - jnp.asarray(behav_logprobs, jnp.float32)
+    )
+    d = jax.lax.stop_gradient(jnp.where(m > 0, d, 0.0))
+    out = {"mismatch/mean_abs": jnp.sum(d * m) / n, "mismatch/max_abs": jnp.max(d)}
+    for name, x in MISMATCH_THRESHOLDS:
+        out[f"mismatch/frac_gt_{name}"] = jnp.sum((d > x) * m) / n
+    return out
+
+
 # ----------------------------------------------------------------------------- critic, entropy
 
 

@@ -2,7 +2,8 @@
 names against them; ``rl/prepare.py`` and ``rl/update.py`` call the entries).
 
 ``ADVANTAGE_ESTIMATORS``: ``advantage.estimator`` -> an ``Estimator``; ``POLICY_LOSSES``:
-``loss.policy`` -> a ``PolicyLoss``. Each entry wraps a pure function of ``rl/advantages.py``
+``loss.policy`` -> a ``PolicyLoss``; ``OFF_POLICY_CORRECTIONS``: ``loss.off_policy`` -> an
+``OffPolicyCorrection``. Each entry wraps a pure function of ``rl/advantages.py``
 or ``rl/losses.py`` with the section config it reads (``rl.config.AdvantageConfig`` /
 ``LossConfig``; this module does not import them: ``rl.config`` validates names against
 these tables).
@@ -18,7 +19,14 @@ from jaxagent.rl import advantages as adv_lib
 from jaxagent.rl import losses as loss_lib
 from jaxagent.types import TokenBatch
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "Estimator", "PolicyLoss"]
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "OFF_POLICY_CORRECTIONS",
+    "POLICY_LOSSES",
+    "Estimator",
+    "OffPolicyCorrection",
+    "PolicyLoss",
+]
 
 
 class Estimator(NamedTuple):
@@ -144,4 +152,37 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
         lambda c, lp, lr, a: _no_clip(loss_lib.reinforce_loss(lp, a)), on_policy=True
     ),
     "sft": PolicyLoss(lambda c, lp, lr, a: _no_clip(loss_lib.sft_loss(lp)), on_policy=False),
+}
+
+
+class OffPolicyCorrection(NamedTuple):
+    """``fn(cfg: LossConfig, prox_logprobs [B, T], behav_logprobs [B, T], mask [B, T]) ->
+    (weight [B, T], dropped [B, T])``: the stop-gradient per-token weight of the policy loss
+    and the indicator of policy tokens it drops (``rl/losses.py``). ``uses_prox``: the policy
+    ratio is taken against pi_prox (the learner's log-probs before the update) instead of the
+    behaviour log-probs, and the weight applies; False is the on-policy path (LOOP's per-token
+    clip on the behaviour log-probs, no weight)."""
+
+    fn: Callable
+    uses_prox: bool
+
+
+def _no_correction(cfg, prox, behav, mask):
+    del cfg, prox, behav
+    m = jnp.asarray(mask, jnp.float32)
+    return m, jnp.zeros_like(m)
+
+
+OFF_POLICY_CORRECTIONS: dict[str, OffPolicyCorrection] = {
+    "none": OffPolicyCorrection(_no_correction, uses_prox=False),
+    "decoupled": OffPolicyCorrection(
+        lambda c, p, b, m: loss_lib.decoupled_weights(p, b, m, c.decoupled_cap), uses_prox=True
+    ),
+    "tis": OffPolicyCorrection(
+        lambda c, p, b, m: loss_lib.tis_weights(p, b, m, c.tis_cap), uses_prox=True
+    ),
+    "icepop": OffPolicyCorrection(
+        lambda c, p, b, m: loss_lib.icepop_weights(p, b, m, c.icepop_low, c.icepop_high),
+        uses_prox=True,
+    ),
 }

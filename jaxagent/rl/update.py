@@ -3,7 +3,8 @@
 ``make_update_step(config, apply_fn)`` returns ``update_step(state, batch) -> (state, metrics)``,
 jitted with ``state`` donated. Inside, everything is ``lax.scan``:
 
-    prepare (advantages, reference log-probs)        once per call
+    prepare (advantages, reference log-probs,        once per call
+             the learner's own log-probs pi_prox)
     scan over epochs (a fresh shuffle each)
       scan over minibatches (one optimiser step each)
         scan over microbatches (gradient accumulation; without LoRA the first microbatch's
@@ -19,6 +20,14 @@ The model enters as ``apply_fn(params, tokens [B,T], positions [B,T], segment_id
 ``jaxagent.models.apply_model``), or, leaner, as ``logprob_fn(...) -> (logp [B,T],
 entropy [B,T], values or None)``: ``model_logprob_fn(graphdef)`` rematerialises blocks and
 chunks the vocabulary head (see ``jaxagent.rl.model_fns``); use it for large models.
+pi_prox, the learner's log-probs under the state's parameters before any optimiser step, give
+the sampler-vs-learner mismatch metrics (``mismatch/*``) and, with an off-policy correction
+(``loss.off_policy``), the reference of the clipped ratio and the behaviour weight
+pi_prox / pi_behav (``jaxagent.rl.tables.OFF_POLICY_CORRECTIONS``). A correction, or
+``update.measure_mismatch="full"``, computes them by one no-grad forward over the whole batch;
+by default (``"free"``) the mismatch is read off the first minibatch's own forward pass, which
+runs at those parameters anyway. Without a correction they never enter the loss: the default
+path's loss and gradients are unchanged.
 Values: the model's value output at position t is V(tokens[:t+1]); the update aligns it as
 ``values[:, t] = V(tokens[:, :t])``, the value of the state in which token t is chosen, which
 is the convention ``TokenBatch.values`` must follow too.
@@ -45,7 +54,7 @@ from jaxagent.rl.lora import LoraParams, merge_lora
 from jaxagent.models import token_values
 from jaxagent.rl.model_fns import LogprobFn, LoraAwareLogprobFn, logits_logprob_fn
 from jaxagent.rl.prepare import apply_row_weight, compute_advantages as _compute_advantages
-from jaxagent.rl.config import POLICY_LOSSES, RLConfig
+from jaxagent.rl.config import OFF_POLICY_CORRECTIONS, POLICY_LOSSES, RLConfig
 from jaxagent.rl.train_state import TrainState, make_optimizer
 from jaxagent.types import TokenBatch
 
@@ -53,16 +62,22 @@ ApplyFn = Callable[..., tuple[jax.Array, Optional[jax.Array]]]
 
 
 def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
-    """``loss_fn(params, micro, num_tokens, num_seqs) -> (loss, metric_sums)``.
+    """``loss_fn(params, micro, num_tokens, num_seqs, prox_logprobs=None) -> (loss,
+    metric_sums)``.
 
     ``params`` are the model parameters (LoRA already merged). ``metric_sums`` are normalised
     by the minibatch's denominators, so summing them over microbatches gives minibatch means.
+    ``prox_logprobs`` [B, T]: pi_prox, needed by an off-policy correction (``loss.off_policy``),
+    which then takes the ratio against it (``ratio/mean`` and ``kl/approx_old_new`` too: the
+    trust region, and ``update.kl_stop``, are around pi_prox) and weights the policy loss.
     """
 
     lc = config.loss
     policy_loss = POLICY_LOSSES[lc.policy].fn
+    correction = OFF_POLICY_CORRECTIONS[lc.off_policy]
+    free_mismatch = _mismatch_mode(config) == "free"
 
-    def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs):
+    def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs, prox_logprobs=None):
         logp, entropy, values_out = logprob_fn(
             params, micro.tokens, micro.positions, micro.segment_ids, loss_mask=micro.loss_mask
         )
@@ -76,10 +91,19 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
             norm_constant=lc.norm_constant,
         )
         tok_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(num_tokens, 1.0)
-        log_ratio = L.importance_log_ratio(
-            logp, micro.old_logprobs, mask, lc.ratio_level, micro.turn_ids
-        )
+        old = micro.old_logprobs
+        if correction.uses_prox:
+            if prox_logprobs is None:
+                raise ValueError(
+                    f"loss.off_policy={lc.off_policy!r} needs prox_logprobs (the learner's "
+                    "log-probs before the update); make_update_step computes them"
+                )
+            old = jax.lax.stop_gradient(prox_logprobs)
+        log_ratio = L.importance_log_ratio(logp, old, mask, lc.ratio_level, micro.turn_ids)
         per_tok, clip_low, clip_high = policy_loss(lc, logp, log_ratio, micro.advantages)
+        if correction.uses_prox:
+            weight, _ = correction.fn(lc, old, micro.old_logprobs, mask)
+            per_tok = per_tok * weight
         policy = agg(per_tok)
         total = policy
         m = {"loss/policy": policy}
@@ -103,6 +127,8 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
             )
             total = total + config.critic.value_coef * v_loss
             m["loss/value"] = v_loss
+        if free_mismatch:  # kept from the first minibatch only (make_update_step)
+            m.update(L.mismatch_metrics(logp, micro.old_logprobs, mask, num_tokens))
         ent = agg(entropy)
         if lc.entropy_coef:
             total = total - lc.entropy_coef * ent
@@ -112,7 +138,7 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
                 "entropy/mean": tok_mean(entropy),
                 "clip/low_frac": tok_mean(clip_low),
                 "clip/high_frac": tok_mean(clip_high),
-                "kl/approx_old_new": tok_mean(L.approx_kl_old_new(logp, micro.old_logprobs)),
+                "kl/approx_old_new": tok_mean(L.approx_kl_old_new(logp, old)),
                 "ratio/mean": tok_mean(jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))),
             }
         )
@@ -121,18 +147,41 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
     return loss_fn
 
 
+def _mismatch_mode(config: RLConfig) -> str:
+    """How the update measures the mismatch: "full" (the pi_prox forward over the whole
+    batch: ``update.measure_mismatch="full"`` or any off-policy correction, which needs
+    pi_prox), "free" (the first minibatch's forward), or "none" (also for a loss that reads no
+    sampler log-probs, e.g. SFT)."""
+    if OFF_POLICY_CORRECTIONS[config.loss.off_policy].uses_prox:
+        return "full"
+    if not POLICY_LOSSES[config.loss.policy].on_policy:
+        return "none"
+    return config.update.measure_mismatch
+
+
+def _add_sums(a: dict, b: dict) -> dict:
+    """Two microbatches' metric sums combined: added (they are normalised by the minibatch's
+    denominators), except maxima."""
+    return {k: jnp.maximum(a[k], b[k]) if k.endswith("/max_abs") else a[k] + b[k] for k in a}
+
+
 def _split(tree: Any, n: int) -> Any:
     """[B, ...] leaves -> [n, B // n, ...]."""
     return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), tree)
 
 
-def _reference_logprobs(config, logprob_fn, ref_params, batch: TokenBatch) -> jax.Array:
-    """[B, T] reference log-probs, one microbatch at a time (no gradient)."""
+def _reference_logprobs(
+    config, logprob_fn, params, batch: TokenBatch, constrain=lambda x: x
+) -> jax.Array:
+    """[B, T] log-probs of ``params`` (the reference model's, or the learner's own: pi_prox),
+    one microbatch at a time (no gradient); ``constrain`` places the [n, micro, ...] chunks."""
     n = batch.tokens.shape[0] // min(config.update.microbatch, batch.tokens.shape[0])
-    chunks = _split((batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask), n)
+    chunks = constrain(
+        _split((batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask), n)
+    )
 
     def one(xs):
-        return logprob_fn(ref_params, *xs[:3], loss_mask=xs[3])[0]
+        return logprob_fn(params, *xs[:3], loss_mask=xs[3])[0]
 
     lp = jax.lax.map(one, chunks)
     return jax.lax.stop_gradient(lp.reshape(batch.tokens.shape))
@@ -229,6 +278,8 @@ def make_update_step(
     if logprob_fn is None:
         logprob_fn = logits_logprob_fn(apply_fn)
     loss_fn = make_loss_fn(config, logprob_fn)
+    correction = OFF_POLICY_CORRECTIONS[config.loss.off_policy]
+    measure = _mismatch_mode(config) == "full"  # the pi_prox forward
     lazy_lora = isinstance(logprob_fn, LoraAwareLogprobFn)
 
     def with_adapters(trainable, frozen, alpha_rank):
@@ -253,9 +304,9 @@ def make_update_step(
         check_elementwise(tx)
         fused_tx = optax.with_extra_args_support(tx)
 
-        def fused_loss(params, micro, num_tokens, num_seqs, hook):
+        def fused_loss(params, micro, num_tokens, num_seqs, prox, hook):
             lp = functools.partial(logprob_fn, block_wrap=hook)
-            return make_loss_fn(config, lp)(params, micro, num_tokens, num_seqs)
+            return make_loss_fn(config, lp)(params, micro, num_tokens, num_seqs, prox)
 
     batch_axes = None
     if mesh is not None:
@@ -290,22 +341,46 @@ def make_update_step(
             batch = batch.replace(
                 ref_logprobs=_reference_logprobs(config, logprob_fn, state.ref_params, batch)
             )
+        prox = None
+        if measure:
+            # pi_prox: the learner's log-probs before any optimiser step (no gradient)
+            prox = _reference_logprobs(
+                config,
+                logprob_fn,
+                with_adapters(state.params, state.frozen_params, lora),
+                batch,
+                constrain,
+            )
+            # over every sampled token of the rows the host kept (before advantage filters)
+            prox_metrics = L.mismatch_metrics(prox, batch.old_logprobs, batch.loss_mask)
         if compute_advantages:
             batch = _compute_advantages(config, batch)
         adv_metrics = _advantage_metrics(batch)
+        if prox is not None:
+            weight, dropped = correction.fn(config.loss, prox, batch.old_logprobs, batch.loss_mask)
+            n_loss = jnp.maximum(jnp.sum(batch.loss_mask > 0), 1).astype(jnp.float32)
+            prox_metrics["offpolicy/weight_mean"] = jnp.sum(weight) / n_loss
+            prox_metrics["offpolicy/masked_frac"] = jnp.sum(dropped) / n_loss
+            adv_metrics.update(prox_metrics)
+        # the scans carry pi_prox only when the loss reads it
+        data = (batch, prox if correction.uses_prox else None)
 
-        def minibatch_step(carry, mb: TokenBatch):
+        def minibatch_step(carry, mb_prox):
             params, opt_state, stopped = carry
+            mb, _ = mb_prox
             num_tokens, num_seqs = L.aggregation_denominators(mb.loss_mask)
-            micro = constrain(_split(mb, n_micro))
+            micro = constrain(_split(mb_prox, n_micro))
 
             def micro_grad(x):
-                (_, s), g = grad_fn(params, state.frozen_params, lora, x, num_tokens, num_seqs)
+                (_, s), g = grad_fn(
+                    params, state.frozen_params, lora, x[0], num_tokens, num_seqs, x[1]
+                )
                 return g, s
 
             def accumulate(init, xs):
                 def micro_step(acc, x):
-                    return jax.tree.map(jnp.add, acc, micro_grad(x)), None
+                    g, s = micro_grad(x)
+                    return (jax.tree.map(jnp.add, acc[0], g), _add_sums(acc[1], s)), None
 
                 return jax.lax.scan(micro_step, init, xs)[0]
 
@@ -332,8 +407,9 @@ def make_update_step(
             )
             return (params, opt_state, stopped), dict(sums, **guard)
 
-        def fused_minibatch_step(params, opt_state, stopped, mb, num_tokens, num_seqs):
-            loss_of = lambda p, hook: fused_loss(p, mb, num_tokens, num_seqs, hook)
+        def fused_minibatch_step(params, opt_state, stopped, mb_prox, num_tokens, num_seqs):
+            mb, prox = mb_prox
+            loss_of = lambda p, hook: fused_loss(p, mb, num_tokens, num_seqs, prox, hook)
             plan = ParamPlan(params, opt_state)
 
             def one_pass(params, opt_state, norm, ok):
@@ -369,7 +445,7 @@ def make_update_step(
 
         def epoch_step(carry, key):
             perm = jax.random.permutation(key, b) if u.shuffle else jnp.arange(b)
-            shuffled = jax.tree.map(lambda x: x[perm], batch)
+            shuffled = jax.tree.map(lambda x: x[perm], data)
             return jax.lax.scan(minibatch_step, carry, _split(shuffled, n_mini))
 
         rng, ep_key = jax.random.split(state.rng)
@@ -378,6 +454,8 @@ def make_update_step(
             epoch_step, (state.params, state.opt_state, jnp.zeros((), bool)), keys
         )
         metrics = {k: jnp.mean(v) for k, v in per_step.items()}
+        # "free" mismatch: the first minibatch's, measured before any optimiser step
+        metrics.update({k: v[0, 0] for k, v in per_step.items() if k.startswith("mismatch/")})
         metrics.update(adv_metrics)
         steps = u.num_epochs * n_mini
         metrics["optim/steps"] = jnp.asarray(steps, jnp.float32)
