@@ -1,0 +1,451 @@
+"""The OpenAI-compatible policy server, driven by the real ``openai`` client on localhost.
+
+- A harness loop over the scripted world of ``test_rollout`` (sampled, a seed per request,
+  streaming and plain turns alternating, three conversations at once on two KV slots, so
+  requests share decode calls and a session is evicted and re-prefilled): every stored
+  episode has exactly the tokens, loss mask and turn ids the built-in driver records for the
+  same task and key, log-probs within float rounding, and the learner's teacher-forced
+  log-probs agree with them to 1e-4 (fp32).
+- A tool-calling conversation over a ChatML template (native ``<tool_call>`` blocks come back
+  as OpenAI ``tool_calls``; tool results go back through the template's tool role), streaming
+  and not: the session's token stream decodes to the template's rendering of the whole
+  conversation.
+- A harness that edits its history gets ``X-Jaxagent-Divergence`` and the episode records it.
+- A sweep of malformed requests: each gets its status code and an OpenAI JSON error body, a
+  client that drops a stream mid-way is survived, and the server answers afterwards.
+"""
+
+import concurrent.futures
+import json
+import threading
+
+import httpx2 as httpx
+import jax
+import numpy as np
+import openai
+import pytest
+from test_rollout import WORDS, ScriptedEnv
+
+from jaxagent.agents.batch import pack_episodes
+from jaxagent.agents.cached import CachedTurnSampler
+from jaxagent.agents.chat import ChatFormat, TemplateChat
+from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
+from jaxagent.agents.runner import InlineRunner
+from jaxagent.envs.base import Task
+from jaxagent.generate import SamplingConfig
+from jaxagent.models import ModelConfig, init_model
+from jaxagent.serve.app import ServerState
+from jaxagent.serve.backend import BackendStats, Result
+from jaxagent.serve.render import Renderer
+from jaxagent.serve.server import ServerThread, build_state
+from jaxagent.serve.sessions import DIVERGENCE_HEADER
+from jaxagent.train.policy import make_logprob_fn
+from jaxagent.train.tokenizer import build_chatml_tokenizer, build_word_tokenizer
+
+SYSTEM = "one two"
+N = 6  # tokens per turn
+BUDGET = Budget(max_turns=4, max_new_tokens=N, max_total_tokens=200)
+TASKS = [
+    Task(id="a", split="train", prompt="", data={"n": 2, "turns": 3}),
+    Task(id="b", split="train", prompt="", data={"n": 5, "turns": 2}),
+    Task(id="c", split="train", prompt="", data={"n": 3, "turns": 4}),
+]
+SEEDS = [3, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    tok = build_word_tokenizer(WORDS)
+    chat = ChatFormat(tok)
+    cfg = ModelConfig.test(vocab_size=len(tok), max_seq_len=256)
+    graphdef, params = init_model(cfg, jax.random.key(0))
+    sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, stop_token_ids=chat.stop_ids)
+    return chat, graphdef, params, sampling
+
+
+@pytest.fixture(scope="module")
+def server(policy):
+    chat, graphdef, params, sampling = policy
+    state = build_state(
+        chat=chat,
+        graphdef=graphdef,
+        params=params,
+        sampling=sampling,
+        max_total_tokens=BUDGET.max_total_tokens,
+        max_seq_len=256,
+        model_id="tiny",
+        slots=2,  # three conversations at once: one is always evicted
+        decode_steps=3,
+    )
+    srv = ServerThread(state)
+    state.backend.wait_ready()
+    yield srv
+    srv.close()
+
+
+def _client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
+
+
+def _harness(srv, task: Task, seed: int, sid: str, barrier=None) -> None:
+    """A hand-written agent loop: the scripted world's observations as user messages, the
+    model's answers echoed back as the client returned them; streams every other turn."""
+    client, env = _client(srv), ScriptedEnv()
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": env.reset(task)},
+    ]
+    for turn in range(BUDGET.max_turns):
+        if barrier is not None and turn == 0:
+            barrier.wait()
+        kwargs = {
+            "model": "tiny",
+            "messages": messages,
+            "seed": seed,
+            "temperature": 1.0,
+            "max_tokens": N,
+            "extra_headers": {"X-Session-Id": sid},
+        }
+        if turn % 2:
+            content = ""
+            for ch in client.chat.completions.create(stream=True, **kwargs):
+                if ch.choices and ch.choices[0].delta.content:
+                    content += ch.choices[0].delta.content
+            messages.append({"role": "assistant", "content": content})
+        else:
+            msg = client.chat.completions.create(**kwargs).choices[0].message
+            messages.append(msg.model_dump(exclude_none=True))
+            content = msg.content
+        result = env.step(content)
+        if result.done:
+            break
+        messages.append({"role": "user", "content": result.observation})
+    r = httpx.post(f"{srv.base_url}/sessions/{sid}/reward", json={"reward": result.reward})
+    assert r.status_code == 200, r.text
+
+
+def _driver_episode(policy, task: Task, seed: int):
+    chat, graphdef, params, sampling = policy
+    spec = RolloutSpec(chat, SYSTEM, BUDGET, InlineRunner(ScriptedEnv))
+    eps, _ = collect_episodes(
+        CachedTurnSampler(graphdef, sampling, 256, chat.pad_id),
+        params,
+        [task],
+        samples_per_task=1,
+        spec=spec,
+        key=jax.random.key(seed),
+    )
+    return eps[0]
+
+
+def test_episodes_equal_the_driver_and_the_learner(policy, server):
+    store = server.state.store
+    store.pop_episodes()
+    barrier = threading.Barrier(len(TASKS))
+    with concurrent.futures.ThreadPoolExecutor(len(TASKS)) as pool:
+        futures = [
+            pool.submit(_harness, server, t, s, f"eq-{t.id}", barrier) for t, s in zip(TASKS, SEEDS)
+        ]
+        for f in futures:
+            f.result()
+    served = {ep.task.id: ep for ep in store.pop_episodes()}
+    stats = server.state.backend.stats
+    assert stats.max_batch >= 2  # concurrent requests shared decode calls
+    assert stats.evictions >= 1  # three sessions on two slots
+    assert 0 < stats.reused_tokens < stats.prompt_tokens  # later turns reused their KV
+    eps = []
+    for task, seed in zip(TASKS, SEEDS):
+        ref, ep = _driver_episode(policy, task, seed), served[f"eq-{task.id}"]
+        assert len(ref.turns) >= 2
+        assert ep.tokens == ref.tokens
+        assert ep.loss_mask == ref.loss_mask
+        assert ep.turn_ids == ref.turn_ids
+        assert [t.action for t in ep.turns] == [t.action for t in ref.turns]
+        np.testing.assert_allclose(ep.logprobs, ref.logprobs, atol=1e-5)
+        assert ep.reward == ref.reward and ep.info["divergences"] == []
+        eps.append(ep)
+    chat, graphdef, params, _ = policy
+    batch = pack_episodes(eps, pad_id=chat.pad_id, max_len=256, length_multiple=16)
+    learner, _ = make_logprob_fn(graphdef)(params, batch.tokens, batch.positions, batch.segment_ids)
+    mask = batch.loss_mask > 0
+    assert mask.sum() >= 6 * N
+    np.testing.assert_allclose(
+        np.asarray(learner)[mask], batch.old_logprobs[mask], atol=1e-4, rtol=0
+    )
+
+
+def test_edited_history_is_reported(server):
+    client = _client(server)
+    sid = "edit"
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "look at the box red"},
+    ]
+    head = {"X-Session-Id": sid}
+    first = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=messages, seed=1, extra_headers=head
+    )
+    assert first.headers.get(DIVERGENCE_HEADER) is None
+    messages.append(first.parse().choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "user", "content": "one two three"})
+    second = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=messages, seed=1, extra_headers=head
+    )
+    assert second.headers.get(DIVERGENCE_HEADER) is None
+    before = server.state.divergences
+    # The harness rewrites the model's first answer and a tool result.
+    edited = [*messages[:2], {"role": "assistant", "content": "ok done"}, messages[3]]
+    third = client.chat.completions.with_raw_response.create(
+        model="tiny", messages=edited, seed=1, extra_headers=head
+    )
+    report = json.loads(third.headers[DIVERGENCE_HEADER])
+    assert report["at_message"] == 2 and report["kept_messages"] == 0
+    assert report["dropped_sampled_tokens"] >= 2
+    assert server.state.divergences == before + 1
+    stored = httpx.get(f"{server.base_url}/sessions/{sid}").json()
+    # Re-rendered from the start: the edited answer is prompt (loss 0), one sampled turn.
+    assert stored["turn_ids"].count(0) >= 1 and 1 not in stored["turn_ids"]
+    assert sum(stored["loss_mask"]) == len(third.parse().choices[0].message.content.split()) or (
+        sum(stored["loss_mask"]) >= 1
+    )
+    r = httpx.post(f"{server.base_url}/sessions/{sid}/reward", json={"reward": 0.0})
+    assert r.json()["divergences"] == 1
+    ep = server.state.store.pop_episodes()[-1]
+    assert ep.info["divergences"][0]["at_message"] == 2
+
+
+def _bad_cases():
+    ok = [{"role": "user", "content": "look"}]
+    long = [{"role": "user", "content": " ".join(["look"] * 400)}]
+    return [
+        ("not json", b"{nope", 400, "invalid_json"),
+        ("body is a list", [1, 2], 400, "invalid_body"),
+        ("unknown model", {"model": "gpt-9", "messages": ok}, 404, "model_not_found"),
+        ("no model", {"messages": ok}, 400, "missing_model"),
+        ("no messages", {"model": "tiny"}, 400, "invalid_messages"),
+        ("empty messages", {"model": "tiny", "messages": []}, 400, "invalid_messages"),
+        ("bad role", {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, 400, None),
+        ("message not an object", {"model": "tiny", "messages": ["hi"]}, 400, "invalid_type"),
+        ("no content", {"model": "tiny", "messages": [{"role": "user"}]}, 400, "missing_content"),
+        (
+            "image part",
+            {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "invalid_content",
+        ),
+        (
+            "system only",
+            {"model": "tiny", "messages": [{"role": "system", "content": "x"}]},
+            400,
+            None,
+        ),
+        ("tools not a list", {"model": "tiny", "messages": ok, "tools": {"a": 1}}, 400, None),
+        (
+            "tool without name",
+            {"model": "tiny", "messages": ok, "tools": [{"type": "function", "function": {}}]},
+            400,
+            None,
+        ),
+        (
+            "bad tool-call arguments",
+            {
+                "model": "tiny",
+                "messages": [
+                    *ok,
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{x"},
+                            }
+                        ],
+                    },
+                ],
+            },
+            400,
+            "invalid_json",
+        ),
+        ("temperature too high", {"model": "tiny", "messages": ok, "temperature": 5}, 400, None),
+        (
+            "temperature a string",
+            {"model": "tiny", "messages": ok, "temperature": "hot"},
+            400,
+            None,
+        ),
+        (
+            "max_tokens over the turn limit",
+            {"model": "tiny", "messages": ok, "max_tokens": 999},
+            400,
+            None,
+        ),
+        ("max_tokens zero", {"model": "tiny", "messages": ok, "max_tokens": 0}, 400, None),
+        ("n too large", {"model": "tiny", "messages": ok, "n": 99}, 400, None),
+        ("stop not strings", {"model": "tiny", "messages": ok, "stop": [1]}, 400, None),
+        (
+            "unknown parameter",
+            {"model": "tiny", "messages": ok, "best_of": 2},
+            400,
+            "unsupported_parameter",
+        ),
+        (
+            "tool_choice required",
+            {"model": "tiny", "messages": ok, "tool_choice": "required"},
+            400,
+            None,
+        ),
+        ("context too long", {"model": "tiny", "messages": long}, 400, "context_length_exceeded"),
+    ]
+
+
+def test_malformed_requests_get_openai_errors(server):
+    url = f"{server.base_url}/chat/completions"
+    cases = _bad_cases()
+    assert len(cases) >= 15
+    for name, body, status, code in cases:
+        if isinstance(body, bytes):
+            r = httpx.post(url, content=body, headers={"content-type": "application/json"})
+        else:
+            r = httpx.post(url, json=body)
+        assert r.status_code == status, (name, r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"}, name
+        assert isinstance(err["message"], str) and err["message"], name
+        if code is not None:
+            assert err["code"] == code, (name, err)
+    assert httpx.get(f"{server.base_url}/nowhere").status_code == 404
+    assert httpx.get(url).status_code == 405
+    # The openai client maps them to its own exceptions.
+    client = _client(server)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], n=99
+        )
+    # A client that drops a stream after its first chunk: the server keeps serving.
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "look"}], "stream": True}
+    with httpx.stream("POST", url, json=body, headers={"X-Session-Id": "gone"}) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "look"}],
+        extra_headers={"X-Session-Id": "gone"},
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+# ---- tool calls over a ChatML template ----------------------------------------------------
+
+
+class ScriptedBackend:
+    """Answers every turn with the next scripted text (its ids + the end-of-turn id): the
+    tool-call format is tested without training a model to write calls."""
+
+    def __init__(self, chat, texts):
+        self.chat, self.texts = chat, list(texts)
+        self.max_new_tokens, self.capacity = 128, 2048
+        self.stats = BackendStats()
+        self.contexts = []
+
+    def sampling_for(self, temperature, top_p):
+        return None
+
+    def next_row(self):
+        return 0
+
+    def submit(self, job):
+        ids = self.chat.tokenizer.encode(self.texts.pop(0), add_special_tokens=False)
+        ids = [*ids, self.chat.eot_id]
+        self.contexts.append(list(job.context))
+        lps = [-0.5] * len(ids)
+
+        def run():
+            if job.stream:
+                job.emit("tokens", (ids[:2], lps[:2]))
+                job.emit("tokens", (ids[2:], lps[2:]))
+            job.emit("done", Result(ids, lps, "stop", 0))
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def close(self):
+        pass
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_price",
+            "description": "price of a share",
+            "parameters": {"type": "object", "properties": {"ticker": {"type": "string"}}},
+        },
+    }
+]
+CALL = '<tool_call>\n{"name": "get_price", "arguments": {"ticker": "acme"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calling_conversation(stream):
+    corpus = ["what do 3 shares of acme cost ? get_price ticker 12 36 " + CALL] * 4
+    chat = TemplateChat(build_chatml_tokenizer(corpus, 400))
+    assert chat.syntax == "hermes" and chat.observation_role == "tool"
+    backend = ScriptedBackend(chat, ["let me look\n" + CALL, "36"])
+    srv = ServerThread(ServerState(backend=backend, renderer=Renderer(chat), model_id="tiny"))
+    try:
+        client = _client(srv)
+        messages = [
+            {"role": "system", "content": "you trade"},
+            {"role": "user", "content": "what do 3 shares of acme cost?"},
+        ]
+        kw = {"model": "tiny", "tools": TOOLS, "extra_headers": {"X-Session-Id": "tools"}}
+
+        def ask():
+            if not stream:
+                r = client.chat.completions.create(messages=messages, **kw)
+                return r.choices[0].message, r.choices[0].finish_reason
+            content, calls, finish = "", {}, None
+            for ch in client.chat.completions.create(messages=messages, stream=True, **kw):
+                d = ch.choices[0].delta
+                content += d.content or ""
+                for tc in d.tool_calls or []:
+                    calls.setdefault(tc.index, tc)
+                finish = ch.choices[0].finish_reason or finish
+            msg = {"role": "assistant", "content": content or None}
+            if calls:
+                msg["tool_calls"] = [c.model_dump(exclude_none=True) for c in calls.values()]
+                for c in msg["tool_calls"]:
+                    c.pop("index")
+            return openai.types.chat.ChatCompletionMessage(**msg), finish
+
+        msg, finish = ask()
+        assert finish == "tool_calls" and msg.content == "let me look\n"
+        (call,) = msg.tool_calls
+        assert call.function.name == "get_price"
+        assert json.loads(call.function.arguments) == {"ticker": "acme"}
+        messages.append(msg.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "12"})
+        msg, finish = ask()
+        assert finish == "stop" and msg.content == "36" and not msg.tool_calls
+        # The first context is the template's rendering (tools block included); later ones
+        # are the stored ids plus the tool turn's chunk only (the template's tool role): the
+        # model's own ids are kept as sampled, never re-rendered.
+        first, second = backend.contexts
+        tok = chat.tokenizer
+        head = tok.apply_chat_template(
+            messages[:2], tools=TOOLS, add_generation_prompt=True, tokenize=False
+        )
+        assert first == tok.encode(head, add_special_tokens=False)
+        turn1 = [*tok.encode("let me look\n" + CALL, add_special_tokens=False), chat.eot_id]
+        assert second == first + turn1 + chat.observation("12")
+        assert "<tool_response>\n12\n</tool_response>" in tok.decode(chat.observation("12"))
+        stored = srv.state.store.sessions["tools"].tokens
+        turn2 = [*tok.encode("36", add_special_tokens=False), chat.eot_id]
+        assert stored == second + turn2
+    finally:
+        srv.close()
