@@ -29,6 +29,7 @@ from test_rollout import WORDS, ScriptedEnv
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.cached import CachedTurnSampler
 from jaxagent.agents.chat import ChatFormat, TemplateChat
+from jaxagent.agents.engine import SlotEngine
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import Task
@@ -124,11 +125,11 @@ def _harness(srv, task: Task, seed: int, sid: str, barrier=None) -> None:
     assert r.status_code == 200, r.text
 
 
-def _driver_episode(policy, task: Task, seed: int):
-    chat, graphdef, params, sampling = policy
+def _driver_episode(policy, sampler, task: Task, seed: int):
+    chat, _, params, _ = policy
     spec = RolloutSpec(chat, SYSTEM, BUDGET, InlineRunner(ScriptedEnv))
     eps, _ = collect_episodes(
-        CachedTurnSampler(graphdef, sampling, 256, chat.pad_id),
+        sampler,
         params,
         [task],
         samples_per_task=1,
@@ -138,7 +139,9 @@ def _driver_episode(policy, task: Task, seed: int):
     return eps[0]
 
 
-def test_episodes_equal_the_driver_and_the_learner(policy, server):
+# The lock-step driver's per-call compiles take a minute on 2 CPU cores: nightly.
+@pytest.mark.parametrize("driver", ["engine", pytest.param("lockstep", marks=pytest.mark.slow)])
+def test_episodes_equal_the_driver_and_the_learner(policy, server, driver):
     store = server.state.store
     store.pop_episodes()
     barrier = threading.Barrier(len(TASKS))
@@ -154,8 +157,14 @@ def test_episodes_equal_the_driver_and_the_learner(policy, server):
     assert stats.evictions >= 1  # three sessions on two slots
     assert 0 < stats.reused_tokens < stats.prompt_tokens  # later turns reused their KV
     eps = []
+    chat, graphdef, params, sampling = policy
+    # The built-in driver with the rollout engine (same tokens as the lock-step one:
+    # tests/test_engine.py), one instance: its slot programs compile once.
+    sampler = SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=1, decode_steps=3)
+    if driver == "lockstep":
+        sampler = CachedTurnSampler(graphdef, sampling, 256, chat.pad_id)
     for task, seed in zip(TASKS, SEEDS):
-        ref, ep = _driver_episode(policy, task, seed), served[f"eq-{task.id}"]
+        ref, ep = _driver_episode(policy, sampler, task, seed), served[f"eq-{task.id}"]
         assert len(ref.turns) >= 2
         assert ep.tokens == ref.tokens
         assert ep.loss_mask == ref.loss_mask
@@ -164,7 +173,6 @@ def test_episodes_equal_the_driver_and_the_learner(policy, server):
         np.testing.assert_allclose(ep.logprobs, ref.logprobs, atol=1e-5)
         assert ep.reward == ref.reward and ep.info["divergences"] == []
         eps.append(ep)
-    chat, graphdef, params, _ = policy
     batch = pack_episodes(eps, pad_id=chat.pad_id, max_len=256, length_multiple=16)
     learner, _ = make_logprob_fn(graphdef)(params, batch.tokens, batch.positions, batch.segment_ids)
     mask = batch.loss_mask > 0
