@@ -222,6 +222,89 @@ def test_edited_history_is_reported(server):
     assert ep.info["divergences"][0]["at_message"] == 2
 
 
+def test_turn_options(policy, server):
+    """n, seed, logprobs, max_tokens, stop and per-request temperature on the real model: a
+    turn cut by max_tokens rewinds its slot, and the next turn's stored log-probs are still
+    the learner's."""
+    client, url = _client(server), server.base_url
+    base = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "look at the box red"},
+    ]
+
+    def ask(sid, messages=base, **kw):
+        kw.setdefault("seed", 7)
+        return client.chat.completions.create(
+            model="tiny", messages=messages, extra_headers={"X-Session-Id": sid}, **kw
+        )
+
+    one = ask("opt-1", logprobs=True)
+    full = one.choices[0].message.content
+    stored = httpx.get(f"{url}/sessions/opt-1").json()
+    sampled = [lp for lp, m in zip(stored["logprobs"], stored["loss_mask"]) if m]
+    assert [x.logprob for x in one.choices[0].logprobs.content] == pytest.approx(sampled)
+    two = ask("opt-2", n=2)
+    assert len(two.choices) == 2 and two.choices[0].message.content == full
+    assert two.choices[1].message.content != full  # its own stream (row 1)
+    # max_tokens: the same stream's first two tokens; the slot keeps only those
+    short = ask("opt-3", max_tokens=2)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
+    ids = [t for t, m in zip(stored["tokens"], stored["loss_mask"]) if m]
+    ids3 = httpx.get(f"{url}/sessions/opt-3").json()["tokens"]
+    assert ids3[-2:] == ids[:2]
+    ask(
+        "opt-3",
+        [
+            *base,
+            short.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "one two"},
+        ],
+    )
+    httpx.post(f"{url}/sessions/opt-3/reward", json={"reward": 1.0})
+    (ep,) = [e for e in server.state.store.pop_episodes() if e.task.id == "opt-3"]
+    assert ep.num_policy_tokens > 2 and ep.info["divergences"] == []
+    chat, graphdef, params, _ = policy
+    batch = pack_episodes([ep], pad_id=chat.pad_id, max_len=256, length_multiple=16)
+    learner, _ = make_logprob_fn(graphdef)(params, batch.tokens, batch.positions, batch.segment_ids)
+    mask = batch.loss_mask > 0
+    np.testing.assert_allclose(np.asarray(learner)[mask], batch.old_logprobs[mask], atol=1e-4)
+    # stop strings: the text before the first one, streaming or not
+    words = full.split()
+    stop = next((w for w in words[1:] if full.find(w) > 0), None)
+    if stop is not None:
+        cut = ask("opt-4", stop=[stop])
+        assert cut.choices[0].message.content == full[: full.find(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+        streamed = "".join(
+            ch.choices[0].delta.content or ""
+            for ch in ask("opt-5", stop=[stop], stream=True)
+            if ch.choices
+        )
+        assert streamed == full[: full.find(stop)]
+
+
+@pytest.mark.slow  # two more device programs to compile (nightly)
+def test_mixed_sampling_settings(server):
+    """Greedy and sampled requests at once: one device program runs at a time, the other's
+    requests wait for it (first come, first served), and greedy answers do not change."""
+    client = _client(server)
+    base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "look at the box"}]
+
+    def ask(sid, **kw):
+        return client.chat.completions.create(
+            model="tiny", messages=base, extra_headers={"X-Session-Id": sid}, **kw
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        g = pool.submit(ask, "mix-g1", temperature=0.0)
+        t = pool.submit(ask, "mix-t1", temperature=0.7, seed=1)
+        u = pool.submit(ask, "mix-u1", temperature=1.0, seed=1)
+        greedy, warm, hot = g.result(), t.result(), u.result()
+    assert warm.choices[0].finish_reason and hot.choices[0].finish_reason
+    again = ask("mix-g2", temperature=0.0)
+    assert again.choices[0].message.content == greedy.choices[0].message.content
+
+
 def _bad_cases():
     ok = [{"role": "user", "content": "look"}]
     long = [{"role": "user", "content": " ".join(["look"] * 400)}]

@@ -199,6 +199,9 @@ def create_app(state: ServerState) -> Starlette:
             if sid not in state.store.sessions:
                 return _error(APIError(404, f"no session {sid!r}", code="session_not_found"))
             ep = state.store.end(sid, float(r), success)
+        release = getattr(state.backend, "release", None)
+        if release is not None:
+            release(sid)
         return JSONResponse(
             {
                 "session": sid,
@@ -235,48 +238,7 @@ def create_app(state: ServerState) -> Starlette:
         session = state.store.get(sid)
         await session.lock.acquire()
         try:
-            try:
-                plan = session.plan(req.messages, req.tools, state.renderer)
-            except APIError:
-                raise
-            except Exception as err:  # noqa: BLE001 -- a template rejecting messages (jinja)
-                raise bad(f"the chat template cannot render these messages: {err}", "messages")
-            max_tokens = req.max_tokens or state.backend.max_new_tokens
-            need = len(plan.context) + max_tokens
-            if need > state.backend.capacity:
-                raise bad(
-                    f"This model's maximum context length is {state.backend.capacity} tokens; "
-                    f"the messages take {len(plan.context)} and max_tokens {max_tokens} "
-                    f"({need} in all). Shorten the messages or max_tokens.",
-                    "messages",
-                    "context_length_exceeded",
-                )
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue = asyncio.Queue()
-            sampling = state.backend.sampling_for(req.temperature, req.top_p)
-            turn = sum(session.sampled[: plan.cut])
-            jobs = []
-            for c in range(req.n):
-
-                def emit(kind, payload, c=c):
-                    loop.call_soon_threadsafe(events.put_nowait, (c, kind, payload))
-
-                jobs.append(
-                    Job(
-                        session=sid if c == 0 else None,
-                        context=plan.context,
-                        sampling=sampling,
-                        max_tokens=max_tokens,
-                        stops=req.stop,
-                        seed=req.seed,
-                        row=c if req.seed is not None else state.backend.next_row(),
-                        turn=turn,
-                        emit=emit,
-                        stream=req.stream,
-                    )
-                )
-            for job in jobs:
-                state.backend.submit(job)
+            jobs, plan, events = _submit(session, sid, req)
         except BaseException:
             session.lock.release()
             raise
@@ -285,123 +247,162 @@ def create_app(state: ServerState) -> Starlette:
             state.divergences += 1
             headers[DIVERGENCE_HEADER] = json.dumps(plan.divergence, separators=(",", ":"))
         cid = "chatcmpl-" + uuid.uuid4().hex[:24]
-
-        def record(results: list[Result], turns: list[_Turn]) -> None:
-            if sid is None or results[0].finish_reason == "cancelled":
-                return
-            r = results[0]
-            choice = Sampled(r.tokens, r.logprobs, turns[0].message(), turns[0].text)
-            session.commit(plan, req.tools, choice, state.policy_version)
-
-        def call_ids(c: int, turn: _Turn) -> list[str]:
-            return [f"call_{cid[9:]}_{c}_{i}" for i in range(len(turn.calls))]
-
+        # The turn is collected (and the session recorded, its lock released) by a task of
+        # its own, whatever becomes of the HTTP response: a client gone before its stream
+        # started still frees its session.
+        out: asyncio.Queue = asyncio.Queue()
+        collector = asyncio.create_task(_collect(session, sid, req, plan, jobs, events, out))
         if not req.stream:
             try:
-                results: list[Result | None] = [None] * req.n
-                while any(r is None for r in results):
-                    c, kind, payload = await events.get()
-                    if kind == "error":
-                        raise APIError(500, f"the policy failed: {payload!r}", type="server_error")
-                    if kind == "done":
-                        results[c] = payload
-                turns = [_Turn(state, req, r.tokens) for r in results]
-                record(results, turns)
-            except BaseException:
+                results, turns = await asyncio.shield(collector)
+            except asyncio.CancelledError:
                 for job in jobs:
                     job.cancelled = True
                 raise
-            finally:
-                session.lock.release()
             choices = []
             for c, (r, t) in enumerate(zip(results, turns)):
-                ch = {
-                    "index": c,
-                    "message": t.openai_message(call_ids(c, t)),
-                    "finish_reason": _finish(r.finish_reason, t),
-                    "logprobs": (
-                        logprobs_block(_token_texts(state, r.tokens), r.logprobs)
-                        if req.logprobs
-                        else None
-                    ),
-                }
-                choices.append(ch)
+                lp = logprobs_block(_token_texts(state, r.tokens), r.logprobs)
+                choices.append(
+                    {
+                        "index": c,
+                        "message": t.openai_message(_call_ids(cid, c, t)),
+                        "finish_reason": _finish(r.finish_reason, t),
+                        "logprobs": lp if req.logprobs else None,
+                    }
+                )
             n_out = sum(len(r.tokens) for r in results)
-            body = completion(
-                cid,
-                state.model_id,
-                choices,
-                usage(len(plan.context), n_out, results[0].cached_tokens),
+            u = usage(len(plan.context), n_out, results[0].cached_tokens)
+            return JSONResponse(completion(cid, state.model_id, choices, u), headers=headers)
+        return StreamingResponse(
+            _stream(req, cid, plan, jobs, out, collector),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+
+    def _submit(session, sid, req):
+        try:
+            plan = session.plan(req.messages, req.tools, state.renderer)
+        except APIError:
+            raise
+        except Exception as err:  # noqa: BLE001 -- a template rejecting messages (jinja)
+            raise bad(f"the chat template cannot render these messages: {err}", "messages")
+        max_tokens = req.max_tokens or state.backend.max_new_tokens
+        need = len(plan.context) + max_tokens
+        if need > state.backend.capacity:
+            raise bad(
+                f"This model's maximum context length is {state.backend.capacity} tokens; "
+                f"the messages take {len(plan.context)} and max_tokens {max_tokens} "
+                f"({need} in all). Shorten the messages or max_tokens.",
+                "messages",
+                "context_length_exceeded",
             )
-            return JSONResponse(body, headers=headers)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        sampling = state.backend.sampling_for(req.temperature, req.top_p)
+        turn = sum(session.sampled[: plan.cut])
+        jobs = []
+        for c in range(req.n):
 
-        async def stream():
+            def emit(kind, payload, c=c):
+                loop.call_soon_threadsafe(events.put_nowait, (c, kind, payload))
+
+            jobs.append(
+                Job(
+                    session=sid if c == 0 else None,
+                    context=plan.context,
+                    sampling=sampling,
+                    max_tokens=max_tokens,
+                    stops=req.stop,
+                    seed=req.seed,
+                    row=c if req.seed is not None else state.backend.next_row(),
+                    turn=turn,
+                    emit=emit,
+                    stream=req.stream,
+                )
+            )
+        for job in jobs:
+            state.backend.submit(job)
+        return jobs, plan, events
+
+    async def _collect(session, sid, req, plan, jobs, events, out):
+        """Every choice's events (forwarded to ``out`` for a stream) until all are done;
+        then the session records the first choice's turn. Releases the session's lock."""
+        try:
             results: list[Result | None] = [None] * req.n
-            ids: list[list[int]] = [[] for _ in range(req.n)]
-            lps: list[list[float]] = [[] for _ in range(req.n)]
-            shown = [""] * req.n
-            done_ok = False
-            try:
-                for c in range(req.n):
-                    first = {"index": c, "delta": {"role": "assistant", "content": ""}}
-                    first["logprobs"], first["finish_reason"] = None, None
-                    yield _sse(chunk(cid, state.model_id, [first]))
-                markers = _MARKERS if req.tools and req.tool_choice != "none" else ()
-                while any(r is None for r in results):
-                    c, kind, payload = await events.get()
-                    if kind == "error":
-                        err = {"error": {"message": f"the policy failed: {payload!r}"}}
-                        yield _sse({**err, "type": "server_error"})
-                        return
-                    if kind == "tokens":
-                        new_ids, new_lps = payload
-                        ids[c] += new_ids
-                        lps[c] += new_lps
-                        text = visible_text(state.chat.decode(ids[c]), req.stop, markers, False)
-                        if text.startswith(shown[c]) and len(text) > len(shown[c]):
-                            delta = {"content": text[len(shown[c]) :]}
-                            ch = {"index": c, "delta": delta, "finish_reason": None}
-                            ch["logprobs"] = (
-                                logprobs_block(_token_texts(state, new_ids), new_lps)
-                                if req.logprobs
-                                else None
-                            )
-                            shown[c] = text
-                            yield _sse(chunk(cid, state.model_id, [ch]))
-                    elif kind == "done":
-                        results[c] = payload
-                        t = _Turn(state, req, payload.tokens)
-                        delta: dict[str, Any] = {}
-                        if t.content.startswith(shown[c]) and len(t.content) > len(shown[c]):
-                            delta["content"] = t.content[len(shown[c]) :]
-                        if t.calls:
-                            delta["tool_calls"] = [
-                                {"index": i, **call}
-                                for i, call in enumerate(openai_tool_calls(t.calls, call_ids(c, t)))
-                            ]
-                        if delta:
-                            ch = {"index": c, "delta": delta, "finish_reason": None}
-                            ch["logprobs"] = None
-                            yield _sse(chunk(cid, state.model_id, [ch]))
-                        end = {"index": c, "delta": {}, "logprobs": None}
-                        end["finish_reason"] = _finish(payload.finish_reason, t)
-                        yield _sse(chunk(cid, state.model_id, [end]))
-                turns = [_Turn(state, req, r.tokens) for r in results]
-                record(results, turns)
-                done_ok = True
-                if req.include_usage:
-                    n_out = sum(len(r.tokens) for r in results)
-                    u = usage(len(plan.context), n_out, results[0].cached_tokens)
-                    yield _sse(chunk(cid, state.model_id, [], u))
-                yield "data: [DONE]\n\n"
-            finally:
-                if not done_ok:
-                    state.disconnects += 1
-                    for job in jobs:
-                        job.cancelled = True
-                session.lock.release()
+            while any(r is None for r in results):
+                c, kind, payload = await events.get()
+                out.put_nowait((c, kind, payload))
+                if kind == "error":
+                    raise APIError(500, f"the policy failed: {payload!r}", type="server_error")
+                if kind == "done":
+                    results[c] = payload
+            turns = [_Turn(state, req, r.tokens) for r in results]
+            if sid is not None and results[0].finish_reason != "cancelled":
+                r, t = results[0], turns[0]
+                choice = Sampled(r.tokens, r.logprobs, t.message(), t.text)
+                session.commit(plan, req.tools, choice, state.policy_version)
+            return results, turns
+        finally:
+            session.lock.release()
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+    async def _stream(req, cid, plan, jobs, out, collector):
+        ids: list[list[int]] = [[] for _ in range(req.n)]
+        shown = [""] * req.n
+        done_ok = False
+        markers = _MARKERS if req.tools and req.tool_choice != "none" else ()
+        try:
+            for c in range(req.n):
+                first = {"index": c, "delta": {"role": "assistant", "content": ""}}
+                first["logprobs"], first["finish_reason"] = None, None
+                yield _sse(chunk(cid, state.model_id, [first]))
+            ended = 0
+            while ended < req.n:
+                c, kind, payload = await out.get()
+                if kind == "error":
+                    msg = f"the policy failed: {payload!r}"
+                    yield _sse({"error": {"message": msg, "type": "server_error"}})
+                    return
+                if kind == "tokens":
+                    new_ids, new_lps = payload
+                    ids[c] += new_ids
+                    text = visible_text(state.chat.decode(ids[c]), req.stop, markers, False)
+                    if text.startswith(shown[c]) and len(text) > len(shown[c]):
+                        ch = {"index": c, "delta": {"content": text[len(shown[c]) :]}}
+                        ch["finish_reason"] = None
+                        ch["logprobs"] = (
+                            logprobs_block(_token_texts(state, new_ids), new_lps)
+                            if req.logprobs
+                            else None
+                        )
+                        shown[c] = text
+                        yield _sse(chunk(cid, state.model_id, [ch]))
+                elif kind == "done":
+                    ended += 1
+                    t = _Turn(state, req, payload.tokens)
+                    delta: dict[str, Any] = {}
+                    if t.content.startswith(shown[c]) and len(t.content) > len(shown[c]):
+                        delta["content"] = t.content[len(shown[c]) :]
+                    if t.calls:
+                        calls = openai_tool_calls(t.calls, _call_ids(cid, c, t))
+                        delta["tool_calls"] = [{"index": i, **x} for i, x in enumerate(calls)]
+                    if delta:
+                        ch = {"index": c, "delta": delta, "finish_reason": None, "logprobs": None}
+                        yield _sse(chunk(cid, state.model_id, [ch]))
+                    end = {"index": c, "delta": {}, "logprobs": None}
+                    end["finish_reason"] = _finish(payload.finish_reason, t)
+                    yield _sse(chunk(cid, state.model_id, [end]))
+            results, _ = await collector
+            done_ok = True
+            if req.include_usage:
+                n_out = sum(len(r.tokens) for r in results)
+                u = usage(len(plan.context), n_out, results[0].cached_tokens)
+                yield _sse(chunk(cid, state.model_id, [], u))
+            yield "data: [DONE]\n\n"
+        finally:
+            if not done_ok:
+                state.disconnects += 1
+                for job in jobs:
+                    job.cancelled = True
 
     async def not_found(request: Request, exc: HTTPException):
         code = "not_found" if exc.status_code == 404 else "method_not_allowed"
@@ -427,6 +428,10 @@ def create_app(state: ServerState) -> Starlette:
         routes=routes,
         exception_handlers={HTTPException: not_found, Exception: server_error},
     )
+
+
+def _call_ids(cid: str, c: int, turn: _Turn) -> list[str]:
+    return [f"call_{cid[9:]}_{c}_{i}" for i in range(len(turn.calls))]
 
 
 def _sse(obj: dict) -> str:

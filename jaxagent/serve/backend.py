@@ -84,6 +84,11 @@ class Result:
     cached_tokens: int  # context tokens the slot already held (KV reuse)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Release:
+    session: str
+
+
 @dataclasses.dataclass
 class _Slot:
     tokens: list[int] = dataclasses.field(default_factory=list)  # what its cache holds
@@ -191,6 +196,10 @@ class SlotBackend:
             raise RuntimeError(f"the device thread failed: {self._error!r}")
         self._queue.put(job)
 
+    def release(self, session: str) -> None:
+        """The session ended: its slot is free for anyone (its ids stay, for prefix reuse)."""
+        self._queue.put(_Release(session))
+
     def wait_ready(self, timeout: float = 600.0) -> None:
         self._ready.wait(timeout)
         if self._error is not None:
@@ -238,7 +247,7 @@ class SlotBackend:
                     job = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if job is not None:
+                if isinstance(job, Job):
                     job.emit("error", err)
 
     def _busy(self) -> list[int]:
@@ -250,7 +259,11 @@ class SlotBackend:
             try:
                 job = self._queue.get(timeout=0.5) if idle else self._queue.get_nowait()
                 while True:
-                    if job is not None:
+                    if isinstance(job, _Release):
+                        i = self._owned.pop(job.session, None)
+                        if i is not None:
+                            self._slots[i].owner = None
+                    elif job is not None:
                         self.stats.requests += 1
                         self._waiting.append(job)
                     job = self._queue.get_nowait()
