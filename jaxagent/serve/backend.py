@@ -102,6 +102,7 @@ class BackendStats:
     requests: int = 0
     prompt_tokens: int = 0
     reused_tokens: int = 0  # context tokens already in the slot's cache
+    session_reused_tokens: int = 0  # of those, in the slot the session kept (its own turns)
     prefilled_tokens: int = 0
     generated_tokens: int = 0
     evictions: int = 0
@@ -109,6 +110,7 @@ class BackendStats:
     decode_calls: int = 0
     decode_rows: int = 0  # active slots summed over decode calls (the shared batch)
     max_batch: int = 0
+    device_s: float = 0.0  # the device thread's time in admit / decode calls and reads
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -271,9 +273,11 @@ class SlotBackend:
                 pass
             if self._closed.is_set():
                 return
+            t0 = time.perf_counter()
             self._admit()
             if self._busy():
                 self._decode()
+            self.stats.device_s += time.perf_counter() - t0
 
     def _free_slot(self, job: Job) -> int | None:
         slots = self._slots
@@ -311,6 +315,7 @@ class SlotBackend:
                 keep.append(job)
                 continue
             slot = self._slots[i]
+            own = job.session is not None and slot.owner == job.session
             if job.session is not None:
                 self._owned[job.session] = i
                 slot.owner = job.session
@@ -327,6 +332,7 @@ class SlotBackend:
             groups[(job.sampling, key)].append(job)
             self.stats.prompt_tokens += len(job.context)
             self.stats.reused_tokens += n
+            self.stats.session_reused_tokens += n if own else 0
             self.stats.prefilled_tokens += len(job.context) - n
         self._waiting = keep
         if cuts:
