@@ -540,3 +540,23 @@ def test_tool_calling_conversation(stream):
         assert stored == second + turn2
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--slots", "0"], "--slots 0"),
+        (["--decode-steps", "0"], "--decode-steps 0"),
+        (["--port", "70000"], "--port 70000"),
+    ],
+)
+def test_serve_command_input_errors(argv, named, capsys):
+    """``jaxagent serve`` refuses bad flags with status 2 and one line naming them."""
+    from pathlib import Path
+
+    from jaxagent.cli.main import main
+
+    config = str(Path(__file__).resolve().parents[1] / "configs/quickstart.yaml")
+    assert main(["serve", config, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0] and err[0].startswith("jaxagent serve:")
