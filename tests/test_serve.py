@@ -88,6 +88,14 @@ def server(policy):
     srv.close()
 
 
+@pytest.fixture(scope="module")
+def engine(policy):
+    """The built-in driver with the rollout engine (same tokens as the lock-step one:
+    tests/test_engine.py), one instance: its slot programs compile once."""
+    chat, graphdef, _, sampling = policy
+    return SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=1, decode_steps=3)
+
+
 def _client(srv) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
 
@@ -145,7 +153,7 @@ def _driver_episode(policy, sampler, task: Task, seed: int):
 
 # The lock-step driver's per-call compiles take a minute on 2 CPU cores: nightly.
 @pytest.mark.parametrize("driver", ["engine", pytest.param("lockstep", marks=pytest.mark.slow)])
-def test_episodes_equal_the_driver_and_the_learner(policy, server, driver):
+def test_episodes_equal_the_driver_and_the_learner(policy, server, engine, driver):
     store = server.state.store
     store.pop_episodes()
     barrier = threading.Barrier(len(TASKS))
@@ -162,9 +170,7 @@ def test_episodes_equal_the_driver_and_the_learner(policy, server, driver):
     assert 0 < stats.reused_tokens < stats.prompt_tokens  # later turns reused their KV
     eps = []
     chat, graphdef, params, sampling = policy
-    # The built-in driver with the rollout engine (same tokens as the lock-step one:
-    # tests/test_engine.py), one instance: its slot programs compile once.
-    sampler = SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=1, decode_steps=3)
+    sampler = engine
     if driver == "lockstep":
         sampler = CachedTurnSampler(graphdef, sampling, 256, chat.pad_id)
     for task, seed in zip(TASKS, SEEDS):
@@ -307,6 +313,90 @@ def test_mixed_sampling_settings(server):
     assert warm.choices[0].finish_reason and hot.choices[0].finish_reason
     again = ask("mix-g2", temperature=0.0)
     assert again.choices[0].message.content == greedy.choices[0].message.content
+
+
+def scripted_harness(task, base_url, api_key):
+    """A harness entry point: the plain openai client, no session header, no seed."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    env = ScriptedEnv()
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": env.reset(task)},
+    ]
+    for _ in range(BUDGET.max_turns):
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=N)
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        result = env.step(r.choices[0].message.content)
+        if result.done:
+            return result.reward
+        messages.append({"role": "user", "content": result.observation})
+    return 0.0
+
+
+def test_harness_path_samples_the_drivers_episodes(policy, server, engine):
+    """``collect_harness_episodes``: a harness per (task, sample), four at once on two slots,
+    gives the built-in driver's episodes for the same key (order, groups, tokens, masks,
+    log-probs); the harness that crashes (the world raises) is an env_error episode with the
+    tokens it had, as the driver's is."""
+    from jaxagent.serve.harness import collect_harness_episodes
+
+    chat, _, params, _ = policy
+    tasks = [
+        *TASKS[:2],
+        Task(id="e", split="train", prompt="", data={"n": 4, "turns": 3, "crash_at": 2}),
+    ]
+    key = jax.random.key(11)
+    eps = collect_harness_episodes(
+        server, scripted_harness, tasks, samples_per_task=2, key=key, group_offset=5, concurrency=4
+    )
+    spec = RolloutSpec(chat, SYSTEM, BUDGET, InlineRunner(ScriptedEnv))
+    ref, _ = collect_episodes(
+        engine, params, tasks, samples_per_task=2, spec=spec, key=key, group_offset=5
+    )
+    assert [ep.task.id for ep in eps] == [ep.task.id for ep in ref]
+    assert [ep.group for ep in eps] == [ep.group for ep in ref] == [5, 5, 6, 6, 7, 7]
+    assert [ep.tokens for ep in eps] == [ep.tokens for ep in ref]
+    assert [ep.loss_mask for ep in eps] == [ep.loss_mask for ep in ref]
+    np.testing.assert_allclose(
+        np.concatenate([ep.logprobs for ep in eps]),
+        np.concatenate([ep.logprobs for ep in ref]),
+        atol=1e-5,
+    )
+    assert eps[0].tokens != eps[1].tokens  # the two samples of a task drew their own rows
+    assert (
+        [ep.env_failed for ep in eps] == [ep.env_failed for ep in ref] == [False] * 4 + [True] * 2
+    )
+    assert "tool server died" in eps[-1].error
+    assert [ep.reward for ep in eps[:4]] == [ep.reward for ep in ref[:4]]
+
+
+def test_harness_failures_are_env_errors(server):
+    import time
+
+    from jaxagent.serve.harness import collect_harness_episodes, load_harness
+
+    def hangs(task, base_url, api_key):
+        time.sleep(3)
+
+    def no_reward(task, base_url, api_key):
+        scripted_harness(task, base_url, api_key)
+        return "done"
+
+    for fn, why in [
+        (hangs, "timeout"),
+        (no_reward, "not a reward"),
+        (lambda *a: 1.0, "no request"),
+    ]:
+        (ep,) = collect_harness_episodes(
+            server, fn, TASKS[1:2], samples_per_task=1, key=jax.random.key(0), timeout_s=1.5
+        )
+        assert ep.env_failed and why in ep.error, ep.error
+    assert load_harness("test_serve:scripted_harness") is scripted_harness
+    from jaxagent.errors import ConfigError
+
+    for bad_spec in ("no_colon", "test_serve:nothing_here", "no_such_module_x:f"):
+        with pytest.raises(ConfigError, match="harness="):
+            load_harness(bad_spec)
 
 
 def _bad_cases():

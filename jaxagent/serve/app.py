@@ -9,7 +9,8 @@ Routes:
   and stores it as a training ``Episode`` (``ServerState.store.pop_episodes()``);
 - ``GET /v1/sessions/{id}``: the session's stored trajectory (token ids, loss mask, log-probs,
   policy versions, divergences), for a harness or a test to inspect;
-- ``GET /v1/stats``: batching, KV reuse, eviction and divergence counters.
+- ``GET /v1/stats``: batching, KV reuse, eviction and divergence counters;
+- ``/s/{id}/v1/...``: the same chat and models routes with the session named in the path.
 
 Errors are OpenAI's JSON bodies (``protocol.APIError``) with their status codes; a request
 that fails leaves its session unchanged. A client that goes away mid-stream cancels its turn
@@ -63,6 +64,9 @@ class ServerState:
     model_id: str
     policy_version: int = 0
     store: SessionStore = dataclasses.field(default_factory=SessionStore)
+    # session id -> (key, key name, row): the sampling stream of a harness run's episode
+    # (``jaxagent.serve.harness``), used when its requests send no seed
+    streams: dict = dataclasses.field(default_factory=dict)
     divergences: int = 0
     errors: int = 0
     disconnects: int = 0
@@ -234,7 +238,7 @@ def create_app(state: ServerState) -> Starlette:
             return _error(err)
 
     async def _complete(request: Request, req):
-        sid = request.headers.get(SESSION_HEADER) or req.user
+        sid = request.path_params.get("sid") or request.headers.get(SESSION_HEADER) or req.user
         session = state.store.get(sid)
         await session.lock.acquire()
         try:
@@ -300,6 +304,7 @@ def create_app(state: ServerState) -> Starlette:
         events: asyncio.Queue = asyncio.Queue()
         sampling = state.backend.sampling_for(req.temperature, req.top_p)
         turn = sum(session.sampled[: plan.cut])
+        stream = state.streams.get(sid) if req.seed is None else None
         jobs = []
         for c in range(req.n):
 
@@ -320,6 +325,8 @@ def create_app(state: ServerState) -> Starlette:
                     stream=req.stream,
                 )
             )
+            if stream is not None and c == 0:  # the driver's (key, episode row, turn)
+                jobs[-1].key, jobs[-1].key_id, jobs[-1].row = stream
         for job in jobs:
             state.backend.submit(job)
         return jobs, plan, events
@@ -420,6 +427,10 @@ def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        # A session's own base URL (``/s/{id}/v1``): a harness that only takes a base_url
+        # (``jaxagent.serve.harness``) names its session without headers.
+        Route("/s/{sid}/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/s/{sid}/v1/models", models, methods=["GET"]),
         Route("/v1/stats", stats, methods=["GET"]),
         Route("/v1/sessions/{sid}", session_info, methods=["GET"]),
         Route("/v1/sessions/{sid}/reward", reward, methods=["POST"]),

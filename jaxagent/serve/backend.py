@@ -19,7 +19,9 @@ request prefills its whole context again.
 Sampling. A job draws from ``row_uniforms(key, N, row, turn)`` as the rollout driver does:
 with a request ``seed``, the key is ``jax.random.key(seed)``, the row its choice index and the
 turn the session's turn number, so a harness that sends the driver's key as its seed samples
-exactly the driver's tokens; without one, a server key and a fresh row per job. The settings
+exactly the driver's tokens; for the sessions of a harness run (``jaxagent.serve.harness``)
+the run's key and the episode's row, as the driver draws them; otherwise a server key and a
+fresh row per job. The settings
 ``SlotSampler`` compiles in (temperature, top-p, greedy) are one per device program: jobs
 whose settings differ from the running ones wait until those end (first come, first served),
 since one ``decode`` call would otherwise step every slot under one setting.
@@ -67,6 +69,10 @@ class Job:
     turn: int
     emit: Callable[[str, object], None]
     stream: bool = False
+    # A sampling key of the caller's (a rollout's key for the sessions of a harness run,
+    # ``jaxagent.serve.harness``) and a hashable name for it; overrides ``seed``.
+    key: object = None
+    key_id: object = None
     cancelled: bool = False
     # filled in by the device thread
     slot: int = -1
@@ -328,7 +334,10 @@ class SlotBackend:
             job.admitted_at = time.perf_counter()
             slot.job, slot.used = job, time.monotonic()
             self._running = job.sampling
-            key = ("seed", job.seed) if job.seed is not None else ("server",)
+            if job.key is not None:
+                key = ("key", job.key_id)
+            else:
+                key = ("seed", job.seed) if job.seed is not None else ("server",)
             groups[(job.sampling, key)].append(job)
             self.stats.prompt_tokens += len(job.context)
             self.stats.reused_tokens += n
@@ -339,7 +348,10 @@ class SlotBackend:
             self._apply_cuts(cuts)
         for (sampling, key), jobs in groups.items():
             dev = self._dev(sampling)
-            rng = jax.random.key(key[1]) if key[0] == "seed" else self.key
+            if key[0] == "key":
+                rng = jobs[0].key
+            else:
+                rng = jax.random.key(key[1]) if key[0] == "seed" else self.key
             self._state = dev.admit(
                 self.params,
                 self._fused,
