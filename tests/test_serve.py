@@ -315,6 +315,42 @@ def test_mixed_sampling_settings(server):
     assert again.choices[0].message.content == greedy.choices[0].message.content
 
 
+def test_policy_update_between_turns(policy, server):
+    """New weights mid-conversation: the turn before is recorded as version 0 and its log-probs
+    are the old weights', the turn after as version 1 with the new weights' log-probs (the
+    cached context was re-prefilled, not reused)."""
+    _, graphdef, params, _ = policy
+    state, client = server.state, _client(server)
+    newer = jax.tree.map(lambda x: x * 1.5, params)
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "look at the box"},
+    ]
+    head = {"X-Session-Id": "upd"}
+    r = client.chat.completions.create(model="tiny", messages=messages, seed=2, extra_headers=head)
+    messages += [
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "ok"},
+    ]
+    state.update_policy(newer, 1)
+    try:
+        client.chat.completions.create(model="tiny", messages=messages, seed=2, extra_headers=head)
+    finally:
+        state.update_policy(params, 0)
+    httpx.post(f"{server.base_url}/sessions/upd/reward", json={"reward": 0.0})
+    (ep,) = [e for e in state.store.pop_episodes() if e.task.id == "upd"]
+    assert ep.info["policy_versions"] == [0, 1]
+    tokens = np.asarray(ep.tokens)[None]
+    positions, segments = np.arange(tokens.shape[1])[None], np.ones_like(tokens)
+    fn = make_logprob_fn(graphdef)
+    turn_ids, stored = np.asarray(ep.turn_ids), np.asarray(ep.logprobs)
+    for version, weights in enumerate((params, newer)):
+        learner = np.asarray(fn(weights, tokens, positions, segments)[0])[0]
+        at = turn_ids == version
+        assert at.sum() >= 1
+        np.testing.assert_allclose(learner[at], stored[at], atol=1e-4, rtol=0)
+
+
 def scripted_harness(task, base_url, api_key):
     """A harness entry point: the plain openai client, no session header, no seed."""
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)

@@ -75,6 +75,13 @@ class ServerState:
     def chat(self):
         return self.renderer.chat
 
+    def update_policy(self, params, version: int, timeout: float = 600.0) -> None:
+        """Serve new weights as policy ``version`` (blocks until they are in place: turns
+        under way end on the old weights and are recorded with the old version)."""
+        if not self.backend.update(params, version).wait(timeout):
+            raise TimeoutError(f"the policy update to version {version} did not complete")
+        self.policy_version = version
+
 
 def _error(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status)
@@ -347,7 +354,7 @@ def create_app(state: ServerState) -> Starlette:
             if sid is not None and results[0].finish_reason != "cancelled":
                 r, t = results[0], turns[0]
                 choice = Sampled(r.tokens, r.logprobs, t.message(), t.text)
-                session.commit(plan, req.tools, choice, state.policy_version)
+                session.commit(plan, req.tools, choice, r.version)
             return results, turns
         finally:
             session.lock.release()

@@ -88,11 +88,19 @@ class Result:
     logprobs: list[float]
     finish_reason: str  # "stop", "length" or "cancelled"
     cached_tokens: int  # context tokens the slot already held (KV reuse)
+    version: int = 0  # the policy version that sampled it (``SlotBackend.update``)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Release:
     session: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Update:
+    params: object
+    version: int
+    done: threading.Event
 
 
 @dataclasses.dataclass
@@ -148,6 +156,7 @@ class SlotBackend:
       decode_steps: decode steps per device call.
       seed: the key of requests without a seed.
       max_programs: distinct sampling settings kept compiled (least recently used dropped).
+      version: the policy version of ``params`` (recorded with every turn).
     """
 
     def __init__(
@@ -163,6 +172,7 @@ class SlotBackend:
         decode_steps: int = 8,
         seed: int = 0,
         max_programs: int = 8,
+        version: int = 0,
     ):
         self.graphdef, self.params, self.sampling = graphdef, params, sampling
         self.num_slots, self.capacity, self.pad_id = slots, capacity, pad_id
@@ -170,6 +180,7 @@ class SlotBackend:
         self.max_new_tokens = sampling.max_new_tokens
         self.max_programs = max_programs
         self.key = jax.random.key(seed)
+        self.version = version
         self.stats = BackendStats()
         self._devs: collections.OrderedDict = collections.OrderedDict()
         self._queue: queue.Queue = queue.Queue()
@@ -203,6 +214,15 @@ class SlotBackend:
         if self._error is not None:
             raise RuntimeError(f"the device thread failed: {self._error!r}")
         self._queue.put(job)
+
+    def update(self, params, version: int) -> threading.Event:
+        """Serve ``params`` as policy ``version`` from now on (a trainer's new weights); set
+        once the turns under way have ended and the new weights are in place. Every cached
+        context is dropped: KV written by the old weights is not the new policy's, so each
+        session's next turn prefills its context again."""
+        done = threading.Event()
+        self._queue.put(_Update(params, version, done))
+        return done
 
     def release(self, session: str) -> None:
         """The session ended: its slot is free for anyone (its ids stay, for prefix reuse)."""
@@ -243,6 +263,7 @@ class SlotBackend:
             self._owned: dict[str, int] = {}
             self._waiting: collections.deque[Job] = collections.deque()
             self._running: SamplingConfig | None = None
+            self._updates: collections.deque[_Update] = collections.deque()
             self._ready.set()
             self._loop()
         except BaseException as err:  # noqa: BLE001 -- reported to every waiting request
@@ -267,7 +288,9 @@ class SlotBackend:
             try:
                 job = self._queue.get(timeout=0.5) if idle else self._queue.get_nowait()
                 while True:
-                    if isinstance(job, _Release):
+                    if isinstance(job, _Update):
+                        self._updates.append(job)
+                    elif isinstance(job, _Release):
                         i = self._owned.pop(job.session, None)
                         if i is not None:
                             self._slots[i].owner = None
@@ -280,10 +303,20 @@ class SlotBackend:
             if self._closed.is_set():
                 return
             t0 = time.perf_counter()
-            self._admit()
+            if self._updates and not self._busy():
+                self._apply_update(self._updates.popleft())
+            if not self._updates:  # new turns wait for a pending update
+                self._admit()
             if self._busy():
                 self._decode()
             self.stats.device_s += time.perf_counter() - t0
+
+    def _apply_update(self, update: _Update) -> None:
+        self.params, self.version = update.params, update.version
+        self._fused = self._dev(self.sampling).prepare(update.params)
+        for slot in self._slots:
+            slot.tokens = []  # admitted fresh: the cache row is rewritten from position 0
+        update.done.set()
 
     def _free_slot(self, job: Job) -> int | None:
         slots = self._slots
@@ -420,7 +453,7 @@ class SlotBackend:
             if job.stream and keep > job.sent:
                 job.emit("tokens", (ids[job.sent :], lps[job.sent :]))
                 job.sent = keep
-            job.emit("done", Result(ids, lps, reason, job.cached))
+            job.emit("done", Result(ids, lps, reason, job.cached, self.version))
         if cuts:
             self._apply_cuts(cuts)
         if not self._busy():

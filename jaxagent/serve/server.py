@@ -43,6 +43,7 @@ def build_state(
         pad_id=chat.pad_id,
         decode_steps=decode_steps,
         seed=seed,
+        version=policy_version,
     )
     return ServerState(
         backend=backend,
