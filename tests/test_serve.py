@@ -719,3 +719,59 @@ def test_serve_command_serves_the_config(monkeypatch):
     config = str(Path(__file__).resolve().parents[1] / "configs/quickstart.yaml")
     assert main(["serve", config, "--slots", "2", "model.num_layers=1"]) == 0
     assert seen == {"models": ["quickstart"], "tokens": 2, "capacity": 192}
+
+
+@pytest.mark.slow  # 28-42 s here (a second model, its compiles and the driver's): nightly
+def test_quickstart_harness_equals_the_driver():
+    """The example harness (``jaxagent.serve.examples:quickstart_harness``: the plain client, a
+    hand-written loop over the quickstart world) against ``configs/quickstart.yaml``'s policy
+    through ``collect_harness_episodes``: the built-in driver's episodes for the same key,
+    budget truncations included."""
+    from pathlib import Path
+
+    from jaxagent.sections import build
+    from jaxagent.serve.harness import collect_harness_episodes, load_harness
+    from jaxagent.train.config import load_config, sampling_fields
+    from jaxagent.train.run import build_run
+
+    qs = str(Path(__file__).resolve().parents[1] / "configs/quickstart.yaml")
+    run = build_run(load_config(qs, ["model.num_layers=1"]))
+    r = run.config.rollout
+    sampling = build(
+        r, SamplingConfig, **sampling_fields(r.temperature), stop_token_ids=run.chat.stop_ids
+    )
+    state = build_state(
+        chat=run.chat,
+        graphdef=run.graphdef,
+        params=run.params,
+        sampling=sampling,
+        max_total_tokens=run.budget.max_total_tokens,
+        max_seq_len=run.model_config.max_seq_len,
+        model_id="quickstart",
+        slots=4,
+    )
+    srv = ServerThread(state)
+    tasks, key = run.tasks.eval[:3], jax.random.key(21)
+    try:
+        harness = load_harness("jaxagent.serve.examples:quickstart_harness")
+        eps = collect_harness_episodes(srv, harness, tasks, samples_per_task=2, key=key)
+    finally:
+        srv.close()
+    engine = SlotEngine(run.graphdef, sampling, run.max_len, run.chat.pad_id, slots=6)
+    ref, _ = collect_episodes(
+        engine, run.params, tasks, samples_per_task=2, spec=run.rollout, key=key
+    )
+    run.close()
+    # The untrained model's answers run to max_new_tokens: every episode ends on the token
+    # budget before its 6 turns (the server's context_length_exceeded, the driver's truncation).
+    assert all(ep.failure_mode == "step_budget" and len(ep.turns) < 6 for ep in ref)
+    assert not any(ep.env_failed for ep in eps)
+    assert [len(ep.turns) for ep in eps] == [len(ep.turns) for ep in ref]
+    assert [ep.tokens for ep in eps] == [ep.tokens for ep in ref]
+    assert [ep.loss_mask for ep in eps] == [ep.loss_mask for ep in ref]
+    assert [ep.reward for ep in eps] == [ep.reward for ep in ref]
+    np.testing.assert_allclose(
+        np.concatenate([ep.logprobs for ep in eps]),
+        np.concatenate([ep.logprobs for ep in ref]),
+        atol=1e-5,
+    )

@@ -64,6 +64,9 @@ class ServerState:
     model_id: str
     policy_version: int = 0
     store: SessionStore = dataclasses.field(default_factory=SessionStore)
+    # The longest context + max_tokens a request may need (the rollout budget's
+    # max_total_tokens, as the driver truncates episodes); None: the slots' capacity.
+    max_context: int | None = None
     # session id -> (key, key name, row): the sampling stream of a harness run's episode
     # (``jaxagent.serve.harness``), used when its requests send no seed
     streams: dict = dataclasses.field(default_factory=dict)
@@ -299,9 +302,10 @@ def create_app(state: ServerState) -> Starlette:
             raise bad(f"the chat template cannot render these messages: {err}", "messages")
         max_tokens = req.max_tokens or state.backend.max_new_tokens
         need = len(plan.context) + max_tokens
-        if need > state.backend.capacity:
+        limit = min(state.max_context or state.backend.capacity, state.backend.capacity)
+        if need > limit:
             raise bad(
-                f"This model's maximum context length is {state.backend.capacity} tokens; "
+                f"This model's maximum context length is {limit} tokens; "
                 f"the messages take {len(plan.context)} and max_tokens {max_tokens} "
                 f"({need} in all). Shorten the messages or max_tokens.",
                 "messages",

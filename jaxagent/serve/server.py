@@ -32,7 +32,9 @@ def build_state(
     decode_steps: int = 8,
     seed: int = 0,
 ) -> ServerState:
-    """A server over a policy: ``slots`` KV rows of the episode budget each."""
+    """A server over a policy: ``slots`` KV rows of the episode budget each; a request whose
+    context and ``max_tokens`` exceed ``max_total_tokens`` is refused
+    (``context_length_exceeded``), where the rollout driver ends an episode."""
     backend = SlotBackend(
         graphdef,
         params,
@@ -50,6 +52,7 @@ def build_state(
         renderer=Renderer(chat),
         model_id=model_id,
         policy_version=policy_version,
+        max_context=max_total_tokens,
     )
 
 
