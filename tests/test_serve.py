@@ -559,6 +559,9 @@ def test_malformed_requests_get_openai_errors(server):
     assert out.choices[0].finish_reason in ("stop", "length")
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
 
 
 # ---- tool calls over a ChatML template ----------------------------------------------------

@@ -4,7 +4,7 @@ Routes:
 
 - ``POST /v1/chat/completions``: non-streaming, or streaming as server-sent events in
   OpenAI's ``chat.completion.chunk`` format ending with ``data: [DONE]``;
-- ``GET /v1/models``: the one policy served;
+- ``GET /v1/models`` (and ``/v1/models/{id}``): the one policy served;
 - ``POST /v1/sessions/{id}/reward`` (``{"reward": r[, "success": bool]}``): ends the session
   and stores it as a training ``Episode`` (``ServerState.store.pop_episodes()``);
 - ``GET /v1/sessions/{id}``: the session's stored trajectory (token ids, loss mask, log-probs,
@@ -154,15 +154,18 @@ def _token_texts(state: ServerState, ids: list[int]) -> list[str]:
 
 
 def create_app(state: ServerState) -> Starlette:
+    def _model() -> dict:
+        return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "jaxagent"}
+
     async def models(request: Request):
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": state.model_id, "object": "model", "created": 0, "owned_by": "jaxagent"}
-                ],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [_model()]})
+
+    async def model(request: Request):
+        name = request.path_params["model"]
+        if name != state.model_id:
+            msg = f"The model {name!r} does not exist; this server serves {state.model_id!r}"
+            return _error(APIError(404, msg, param="model", code="model_not_found"))
+        return JSONResponse(_model())
 
     async def stats(request: Request):
         return JSONResponse(
@@ -438,6 +441,7 @@ def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         # A session's own base URL (``/s/{id}/v1``): a harness that only takes a base_url
         # (``jaxagent.serve.harness``) names its session without headers.
         Route("/s/{sid}/v1/chat/completions", chat_completions, methods=["POST"]),
