@@ -285,13 +285,11 @@ def parse_request(body: Any, max_new_tokens: int) -> ChatRequest:
     if mt is not None and mct is not None and mt != mct:
         raise bad("max_tokens and max_completion_tokens differ; send one", "max_tokens")
     max_tokens = mct if mct is not None else mt
-    if max_tokens is not None and max_tokens > max_new_tokens:
-        raise bad(
-            f"max_tokens={max_tokens} exceeds this server's turn limit of {max_new_tokens} "
-            "tokens (rollout.max_new_tokens)",
-            "max_tokens",
-            "invalid_value",
-        )
+    if max_tokens is not None:
+        # A harness's generous limit (4096 is common) is served up to the policy's turn
+        # length (rollout.max_new_tokens, what it was trained with); a turn cut there ends
+        # with finish_reason "length", as OpenAI's does at max_tokens.
+        max_tokens = min(max_tokens, max_new_tokens)
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
