@@ -301,7 +301,7 @@ CASES = {
         lambda tmp: ["eval", QS, "--checkpoint", str(_run_dir(tmp, "x")), "--step", "9"],
         ["checkpoint 9 not found", "steps [1]", "--step"],
     ),
-    "unknown command": (lambda tmp: ["serve", QS], ["serve"]),
+    "unknown command": (lambda tmp: ["deploy", QS], ["deploy"]),
     "missing required flag": (lambda tmp: ["eval", QS], ["--checkpoint"]),
     "missing config file": (lambda tmp: ["train", str(tmp / "nope.yaml")], ["nope.yaml"]),
     "--n type": (lambda tmp: ["rollout", QS, "--n", "many"], ["many"]),

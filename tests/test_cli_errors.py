@@ -87,7 +87,7 @@ CASES = {
         ],
         "validation",
     ),
-    "unknown command": (lambda tmp: ["serve", QS], "serve"),
+    "unknown command": (lambda tmp: ["deploy", QS], "deploy"),
     "missing required flag": (lambda tmp: ["eval", QS], "--checkpoint"),
 }
 

@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxagent"
 
 # What each package may import (besides itself). The floors, bottom up: shared records and
 # errors; models, reporting and measurement; environments and the device layout; the pool,
-# the RL maths and the sampler; the agent driver; the trainers; the command line.
+# the RL maths and the sampler; the agent driver; the policy server; the trainers; the
+# command line.
 _BASE = {"errors", "types", "buckets", "sections"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
@@ -32,11 +33,12 @@ ALLOWED: dict[str, set[str]] = {
     "generate": _BASE | {"models", "parallel", "perf"},
     "agents": _BASE | {"envs", "eval", "generate", "models", "parallel", "perf", "pool"},
     "train": _BASE
-    | {"agents", "envs", "eval", "generate", "models", "parallel", "perf", "pool", "rl"},
+    | {"agents", "envs", "eval", "generate", "models", "parallel", "perf", "pool", "rl", "serve"},
     "learners": _BASE | {"envs", "eval", "models", "parallel", "perf", "pool", "rl", "train"},
+    "serve": _BASE | {"agents", "envs", "eval", "generate", "models", "parallel", "perf", "pool"},
     "cli": _BASE
     | {"agents", "envs", "eval", "generate", "learners", "models", "parallel", "perf"}
-    | {"pool", "rl", "train"},
+    | {"pool", "rl", "serve", "train"},
 }
 # Environments run in pool worker processes and the pool's host loop never touches a device:
 # neither imports JAX.

@@ -9,6 +9,8 @@
       [--render DIR]                                        (and save their frames as PNG/GIF)
   jaxagent export --checkpoint RUN_DIR --out HF_DIR         write a Hugging Face directory
   jaxagent check SUITE [--faults] [--tasks N] [--seeds N]   check a suite through the pool
+  jaxagent serve CONFIG [--checkpoint RUN_DIR] [--host H] [--port P]
+      [--slots S] [--decode-steps D]                        an OpenAI-compatible endpoint
 
 Configs are YAML overlays on ``jaxagent.train.config.Config``; ``key=value`` overrides use
 dotted keys (``rl.optim.learning_rate=3e-4``, ``train.seed=1``). Every input error (a
@@ -188,6 +190,53 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    try:
+        from jaxagent.serve.server import build_state, serve
+    except ImportError as err:
+        raise InputError(
+            f"serve needs the serve extra ({err.name} is missing): pip install 'jaxagent[serve]'"
+        ) from None
+    if args.slots < 1 or args.decode_steps < 1:
+        raise InputError(
+            f"--slots {args.slots} and --decode-steps {args.decode_steps} must be >= 1"
+        )
+    if not 0 <= args.port < 65536:
+        raise InputError(f"--port {args.port} must be in 0..65535")
+    from jaxagent.generate import SamplingConfig
+    from jaxagent.sections import build
+    from jaxagent.train.config import sampling_fields
+
+    config, policy, run = _run_for(args)
+    run.close()  # the server needs no environments: the harness runs them
+    r = config.rollout
+    sampling = build(
+        r, SamplingConfig, **sampling_fields(r.temperature), stop_token_ids=run.chat.stop_ids
+    )
+    name = args.model_name or config.name
+    state = build_state(
+        chat=run.chat,
+        graphdef=run.graphdef,
+        params=run.params,
+        sampling=sampling,
+        max_total_tokens=run.budget.max_total_tokens,
+        max_seq_len=run.model_config.max_seq_len,
+        model_id=name,
+        policy_version=policy.step if policy is not None else 0,
+        slots=args.slots,
+        decode_steps=args.decode_steps,
+        seed=config.train.seed,
+    )
+    print(
+        f"jaxagent serve: model {name!r} on http://{args.host}:{args.port}/v1 "
+        f"({args.slots} KV slots of {state.backend.capacity} tokens)",
+        file=sys.stderr,
+        flush=True,
+    )
+    serve(state, args.host, args.port)
+    return 0
+
+
 def _cmd_check(args) -> int:
     from jaxagent.cli.check import cmd_check
 
@@ -256,7 +305,18 @@ def build_parser() -> argparse.ArgumentParser:
     from jaxagent.cli.check import add_parser as add_check
 
     add_check(sub)
-    for p in (ev, ro, ex):
+    sv = sub.add_parser("serve", help="serve the policy behind an OpenAI-compatible API")
+    sv.add_argument("config")
+    sv.add_argument("overrides", nargs="*", help="key=value overrides")
+    sv.add_argument("--checkpoint", default=None, help="a run directory (default: untrained)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--slots", type=int, default=16, help="KV-cache rows (conversations kept)")
+    sv.add_argument("--decode-steps", type=int, default=8, help="decode steps per device call")
+    sv.add_argument(
+        "--model-name", default=None, help="the model id clients name (default: the config's name)"
+    )
+    for p in (ev, ro, ex, sv):
         p.add_argument(
             "--step",
             default="latest",
@@ -301,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(_one_line(f"jaxagent {command}: {err}"), file=sys.stderr)
         return 2
-    from jaxagent.train.guards import TrainingStopped
     from jaxagent.train.checkpoint import CheckpointError
+    from jaxagent.train.guards import TrainingStopped
 
     handlers = {
         "train": _cmd_train,
@@ -310,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         "rollout": _cmd_rollout,
         "export": _cmd_export,
         "check": _cmd_check,
+        "serve": _cmd_serve,
     }
     try:
         return handlers[args.command](args)

@@ -1,0 +1,132 @@
+"""Run an agent harness per task against the server and collect its conversations as episodes.
+
+A harness is any function ``harness(task, base_url, api_key) -> reward`` (``load_harness``
+reads a ``"module:function"`` entry point) that talks to the policy through an OpenAI client
+pointed at ``base_url``. ``collect_harness_episodes`` runs one call per (task, sample),
+``concurrency`` at a time, each with its own session URL (``/s/{id}/v1``: the harness needs no
+session header), and returns the episodes in the rollout driver's order and groups (episode
+``i * K + k`` is sample ``k`` of task ``i``, group ``group_offset + i``), as
+``jaxagent.agents.rollout.collect_episodes`` does.
+
+Each session samples from the rollout's key, on the episode's row and its turn number
+(``row_uniforms``), as the built-in driver draws for the same episode: a harness whose loop
+renders the same conversation samples the same tokens. A harness that raises, returns no
+number or runs past ``timeout_s`` gives an ``ENV_ERROR`` episode (kept, never dropped, out of
+the gradient) with the tokens it had recorded, never a policy failure.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jaxagent.agents.episode import Episode
+from jaxagent.envs.base import FailureMode, Task, Termination
+from jaxagent.errors import ConfigError
+
+Harness = Callable[[Task, str, str], Any]
+
+
+def load_harness(spec: str) -> Harness:
+    """The function an entry point ``"package.module:function"`` names."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ConfigError(f"harness={spec!r} must be 'package.module:function'")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"harness={spec!r} cannot be loaded ({err}); check the name") from None
+    if not callable(fn):
+        raise ConfigError(f"harness={spec!r} is not callable")
+    return fn
+
+
+def _call(harness: Harness, task: Task, base_url: str, api_key: str, timeout_s: float):
+    """(reward, None) or (None, error message); the harness runs in a thread of its own so a
+    hung one is abandoned at ``timeout_s`` (its later requests go to an ended session)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["reward"] = harness(task, base_url, api_key)
+        except BaseException as err:  # noqa: BLE001 -- any harness failure is an env error
+            out["error"] = f"{type(err).__name__}: {err}"
+
+    t = threading.Thread(target=run, name="jaxagent-harness", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        return None, f"the harness ran past its {timeout_s:g} s timeout"
+    if "error" in out:
+        return None, out["error"]
+    r = out.get("reward")
+    if isinstance(r, bool) or not isinstance(r, (int, float)):
+        return None, f"the harness returned {r!r}, not a reward (a number)"
+    return float(r), None
+
+
+def collect_harness_episodes(
+    server,
+    harness: Harness,
+    tasks: Sequence[Task],
+    *,
+    samples_per_task: int,
+    key,
+    group_offset: int = 0,
+    row_offset: int = 0,
+    concurrency: int = 16,
+    timeout_s: float = 600.0,
+    api_key: str = "jaxagent",
+) -> list[Episode]:
+    """Run ``harness`` on every (task, sample) against ``server`` (a ``ServerThread``).
+
+    Args:
+      server: the running server (its ``state`` holds the sessions).
+      harness: ``harness(task, base_url, api_key) -> reward``.
+      tasks, samples_per_task: K samples of each task.
+      key: the rollout's sampling key (the driver's ``key``).
+      group_offset: added to group ids; row_offset: the first episode's sampling row.
+      concurrency: harness calls at once.
+      timeout_s: one call's limit.
+      api_key: passed to the harness (the server does not check it).
+    """
+    state = server.state
+    run_id = uuid.uuid4().hex[:12]
+    key_id = ("harness", run_id)
+    jobs = [(i, t) for i, t in enumerate(tasks) for _ in range(samples_per_task)]
+    sids = [f"h{run_id}-{e}" for e in range(len(jobs))]
+    root = server.base_url[: -len("/v1")]
+    for e, sid in enumerate(sids):
+        state.streams[sid] = (key, key_id, row_offset + e)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as pool:
+            futures = [
+                pool.submit(_call, harness, task, f"{root}/s/{sid}/v1", api_key, timeout_s)
+                for (_, task), sid in zip(jobs, sids)
+            ]
+            outcomes = [f.result() for f in futures]
+    finally:
+        for sid in sids:
+            state.streams.pop(sid, None)
+    episodes = []
+    release = getattr(state.backend, "release", None)
+    for (i, task), sid, (reward, error) in zip(jobs, sids, outcomes):
+        session = state.store.sessions.pop(sid, None)
+        if release is not None:
+            release(sid)
+        if error is None and session is None:
+            error = "the harness made no request to its base_url"
+        group = group_offset + i
+        if session is None:
+            ep = Episode(task=task, group=group)
+        else:
+            ep = session.episode(0.0 if reward is None else reward, group=group)
+            ep.task = task
+        if error is not None:
+            ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=error)
+        episodes.append(ep)
+    return episodes

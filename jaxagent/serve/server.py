@@ -1,0 +1,104 @@
+"""Wiring: a run's policy behind the HTTP app, served by uvicorn.
+
+``build_state`` turns the pieces ``jaxagent.train.run.build_run`` made from a config (chat,
+policy, budgets, rollout sampling settings) into a ``ServerState`` over a ``SlotBackend``;
+``serve`` runs it in the foreground (``jaxagent serve``); ``ServerThread`` runs it in a
+background thread on a free port (tests, benchmarks, a trainer driving a harness).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from jaxagent.generate import SamplingConfig
+from jaxagent.serve.app import ServerState, create_app
+from jaxagent.serve.backend import SlotBackend, pool_capacity
+from jaxagent.serve.render import Renderer
+
+
+def build_state(
+    *,
+    chat,
+    graphdef,
+    params,
+    sampling: SamplingConfig,
+    max_total_tokens: int,
+    max_seq_len: int,
+    model_id: str,
+    policy_version: int = 0,
+    slots: int = 16,
+    decode_steps: int = 8,
+    seed: int = 0,
+) -> ServerState:
+    """A server over a policy: ``slots`` KV rows of the episode budget each; a request whose
+    context and ``max_tokens`` exceed ``max_total_tokens`` is refused
+    (``context_length_exceeded``), where the rollout driver ends an episode."""
+    backend = SlotBackend(
+        graphdef,
+        params,
+        sampling,
+        slots=slots,
+        capacity=pool_capacity(max_total_tokens, max_seq_len),
+        decode=chat.decode,
+        pad_id=chat.pad_id,
+        decode_steps=decode_steps,
+        seed=seed,
+        version=policy_version,
+    )
+    return ServerState(
+        backend=backend,
+        renderer=Renderer(chat),
+        model_id=model_id,
+        policy_version=policy_version,
+        max_context=max_total_tokens,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """uvicorn serving ``state`` on ``host:port`` in a daemon thread (``close`` stops it)."""
+
+    def __init__(self, state: ServerState, host: str = "127.0.0.1", port: int | None = None):
+        import uvicorn
+
+        self.state, self.host, self.port = state, host, port or free_port()
+        config = uvicorn.Config(
+            create_app(state), host=host, port=self.port, log_level="warning", lifespan="off"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, name="jaxagent-serve-http", daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the server did not start on {host}:{self.port}")
+            time.sleep(0.02)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.state.backend.close()
+
+
+def serve(state: ServerState, host: str, port: int) -> None:
+    """Serve in the foreground until interrupted."""
+    import uvicorn
+
+    state.backend.wait_ready()
+    try:
+        uvicorn.run(create_app(state), host=host, port=port, log_level="info", lifespan="off")
+    finally:
+        state.backend.close()
