@@ -146,6 +146,7 @@ def test_lean_logprob_fn_vocab_chunks_match_logits_path(tied, skip):
     assert_logprob_fns_match(graphdef, params, lean)
 
 
+@pytest.mark.slow  # test_mesh_trainer and test_parallel check sharded updates in CI
 def test_lean_update_on_8_device_mesh_equals_single_device():
     # The Trainer's learner pass (block remat, head over loss positions only) sharded over
     # data=4 x fsdp=2: the gathered head rows and the cotangent-ordered remat partition

@@ -434,7 +434,7 @@ def test_harness_failures_are_env_errors(server):
     from jaxagent.errors import ConfigError
 
     for bad_spec in ("no_colon", "test_serve:nothing_here", "no_such_module_x:f"):
-        with pytest.raises(ConfigError, match="harness="):
+        with pytest.raises(ConfigError, match="harness.entry="):
             load_harness(bad_spec)
 
 
@@ -776,3 +776,33 @@ def test_quickstart_harness_equals_the_driver():
         np.concatenate([ep.logprobs for ep in ref]),
         atol=1e-5,
     )
+
+
+def test_trainer_trains_through_a_harness(tmp_path):
+    """``harness.entry``: the trainer serves its policy and runs the harness (the example
+    openai-client loop over the quickstart world) for every (task, sample); its sessions are
+    the iteration's episodes, and a bad entry point is refused before anything runs."""
+    from jaxagent.errors import ConfigError
+    from jaxagent.train.config import load_config
+    from jaxagent.train.trainer import Trainer
+    from test_train import ROOT, TINY, _by_step
+
+    qs = ROOT / "configs/quickstart.yaml"
+    settings = [
+        *TINY,
+        f"train.out_dir={tmp_path / 'run'}",
+        "train.iterations=1",
+        "sft.steps=1",
+        "eval.every=0",
+        "eval.val_tasks=0",
+        "harness.entry=jaxagent.serve.examples:quickstart_harness",
+        "harness.slots=4",
+    ]
+    Trainer(load_config(qs, settings), echo=lambda s: None).run()
+    m = _by_step(tmp_path / "run" / "metrics.jsonl")[1]
+    assert m["train/episodes"] == 4 and m["train/env_errors"] == 0
+    assert m["tokens/sampled"] > 0 and np.isfinite(m["loss/policy"])
+    bad = [*settings[:-2], f"train.out_dir={tmp_path / 'bad'}", "harness.entry=nope:missing"]
+    with pytest.raises(ConfigError, match="harness.entry='nope:missing' cannot be loaded"):
+        Trainer(load_config(qs, bad), echo=print)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written

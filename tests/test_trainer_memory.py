@@ -14,6 +14,7 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.rl.lora import merge_lora
@@ -310,6 +311,7 @@ def test_lora_training_evaluates_through_the_sampling_copy(tmp_path, monkeypatch
     assert summary["iterations"] == 3 and "success_best_val" in summary
 
 
+@pytest.mark.slow  # two runs and a reload from the compile cache: nightly
 def test_release_compiled_reloads_programs_from_the_cache_and_changes_no_metric(
     tmp_path, monkeypatch
 ):

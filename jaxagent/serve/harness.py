@@ -18,6 +18,7 @@ the gradient) with the tokens it had recorded, never a policy failure.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import importlib
 import threading
 import uuid
@@ -26,22 +27,41 @@ from typing import Any
 
 from jaxagent.agents.episode import Episode
 from jaxagent.envs.base import FailureMode, Task, Termination
-from jaxagent.errors import ConfigError
+from jaxagent.errors import FROZEN, ConfigError, check_positive
 
 Harness = Callable[[Task, str, str], Any]
+
+
+@dataclasses.dataclass(**FROZEN)
+class HarnessConfig:
+    """Train through an agent harness (``harness.<field>`` in a config): the trainer serves
+    its policy on localhost (``jaxagent serve``'s app) and runs ``entry`` once per (task,
+    sample) instead of its own rollout driver; a session's turns become the episode."""
+
+    entry: str = ""  # "package.module:function(task, base_url, api_key) -> reward"; "" = off
+    timeout_s: float = 600.0  # one harness call's limit (past it: an env_error episode)
+    concurrency: int = 16  # harness calls at once
+    slots: int = 16  # the server's KV slots (sessions decoded together)
+
+    def __post_init__(self):
+        check_positive("harness.timeout_s", self.timeout_s)
+        check_positive("harness.concurrency", self.concurrency)
+        check_positive("harness.slots", self.slots)
 
 
 def load_harness(spec: str) -> Harness:
     """The function an entry point ``"package.module:function"`` names."""
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise ConfigError(f"harness={spec!r} must be 'package.module:function'")
+        raise ConfigError(f"harness.entry={spec!r} must be 'package.module:function'")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
-        raise ConfigError(f"harness={spec!r} cannot be loaded ({err}); check the name") from None
+        raise ConfigError(
+            f"harness.entry={spec!r} cannot be loaded ({err}); check the name"
+        ) from None
     if not callable(fn):
-        raise ConfigError(f"harness={spec!r} is not callable")
+        raise ConfigError(f"harness.entry={spec!r} is not callable")
     return fn
 
 

@@ -40,6 +40,7 @@ from jaxagent.rl.config import RLConfig
 from jaxagent.sections import derive, load_typed
 from jaxagent.train.guards import GuardSection
 from jaxagent.train.model_section import ModelSection, TokenizerSection
+from jaxagent.serve.harness import HarnessConfig
 from jaxagent.train.overlap import OverlapSection
 from jaxagent.train.rl_section import RLSection
 
@@ -297,6 +298,7 @@ class Config:
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     guards: GuardSection = dataclasses.field(default_factory=GuardSection)
     overlap: OverlapSection = dataclasses.field(default_factory=OverlapSection)
+    harness: HarnessConfig = dataclasses.field(default_factory=HarnessConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
@@ -371,6 +373,11 @@ class Config:
         buffer of both phases stays alive (``train.release_compiled`` frees them between
         phases), and the producer thread runs the rollout's cross-host collectives beside
         the update's (several processes would interleave them)."""
+        if self.harness.entry and self.rl.data.dynamic_sampling:
+            raise ConfigError(
+                f"harness.entry={self.harness.entry!r} with rl.data.dynamic_sampling=true: "
+                "refills draw from the built-in driver; set rl.data.dynamic_sampling=false"
+            )
         k = self.overlap.staleness
         if not k:
             return

@@ -53,6 +53,11 @@ from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_at
 from jaxagent.train.overlap import BUFFER_KEY, Pipeline, Produced, decode_buffer, encode_buffer
 from jaxagent.train.overlap import staleness_metrics
 from jaxagent.train.sft import warm_start
+from jaxagent.serve.harness import collect_harness_episodes, load_harness
+from jaxagent.agents.rollout import RolloutStats
+from jaxagent.generate.sampling import SamplingConfig
+from jaxagent.sections import build
+from jaxagent.train.config import sampling_fields
 
 __all__ = ["Trainer"]
 
@@ -132,6 +137,10 @@ class Trainer:
         self._state_key, self._sample_key = run.state_key, run.sample_key
         self.rl = config.rl_config
         self.optimizer = run_optimizer(config)
+        # An agent harness instead of the built-in driver: it talks to this run's own server
+        # (started at the first rollout, given each new policy version after).
+        self._harness = load_harness(config.harness.entry) if config.harness.entry else None
+        self._server = None
         # The mesh (config.mesh), built once: train state, packed batches, update, rollout.
         assert self.layout is not None  # build_model asked for the params' shardings
         if self.layout.mesh is not None:
@@ -329,6 +338,16 @@ class Trainer:
         per_task, data = self.config.group_size, self.config.rl.data
         hosts.set_row_offset(self.sampler, first * per_task)
 
+        if self._harness is not None:
+            t0 = time.perf_counter()
+            eps = self._harness_episodes(params, mine, key, it * len(tasks) + first, version)
+            stats = RolloutStats(
+                policy_tokens=sum(ep.num_policy_tokens for ep in eps),
+                wall_s=time.perf_counter() - t0,
+                generate_s=time.perf_counter() - t0,  # the server's and the harness's time
+            )
+            return dapo.DynamicSample.one_round(eps, stats)
+
         def collect(round_):  # round 0: the iteration's tasks; later: dynamic-sampling refills
             todo = (
                 mine
@@ -351,6 +370,48 @@ class Trainer:
         if data.dynamic_sampling:
             return dapo.dynamic_sample(collect, len(tasks), data.max_sampling_rounds)
         return dapo.DynamicSample.one_round(*collect(0))
+
+    def _harness_episodes(self, params, tasks: list, key, group_offset: int, version: int):
+        """The episodes of ``harness.entry`` run on every (task, sample) against this run's
+        server, sampling with ``params`` as policy ``version`` (the driver's key and rows)."""
+        h = self.config.harness
+        if self._server is None:
+            # starlette / uvicorn are the serve extra's: imported only by a harness run
+            from jaxagent.serve.server import ServerThread, build_state
+
+            r = self.config.rollout
+            sampling = build(
+                r,
+                SamplingConfig,
+                **sampling_fields(r.temperature),
+                stop_token_ids=self.chat.stop_ids,
+            )
+            state = build_state(
+                chat=self.chat,
+                graphdef=self.graphdef,
+                params=params,
+                sampling=sampling,
+                max_total_tokens=self.budget.max_total_tokens,
+                max_seq_len=self.max_len,
+                model_id=self.config.name,
+                policy_version=version,
+                slots=h.slots,
+                decode_steps=r.decode_steps,
+                seed=self.config.train.seed,
+            )
+            self._server = ServerThread(state)
+        else:
+            self._server.state.update_policy(params, version)
+        return collect_harness_episodes(
+            self._server,
+            self._harness,
+            tasks,
+            samples_per_task=self.config.group_size,
+            key=key,
+            group_offset=group_offset,
+            concurrency=h.concurrency,
+            timeout_s=h.timeout_s,
+        )
 
     def _pack(self, eps: list, rows: int):
         """The episodes as one host-side token batch of ``rows`` rows (row drops decided here,
@@ -572,6 +633,8 @@ class Trainer:
         self._closed = True
         if self._cache_settings is not None:
             host_memory.restore(self._cache_settings)
+        if self._server is not None:
+            self._server.close()
         self.checkpointer.close()
         self.logger.close()
         self.built.close()
