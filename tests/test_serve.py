@@ -343,6 +343,8 @@ def test_policy_update_between_turns(policy, server):
     httpx.post(f"{server.base_url}/sessions/upd/reward", json={"reward": 0.0})
     (ep,) = [e for e in state.store.pop_episodes() if e.task.id == "upd"]
     assert ep.info["policy_versions"] == [0, 1]
+    assert {v for v, t in zip(ep.versions, ep.turn_ids) if t >= 0} == {0, 1}
+    assert [v for v, t in zip(ep.versions, ep.turn_ids) if t < 0] == [-1] * ep.turn_ids.count(-1)
     tokens = np.asarray(ep.tokens)[None]
     positions, segments = np.arange(tokens.shape[1])[None], np.ones_like(tokens)
     fn = make_logprob_fn(graphdef)

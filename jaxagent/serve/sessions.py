@@ -158,6 +158,8 @@ class Session:
         ep = Episode(task=Task(id=self.id, split="serve", prompt=first_user), group=group)
         ep.tokens, ep.loss_mask = list(self.tokens), list(self.loss_mask)
         ep.logprobs, ep.turn_ids = list(self.logprobs), list(self.turn_ids)
+        # each sampled token carries its turn's policy version (the driver's Episode.versions)
+        ep.versions = [self.versions[t] if t >= 0 else -1 for t in self.turn_ids]
         ep.turns = [dataclasses.replace(t) for t in self.turns]
         ep.first_observation = first_user
         if ep.turns:
