@@ -64,7 +64,8 @@ TINY = [
 ]
 NONDETERMINISTIC = ("time/", "tokens/per_s", "env_health/", "sampler/recompiles", "roofline/")
 # Keys compared to the float32 bound rather than exactly: sums over the batch's tokens.
-FLOAT_KEYS = ("loss/", "optim/grad_norm", "entropy/", "kl/", "ratio/", "clip/", "adv/")
+# mismatch/: the learner's first pass vs the sampler, float rounding on any layout
+FLOAT_KEYS = ("loss/", "optim/grad_norm", "entropy/", "kl/", "ratio/", "clip/", "adv/", "mismatch/")
 
 
 def _run(tmp_path, name, overrides=()):
