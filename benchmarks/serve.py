@@ -37,10 +37,8 @@ from jaxagent.agents.engine import SlotEngine
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import StepResult
-from jaxagent.generate import SamplingConfig
-from jaxagent.sections import build
-from jaxagent.serve.server import ServerThread, build_state
-from jaxagent.train.config import load_config, sampling_fields
+from jaxagent.serve.server import ServerThread, state_for_run
+from jaxagent.train.config import load_config
 from jaxagent.train.run import build_run
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -121,24 +119,12 @@ def main() -> None:
     run = build_run(config, policy=policy)
     run.close()
     r = config.rollout
-    sampling = build(
-        r, SamplingConfig, **sampling_fields(r.temperature), stop_token_ids=run.chat.stop_ids
-    )
+    sampling = run.sampler.sampling  # the rollout's own settings (the server samples the same)
     slots = args.slots or args.conversations
     tasks = list(run.env.make_source().tasks(config.env.eval_split))[: args.conversations]
     env = run.env.make_env()
     firsts = [env.reset(t) for t in tasks]
-    state = build_state(
-        chat=run.chat,
-        graphdef=run.graphdef,
-        params=run.params,
-        sampling=sampling,
-        max_total_tokens=run.budget.max_total_tokens,
-        max_seq_len=run.model_config.max_seq_len,
-        model_id="policy",
-        slots=slots,
-        decode_steps=args.decode_steps,
-    )
+    state = state_for_run(run, model_id="policy", slots=slots, decode_steps=args.decode_steps)
     server = ServerThread(state)
     state.backend.wait_ready()
     n, system = r.max_new_tokens, run.env.system_prompt

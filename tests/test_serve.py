@@ -42,7 +42,7 @@ from jaxagent.models import ModelConfig, init_model
 from jaxagent.serve.app import ServerState
 from jaxagent.serve.backend import BackendStats, Result
 from jaxagent.serve.render import Renderer
-from jaxagent.serve.server import ServerThread, build_state
+from jaxagent.serve.server import ServerThread, build_state, state_for_run
 from jaxagent.serve.sessions import DIVERGENCE_HEADER
 from jaxagent.train.policy import make_logprob_fn
 from jaxagent.train.tokenizer import build_chatml_tokenizer, build_word_tokenizer
@@ -732,27 +732,14 @@ def test_quickstart_harness_equals_the_driver():
     budget truncations included."""
     from pathlib import Path
 
-    from jaxagent.sections import build
     from jaxagent.serve.harness import collect_harness_episodes, load_harness
-    from jaxagent.train.config import load_config, sampling_fields
+    from jaxagent.train.config import load_config
     from jaxagent.train.run import build_run
 
     qs = str(Path(__file__).resolve().parents[1] / "configs/quickstart.yaml")
     run = build_run(load_config(qs, ["model.num_layers=1"]))
-    r = run.config.rollout
-    sampling = build(
-        r, SamplingConfig, **sampling_fields(r.temperature), stop_token_ids=run.chat.stop_ids
-    )
-    state = build_state(
-        chat=run.chat,
-        graphdef=run.graphdef,
-        params=run.params,
-        sampling=sampling,
-        max_total_tokens=run.budget.max_total_tokens,
-        max_seq_len=run.model_config.max_seq_len,
-        model_id="quickstart",
-        slots=4,
-    )
+    sampling = run.sampler.sampling
+    state = state_for_run(run, model_id="quickstart", slots=4)
     srv = ServerThread(state)
     tasks, key = run.tasks.eval[:3], jax.random.key(21)
     try:

@@ -192,7 +192,7 @@ def _cmd_export(args) -> int:
 
 def _cmd_serve(args) -> int:
     try:
-        from jaxagent.serve.server import build_state, serve
+        from jaxagent.serve.server import serve, state_for_run
     except ImportError as err:
         raise InputError(
             f"serve needs the serve extra ({err.name} is missing): pip install 'jaxagent[serve]'"
@@ -203,24 +203,11 @@ def _cmd_serve(args) -> int:
         )
     if not 0 <= args.port < 65536:
         raise InputError(f"--port {args.port} must be in 0..65535")
-    from jaxagent.generate import SamplingConfig
-    from jaxagent.sections import build
-    from jaxagent.train.config import sampling_fields
-
     config, policy, run = _run_for(args)
     run.close()  # the server needs no environments: the harness runs them
-    r = config.rollout
-    sampling = build(
-        r, SamplingConfig, **sampling_fields(r.temperature), stop_token_ids=run.chat.stop_ids
-    )
     name = args.model_name or config.name
-    state = build_state(
-        chat=run.chat,
-        graphdef=run.graphdef,
-        params=run.params,
-        sampling=sampling,
-        max_total_tokens=run.budget.max_total_tokens,
-        max_seq_len=run.model_config.max_seq_len,
+    state = state_for_run(
+        run,
         model_id=name,
         policy_version=policy.step if policy is not None else 0,
         slots=args.slots,

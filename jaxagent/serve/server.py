@@ -56,6 +56,23 @@ def build_state(
     )
 
 
+def state_for_run(run, *, model_id: str, params=None, **options) -> ServerState:
+    """``build_state`` over a built run (``jaxagent.train.run.build_run``): its chat, model,
+    episode budget and the rollout's own sampling settings (``run.sampler.sampling``);
+    ``params`` default to the run's; ``options``: ``build_state``'s policy_version, slots,
+    decode_steps, seed."""
+    return build_state(
+        chat=run.chat,
+        graphdef=run.graphdef,
+        params=run.params if params is None else params,
+        sampling=run.sampler.sampling,
+        max_total_tokens=run.budget.max_total_tokens,
+        max_seq_len=run.model_config.max_seq_len,
+        model_id=model_id,
+        **options,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -55,9 +55,6 @@ from jaxagent.train.overlap import staleness_metrics
 from jaxagent.train.sft import warm_start
 from jaxagent.serve.harness import collect_harness_episodes, load_harness
 from jaxagent.agents.rollout import RolloutStats
-from jaxagent.generate.sampling import SamplingConfig
-from jaxagent.sections import build
-from jaxagent.train.config import sampling_fields
 
 __all__ = ["Trainer"]
 
@@ -377,26 +374,15 @@ class Trainer:
         h = self.config.harness
         if self._server is None:
             # starlette / uvicorn are the serve extra's: imported only by a harness run
-            from jaxagent.serve.server import ServerThread, build_state
+            from jaxagent.serve.server import ServerThread, state_for_run
 
-            r = self.config.rollout
-            sampling = build(
-                r,
-                SamplingConfig,
-                **sampling_fields(r.temperature),
-                stop_token_ids=self.chat.stop_ids,
-            )
-            state = build_state(
-                chat=self.chat,
-                graphdef=self.graphdef,
-                params=params,
-                sampling=sampling,
-                max_total_tokens=self.budget.max_total_tokens,
-                max_seq_len=self.max_len,
+            state = state_for_run(
+                self.built,
                 model_id=self.config.name,
+                params=params,
                 policy_version=version,
                 slots=h.slots,
-                decode_steps=r.decode_steps,
+                decode_steps=self.config.rollout.decode_steps,
                 seed=self.config.train.seed,
             )
             self._server = ServerThread(state)
