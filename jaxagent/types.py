@@ -50,6 +50,10 @@ class TokenBatch:
       anchor_ids: optional [B, M] int32 id of the state each turn acted from: equal ids in one
         task group are identical observations (ids are only comparable within a group); -1
         past a row's last turn.
+      constraint_ids: optional [B, T] int32: for a token sampled under constrained decoding,
+        the index in its row's ``constraint_masks`` of the vocabulary mask it was drawn from;
+        -1 elsewhere. The learner's log-probs are then those of the masked distribution.
+      constraint_masks: optional [B, K, ceil(V / 8)] uint8 packed allowed-vocabulary masks.
     """
 
     tokens: jax.Array
@@ -69,6 +73,8 @@ class TokenBatch:
     row_weight: Optional[jax.Array] = None
     turn_rewards: Optional[jax.Array] = None
     anchor_ids: Optional[jax.Array] = None
+    constraint_ids: Optional[jax.Array] = None
+    constraint_masks: Optional[jax.Array] = None
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -218,12 +218,32 @@ def pack_episodes(
         truncated=truncated,
         row_weight=row_weight,
     )
+    if not dense and any(ep.constraint_masks for ep in episodes):
+        batch = batch.replace(**constraint_arrays(episodes, b, t))
     if max_turns:
         if dense:
             raise ValueError("pack_episodes: max_turns needs one episode a row (dense=False)")
         turn_rewards, anchor_ids = turn_steps(episodes, rows=b, max_turns=max_turns)
         batch = batch.replace(turn_rewards=turn_rewards, anchor_ids=anchor_ids)
     return batch
+
+
+def constraint_arrays(episodes: Sequence[Episode], rows: int, length: int) -> dict:
+    """``constraint_ids`` [B, T] and ``constraint_masks`` [B, K, ceil(V / 8)] of episodes
+    sampled under constrained decoding (``Episode.constraint_ids`` / ``constraint_masks``, one
+    episode a row; K: the most masks of a row, bucketed to a power of two)."""
+    width = next(len(m) for ep in episodes for m in ep.constraint_masks)
+    k = bucket(max(len(ep.constraint_masks) for ep in episodes), pow2=True, minimum=8)
+    ids = np.full((rows, length), -1, np.int32)
+    masks = np.zeros((rows, k, width), np.uint8)
+    for r, ep in enumerate(episodes):
+        if ep.constraint_masks:
+            n = min(len(ep.constraint_ids), length)
+            ids[r, :n] = ep.constraint_ids[:n]
+            masks[r, : len(ep.constraint_masks)] = np.frombuffer(
+                b"".join(ep.constraint_masks), np.uint8
+            ).reshape(-1, width)
+    return dict(constraint_ids=ids, constraint_masks=masks)
 
 
 def _length(ep: Episode, max_len: int) -> int:

@@ -56,6 +56,10 @@ class CachedTurnSampler:
         # lock-step rounds or ``jaxagent.agents.engine``'s slots) do not change what is
         # sampled.
         self.row_offset: int = 0
+        # Constrained decoding (``jaxagent.agents.constrained.TurnGrammar``): every turn of a
+        # row starts in its task's start state; None: free decoding.
+        self.grammar = None
+        self._gstarts: list[int] = []
 
     @property
     def recompiles(self) -> int:
@@ -69,9 +73,11 @@ class CachedTurnSampler:
     def start(
         self, params, prompts: Sequence[Sequence[int]], key, *, tasks=(), observations=()
     ) -> TurnOutput:
-        del tasks, observations  # an LM acts on tokens alone
+        del observations  # an LM acts on tokens alone
         self.release()
         self._turns = [0] * len(prompts)
+        if self.grammar is not None:
+            self._gstarts = self.grammar.starts(tasks)
         return self._run(params, [list(p) for p in prompts], key, share=self.share_prompts)
 
     def resume(
@@ -112,10 +118,14 @@ class CachedTurnSampler:
             row_ids=range(self.row_offset, self.row_offset + len(rows)),
             turn_ids=self._turns,
             share_prompts=share,
+            grammar=self._grammar_inputs(),
         )
         self._cache = out.cache
         tokens, logp, n = jax.device_get((out.tokens, out.logprobs, out.lengths))
         res = TurnOutput([], [], [])
+        if out.grammar_states is not None:
+            counts = [int(n[i]) if rows[i] else 0 for i in range(len(rows))]
+            res.masks = self.grammar.row_masks(jax.device_get(out.grammar_states), counts)
         for i in range(len(rows)):
             k = int(n[i]) if rows[i] else 0
             toks = [int(t) for t in tokens[i, :k]]
@@ -123,3 +133,9 @@ class CachedTurnSampler:
             res.logprobs.append([float(x) for x in logp[i, :k]])
             res.stopped.append(bool(k and toks[-1] in self.sampling.stop_token_ids))
         return res
+
+    def _grammar_inputs(self):
+        """``(table, starts)`` for the sampler, or None when decoding is free."""
+        if self.grammar is None or not any(s >= 0 for s in self._gstarts):
+            return None
+        return self.grammar.table.device_table(), self._gstarts

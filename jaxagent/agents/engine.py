@@ -73,6 +73,10 @@ class EngineConfig:
     # prefills every admitted row: at 7B on 16 GiB v5e chips more than 16 rows a call do not
     # fit (benchmarks/pod_plan.py --phase rollout); the rest wait for the next call.
     max_admit: int = 0
+    # Decode every turn constrained to a schema-valid call of the task's tools (in the chat's
+    # call syntax) or an answer (``jaxagent.agents.constrained``); the learner takes its
+    # log-probs under the same masks.
+    constrained_tool_calls: bool = False
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -201,6 +205,10 @@ class SlotEngine(CachedTurnSampler):
         self._state = (state, fused)
         env = _Streamed(spec.runner)
         t_start = time.perf_counter()
+        gstarts = [-1] * len(eps)
+        if self.grammar is not None:
+            gstarts = self.grammar.starts([ep.task for ep in eps])
+        table = self.grammar.table.device_table() if max(gstarts) >= 0 else None
 
         queue = collections.deque(range(len(eps)))
         free = list(range(n_slots))  # a heap: the lowest free slot first
@@ -274,6 +282,7 @@ class SlotEngine(CachedTurnSampler):
                     key,
                     [self.row_offset + episode_in[s] for s in slots],
                     [len(eps[episode_in[s]].turns) for s in slots],
+                    None if table is None else (table, [gstarts[episode_in[s]] for s in slots]),
                 )
                 decoding.update(slots)
                 for s in slots:
@@ -286,6 +295,7 @@ class SlotEngine(CachedTurnSampler):
                 state,
                 longest + self.sampling.max_new_tokens,
                 active=sorted(decoding),
+                table=table,
             )
             self._state = (state, fused)
             stats.rounds += 1
@@ -294,14 +304,17 @@ class SlotEngine(CachedTurnSampler):
             )
             over = sorted(s for s in decoding if done[s] and not pending[s])
             if over:
-                tokens, logprobs = jax.device_get((state.tokens, state.logprobs))
+                tokens, logprobs, gstates = jax.device_get(
+                    (state.tokens, state.logprobs, state.gstates)
+                )
             stats.generate_s += time.perf_counter() - t0
             for slot in over:
                 decoding.discard(slot)
                 k = int(num[slot])
                 toks = [int(t) for t in tokens[slot, :k]]
                 ep = eps[episode_in[slot]]
-                record_turn(ep, toks, [float(x) for x in logprobs[slot, :k]], version)
+                masks = None if table is None else self.grammar.masks(gstates[slot, :k].tolist())
+                record_turn(ep, toks, [float(x) for x in logprobs[slot, :k]], version, masks)
                 stats.policy_tokens += k
                 turn_out[slot] = (k, bool(k and toks[-1] in self.sampling.stop_token_ids))
                 actions[slot] = spec.chat.decode(toks)

@@ -42,6 +42,10 @@ class Episode:
       turn_ids: turn index of each policy token, -1 on prompt/observation tokens.
       versions: the policy version (the number of updates the sampling weights had seen)
         that sampled each policy token, -1 on prompt/observation tokens.
+      constraint_ids: for each token drawn under constrained decoding, the index in
+        ``constraint_masks`` of the vocabulary mask it was drawn from; -1 elsewhere (empty
+        when no token was constrained).
+      constraint_masks: the distinct masks (``np.packbits`` of the allowed vocabulary).
       turns: per-turn records.
       termination: how the episode ended.
       failure_mode: why it failed (None on success).
@@ -57,6 +61,8 @@ class Episode:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turn_ids: list[int] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
+    constraint_ids: list[int] = dataclasses.field(default_factory=list)
+    constraint_masks: list[bytes] = dataclasses.field(default_factory=list)
     turns: list[Turn] = dataclasses.field(default_factory=list)
     first_observation: str = ""
     termination: Termination = Termination.TRUNCATED
@@ -67,11 +73,23 @@ class Episode:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def append(
-        self, ids, *, sampled: bool, logprobs=None, turn: int = -1, version: int = 0
+        self, ids, *, sampled: bool, logprobs=None, turn: int = -1, version: int = 0, masks=None
     ) -> None:
-        """Append token ids; ``sampled`` ones carry loss, their sampler log-probs and the
-        policy ``version`` that sampled them."""
+        """Append token ids; ``sampled`` ones carry loss, their sampler log-probs, the
+        policy ``version`` that sampled them and, under constrained decoding, ``masks`` (per
+        token the packed vocabulary mask it was drawn from, None where unconstrained)."""
         ids = [int(t) for t in ids]
+        if masks is not None and any(m is not None for m in masks):
+            assert sampled and len(masks) == len(ids)
+            self.constraint_ids.extend([-1] * (len(self.tokens) - len(self.constraint_ids)))
+            index = {m: i for i, m in enumerate(self.constraint_masks)}
+            for m in masks:
+                if m is not None and m not in index:
+                    index[m] = len(self.constraint_masks)
+                    self.constraint_masks.append(m)
+            self.constraint_ids.extend(-1 if m is None else index[m] for m in masks)
+        elif self.constraint_ids:
+            self.constraint_ids.extend([-1] * len(ids))
         self.tokens.extend(ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         if sampled:

@@ -41,11 +41,15 @@ def common_length(batch, pad_id: int):
     if jax.process_count() == 1:
         return batch
     t = batch.tokens.shape[1]
-    longest = max(allgather_objects(t))
+    masks = batch.constraint_masks
+    k = 0 if masks is None else masks.shape[1]
+    longest, most = (max(x) for x in zip(*allgather_objects((t, k))))
+    if most > k and masks is not None:  # constrained decoding: every row's mask slots alike
+        batch = batch.replace(constraint_masks=np.pad(masks, ((0, 0), (0, most - k), (0, 0))))
     if longest == t:
         return batch
     extra = longest - t
-    fill = {"tokens": pad_id, "turn_ids": -1}
+    fill = {"tokens": pad_id, "turn_ids": -1, "constraint_ids": -1}
 
     def pad(name, x):
         if x is None or np.ndim(x) != 2 or x.shape[1] != t:

@@ -182,10 +182,14 @@ def open_episode(ep: Episode, reply: EnvReply, spec: RolloutSpec) -> list[int]:
     return ids
 
 
-def record_turn(ep: Episode, tokens: list[int], logprobs: list[float], version: int = 0) -> None:
+def record_turn(
+    ep: Episode, tokens: list[int], logprobs: list[float], version: int = 0, masks=None
+) -> None:
     """Append the policy's turn (sampled ids, their log-probs and the policy ``version``
     that sampled them) to ``ep``."""
-    ep.append(tokens, sampled=True, logprobs=logprobs, turn=len(ep.turns), version=version)
+    ep.append(
+        tokens, sampled=True, logprobs=logprobs, turn=len(ep.turns), version=version, masks=masks
+    )
 
 
 def close_turn(
@@ -277,7 +281,8 @@ def _drive(
     while True:
         active = [i for i, ep in enumerate(eps) if not ep.done]
         for i in active:
-            record_turn(eps[i], out.tokens[i], out.logprobs[i], version)
+            masks = None if out.masks is None else out.masks[i]
+            record_turn(eps[i], out.tokens[i], out.logprobs[i], version, masks)
             stats.policy_tokens += len(out.tokens[i])
         actions = [chat.decode(out.tokens[i]) for i in active]
         t0 = time.perf_counter()

@@ -42,6 +42,9 @@ class TurnOutput:
     tokens: list[list[int]]
     logprobs: list[list[float]]
     stopped: list[bool]  # True when the turn ended with a stop id
+    # Constrained decoding (``jaxagent.agents.constrained``): per row, per token, the packed
+    # mask of the vocabulary the token was drawn from (None: unconstrained); None: no row is.
+    masks: Optional[list[list[Optional[bytes]]]] = None
 
 
 @runtime_checkable

@@ -38,6 +38,7 @@ from jaxagent.generate.sampling import (
     sample_tokens_from_uniform,
     uniforms,
 )
+from jaxagent.generate.grammar import advance, constrain_logits
 from jaxagent.models.cache import KVCache, grow_cache, init_cache
 from jaxagent.models.api import model_config
 from jaxagent.parallel.mesh import batch_mesh_axes
@@ -58,6 +59,9 @@ class SampleOutput:
     logprobs: jax.Array
     lengths: jax.Array
     cache: KVCache
+    # [B, N] int32: the automaton state each token was drawn in (``jaxagent.generate.grammar``;
+    # -1: unconstrained), or None for a call without a grammar.
+    grammar_states: Optional[jax.Array] = None
 
 
 @struct.dataclass
@@ -70,6 +74,8 @@ class _LoopState:
     tokens: jax.Array  # [B, N] int32
     logprobs: jax.Array  # [B, N] float32
     cache: KVCache
+    gstate: jax.Array  # [B] int32 automaton state of the next token (-1: unconstrained)
+    gstates: jax.Array  # [B, N] int32 the state each token was drawn in
 
 
 _DECODE_ROWS = 64  # chunks of at most this many tokens (B x T) use the decode kernels
@@ -209,6 +215,7 @@ class Sampler:
         row_ids: Optional[Sequence[int]] = None,
         share_prompts: bool = False,
         turn_ids: Optional[Sequence[int]] = None,
+        grammar: Optional[tuple[jax.Array, Sequence[int]]] = None,
     ) -> SampleOutput:
         """Append ``new_tokens[b]`` to row b and sample ``sampling.max_new_tokens`` tokens.
 
@@ -227,9 +234,12 @@ class Sampler:
             what is sampled is unchanged (the draws stay per row).
           turn_ids: with ``row_ids``, B ints (each row's turn number): row b's draws then
             depend only on (key, row_ids[b], turn_ids[b]), whichever call serves the turn.
+          grammar: ``(table, starts)``: constrained decoding (``jaxagent.generate.grammar``),
+            row b starting this call's turn in automaton state ``starts[b]`` (-1: free) of
+            ``GrammarTable.device_table()``; the output then has ``grammar_states``.
         """
         args, kwargs, prefilled = self._inputs(
-            params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids
+            params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids, grammar
         )
         self.prefilled_tokens += prefilled
         return self._jit(*args, **kwargs)
@@ -244,16 +254,26 @@ class Sampler:
         row_ids: Optional[Sequence[int]] = None,
         share_prompts: bool = False,
         turn_ids: Optional[Sequence[int]] = None,
+        grammar: Optional[tuple[jax.Array, Sequence[int]]] = None,
     ):
         """The ``jax.stages.Lowered`` of the call ``__call__`` would make (nothing runs):
         ``.compile().memory_analysis()`` gives its temporaries (``benchmarks/prefill_memory``)."""
         args, kwargs, _ = self._inputs(
-            params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids
+            params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids, grammar
         )
         return self._jit.lower(*args, **kwargs)
 
     def _inputs(
-        self, params, new_tokens, sampling, key, cache, row_ids, share_prompts, turn_ids=None
+        self,
+        params,
+        new_tokens,
+        sampling,
+        key,
+        cache,
+        row_ids,
+        share_prompts,
+        turn_ids=None,
+        grammar=None,
     ):
         """The jitted function's arguments (padded, bucketed chunk, cache, row sharding) and
         how many real tokens it prefills."""
@@ -321,6 +341,8 @@ class Sampler:
             None if row_ids is None else put(np.asarray(row_ids, np.int32).reshape(b)),
             None if expand is None else jnp.asarray(expand),
             None if turn_ids is None else put(np.asarray(turn_ids, np.int32).reshape(b)),
+            None if grammar is None else grammar[0],
+            None if grammar is None else put(np.asarray(grammar[1], np.int32).reshape(b)),
         )
         kwargs = dict(
             sampling=sampling,
@@ -341,6 +363,8 @@ class Sampler:
         row_ids,
         expand,
         turn_ids,
+        gtable,
+        gstart,
         *,
         sampling,
         capacity,
@@ -382,6 +406,9 @@ class Sampler:
                 if row_ids is None
                 else row_uniforms(key, n, row_ids, turn_ids)
             )
+        gstate = jnp.full((b,), -1, jnp.int32) if gstart is None else gstart
+        if gtable is not None:
+            logits = constrain_logits(logits, gtable, gstate)
         tok, lp = sample_tokens_from_uniform(None if us is None else us[0], logits, sampling)
         active = jnp.any(valid, axis=1)
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
@@ -396,6 +423,8 @@ class Sampler:
             .set(jnp.where(active, tok, self.pad_id)),
             logprobs=jnp.zeros((b, n), jnp.float32).at[:, 0].set(jnp.where(active, lp, 0.0)),
             cache=cache,
+            gstate=gstate if gtable is None else advance(gtable, gstate, tok),
+            gstates=jnp.full((b, n), -1, jnp.int32).at[:, 0].set(gstate),
         )
 
         def body(s: _LoopState) -> _LoopState:
@@ -407,7 +436,9 @@ class Sampler:
                     us, jnp.minimum(s.step + 1, n - 1), keepdims=False
                 )
             )
-            return s.replace(step=s.step + 1, **decode_step(model, fused, sampling, stop, s, u))
+            return s.replace(
+                step=s.step + 1, **decode_step(model, fused, sampling, stop, s, u, table=gtable)
+            )
 
         state = jax.lax.while_loop(lambda s: jnp.any(s.pending), body, state)
         return SampleOutput(
@@ -415,16 +446,19 @@ class Sampler:
             logprobs=state.logprobs,
             lengths=state.num_generated,
             cache=state.cache,
+            grammar_states=None if gtable is None else state.gstates,
         )
 
 
-def decode_step(model, fused, sampling, stop, s, u, window: int | None = None) -> dict:
+def decode_step(model, fused, sampling, stop, s, u, window: int | None = None, table=None) -> dict:
     """One decode step over a batch of rows (the one step of ``Sampler`` and
     ``SlotSampler``): feed each pending row's last sampled token into the cache, sample the
     next from ``u`` [B] (None: greedy), write it at the row's column; returns the new
     ``last``, ``pending``, ``finished``, ``num_generated``, ``tokens``, ``logprobs`` and
     ``cache`` of state ``s``. A row that already finished writes nothing (column
-    ``max_new_tokens`` is out of range: dropped)."""
+    ``max_new_tokens`` is out of range: dropped). With an automaton ``table``
+    (``jaxagent.generate.grammar``) each row samples from the tokens its ``gstate`` allows, and
+    ``gstate`` / ``gstates`` are returned too."""
     n = sampling.max_new_tokens
     h, cache = model.hidden(
         s.last[:, None],
@@ -434,12 +468,22 @@ def decode_step(model, fused, sampling, stop, s, u, window: int | None = None) -
         fused,
         window=window,
     )
-    tok, lp = sample_tokens_from_uniform(u, model.logits(h[:, 0], fused), sampling)
+    logits = model.logits(h[:, 0], fused)
+    if table is not None:
+        logits = constrain_logits(logits, table, s.gstate)
+    tok, lp = sample_tokens_from_uniform(u, logits, sampling)
     gen = s.pending & ~s.finished  # rows that emit a new token this step
     col = jnp.where(gen, s.num_generated, n)
     rows = jnp.arange(s.last.shape[0])
     num_generated = s.num_generated + gen
+    extra = {}
+    if table is not None:
+        extra = dict(
+            gstate=jnp.where(gen, advance(table, s.gstate, tok), s.gstate),
+            gstates=s.gstates.at[rows, col].set(s.gstate, mode="drop"),
+        )
     return dict(
+        **extra,
         last=jnp.where(gen, tok, s.last),
         pending=gen,
         finished=s.finished | (gen & (jnp.isin(tok, stop) | (num_generated >= n))),

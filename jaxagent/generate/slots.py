@@ -39,6 +39,7 @@ from jaxagent.generate.sampler import (
     _shard_cache_rows,
     _take_rows,
 )
+from jaxagent.generate.grammar import advance, constrain_logits
 from jaxagent.generate.sampling import (
     SamplingConfig,
     row_uniforms,
@@ -65,6 +66,9 @@ class SlotState:
       row_steps: scalar int32: rows decoded, summed over steps (all slots, or the active
         slots' batch with its padding rows).
       busy_steps: scalar int32: of those, the row-steps of slots generating a turn.
+      gstate: [S] int32 automaton state of the slot's next token (``jaxagent.generate.grammar``;
+        -1: unconstrained).
+      gstates: [S, N] int32 the state each of the turn's tokens was drawn in.
     """
 
     last: jax.Array
@@ -78,6 +82,8 @@ class SlotState:
     steps: jax.Array
     row_steps: jax.Array
     busy_steps: jax.Array
+    gstate: jax.Array
+    gstates: jax.Array
 
     @property
     def num_slots(self) -> int:
@@ -154,10 +160,14 @@ class SlotSampler:
         key: jax.Array,
         row_ids: Sequence[int],
         turn_ids: Sequence[int],
+        grammar: tuple[jax.Array, Sequence[int]] | None = None,
     ) -> SlotState:
         """Append ``chunks[i]`` to slot ``slot_ids[i]`` (emptied first when ``fresh[i]``: a new
         episode takes the slot) and start the slot's turn ``turn_ids[i]`` of episode
-        ``row_ids[i]``. ``fused``: ``prepare(params)``. The state is donated."""
+        ``row_ids[i]``. ``fused``: ``prepare(params)``. The state is donated. ``grammar``:
+        ``(table, starts)``, slot ``slot_ids[i]``'s turn constrained from automaton state
+        ``starts[i]`` (-1: free) of ``table`` (``GrammarTable.device_table()``); pass the same
+        table to ``decode``."""
         p = len(slot_ids)
         if not p or any(len(c) == 0 for c in chunks):
             raise ValueError("admit: pass at least one slot, each with a non-empty chunk")
@@ -189,8 +199,14 @@ class SlotSampler:
         rid = np.zeros(rows, np.int32)
         tid = np.zeros(rows, np.int32)
         idx[:p], take[:p], rid[:p], tid[:p] = slot_ids, expand, row_ids, turn_ids
+        table, gst = None, None
+        if grammar is not None:
+            table, gst = grammar[0], np.full(rows, -1, np.int32)
+            gst[:p] = grammar[1]
         self.prefilled_tokens += int(segs.sum())
-        return self._admit(params, fused, state, src, tokens, segs, new, idx, take, key, rid, tid)
+        return self._admit(
+            params, fused, state, src, tokens, segs, new, idx, take, key, rid, tid, table, gst
+        )
 
     def _rows(self, p: int) -> int:
         rows = 1
@@ -205,6 +221,7 @@ class SlotSampler:
         state: SlotState,
         longest: int | None = None,
         active: Sequence[int] | None = None,
+        table: jax.Array | None = None,
     ) -> SlotState:
         """At most ``decode_steps`` decode steps of every slot with a turn under way (donated).
 
@@ -217,7 +234,9 @@ class SlotSampler:
         gathered into a batch of a power of 4 rows (at least 4), decoded and put back, so
         idle slots (turns over, episodes waiting for their environment) cost nothing but
         the copy; None decodes every slot, and so does a pool whose rows are split over
-        devices (each device decodes its own slots)."""
+        devices (each device decodes its own slots).
+
+        ``table``: the automaton table the constrained slots' ``admit`` used (None: none is)."""
         window = None
         if longest is not None:
             window = bucket(longest, pow2=True, minimum=64)
@@ -231,10 +250,10 @@ class SlotSampler:
             while rows < len(active):
                 rows *= 4
         if rows >= self.slots:
-            return self._decode(params, fused, state, None, window=window)
+            return self._decode(params, fused, state, None, table, window=window)
         idx = np.full(rows, self.slots, np.int32)
         idx[: len(active)] = sorted(active)
-        return self._decode(params, fused, state, idx, window=window)
+        return self._decode(params, fused, state, idx, table, window=window)
 
     # ---- device side -------------------------------------------------------------------
     def _init_state(self, params, *, rows_sharding):
@@ -256,10 +275,26 @@ class SlotSampler:
             steps=zeros,
             row_steps=zeros,
             busy_steps=zeros,
+            gstate=jnp.full((s,), -1, jnp.int32),
+            gstates=jnp.full((s, n), -1, jnp.int32),
         )
 
     def _admit_rows(
-        self, params, fused, state, src, tokens, segs, fresh, idx, take, key, row_ids, turn_ids
+        self,
+        params,
+        fused,
+        state,
+        src,
+        tokens,
+        segs,
+        fresh,
+        idx,
+        take,
+        key,
+        row_ids,
+        turn_ids,
+        table=None,
+        gstart=None,
     ):
         self.num_compiles += 1
         sampling, n = self.sampling, self.sampling.max_new_tokens
@@ -278,6 +313,9 @@ class SlotSampler:
             us = jnp.zeros((rows, n), jnp.float32)
         else:
             us = row_uniforms(key, n, row_ids, turn_ids).T  # [rows, N]
+        gstate = jnp.full((rows,), -1, jnp.int32) if gstart is None else gstart
+        if table is not None:
+            logits = constrain_logits(logits, table, gstate)
         tok, lp = sample_tokens_from_uniform(
             None if sampling.greedy else us[:, 0], logits, sampling
         )
@@ -295,12 +333,14 @@ class SlotSampler:
             logprobs=put(state.logprobs, jnp.zeros((rows, n), jnp.float32).at[:, 0].set(lp)),
             uniforms=put(state.uniforms, us),
             cache=_put_rows(state.cache, idx, sub),
+            gstate=put(state.gstate, gstate if table is None else advance(table, gstate, tok)),
+            gstates=put(state.gstates, jnp.full((rows, n), -1, jnp.int32).at[:, 0].set(gstate)),
         )
 
-    def _decode_steps(self, params, fused, state, active, window=None):
+    def _decode_steps(self, params, fused, state, active, table=None, window=None):
         self.num_compiles += 1
         if active is None:
-            return self._decode_rows(params, fused, state, window)
+            return self._decode_rows(params, fused, state, window, table)
         # The active slots as a batch of their own (padding rows, index S, idle and dropped).
         valid = active < self.slots
         take = jnp.minimum(active, self.slots - 1)
@@ -313,8 +353,10 @@ class SlotSampler:
             logprobs=state.logprobs[take],
             uniforms=state.uniforms[take],
             cache=_take_rows(state.cache, take),
+            gstate=state.gstate[take],
+            gstates=state.gstates[take],
         )
-        sub = self._decode_rows(params, fused, sub, window)
+        sub = self._decode_rows(params, fused, sub, window, table)
 
         def put(big, small):
             return big.at[active].set(small, mode="drop")
@@ -327,12 +369,14 @@ class SlotSampler:
             tokens=put(state.tokens, sub.tokens),
             logprobs=put(state.logprobs, sub.logprobs),
             cache=_put_rows(state.cache, active, sub.cache),
+            gstate=put(state.gstate, sub.gstate),
+            gstates=put(state.gstates, sub.gstates),
             steps=sub.steps,
             row_steps=sub.row_steps,
             busy_steps=sub.busy_steps,
         )
 
-    def _decode_rows(self, params, fused, state, window):
+    def _decode_rows(self, params, fused, state, window, table=None):
         sampling, n = self.sampling, self.sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
@@ -342,7 +386,7 @@ class SlotSampler:
             i, s = carry
             u = None if sampling.greedy else s.uniforms[rows, jnp.minimum(s.num_generated, n - 1)]
             return i + 1, s.replace(
-                **decode_step(model, fused, sampling, stop, s, u, window),
+                **decode_step(model, fused, sampling, stop, s, u, window, table),
                 steps=s.steps + 1,
                 row_steps=s.row_steps + s.num_slots,
                 busy_steps=s.busy_steps + jnp.sum(s.pending, dtype=jnp.int32),

@@ -72,10 +72,12 @@ def model_apply_fn(graphdef: Any) -> Callable:
 def logits_logprob_fn(apply_fn: Callable) -> LogprobFn:
     """Adapt an ``apply_fn`` returning logits into ``(logp, entropy, values)``."""
 
-    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None):
+    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None, constraint=None):
         del loss_mask  # the full logits are computed anyway
         logits, values = apply_fn(params, tokens, positions, segment_ids)
         logp, entropy = token_logprobs_and_entropy(logits, tokens)
+        if constraint is not None:
+            logp = logp - _log_mass(logits.astype(jnp.float32), *constraint)
         return logp, entropy, values
 
     return logprob_fn
@@ -108,10 +110,21 @@ def model_logprob_fn(
       activation_sharding: ``Sharding`` of the [B, T, D] residual stream under a mesh
         (``Transformer.hidden``): rows over the batch axes, so no device computes others' rows.
 
-    The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it).
+    The returned function takes an optional ``loss_mask`` [B, T] (the update step passes it)
+    and an optional ``constraint`` = ``(constraint_ids, constraint_masks)`` of a batch
+    sampled under constrained decoding (``TokenBatch``): the log-probs are then those of the
+    masked distributions the sampler drew from (``constrained_log_mass``).
     """
 
-    def logprob_fn(params, tokens, positions, segment_ids, loss_mask=None, block_wrap=None):
+    def logprob_fn(
+        params,
+        tokens,
+        positions,
+        segment_ids,
+        loss_mask=None,
+        block_wrap=None,
+        constraint=None,
+    ):
         wrap = checkpoint_in_backward if remat else False
         if isinstance(params, LoraParams):
             if block_wrap is not None:
@@ -163,6 +176,8 @@ def model_logprob_fn(
                 check_vma=False,
             )
         lp, ent = head(*args)
+        if constraint is not None:
+            lp = lp - constrained_log_mass(h[:, :-1], w, tied, *constraint)[:, 1:]
         zero = jnp.zeros((b, 1), jnp.float32)
         return (
             jnp.concatenate([zero, lp], axis=1),
@@ -172,6 +187,41 @@ def model_logprob_fn(
 
     logprob_fn.block_wrap = remat
     return LoraAwareLogprobFn(logprob_fn)
+
+
+def _log_mass(logits, ids, masks):
+    """[B, T] log of the probability mass the allowed tokens hold: for token t drawn under
+    mask ``masks[b, ids[b, t]]`` (``ids`` -1: unconstrained, 0), from the logits that predict
+    it (``logits[:, t - 1]``); 0 at t = 0."""
+    shifted = jnp.pad(logits[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    return jax.lax.map(jax.checkpoint(lambda a: _row_log_mass(*a)), (shifted, ids, masks))
+
+
+def _row_log_mass(z, idx, masks):
+    """One row: ``z`` [T, V] logits, ``idx`` [T] mask index per token (-1: free), ``masks``
+    [K, W] packed -> [T] log allowed mass (0 where free)."""
+    allowed = jnp.unpackbits(masks, axis=-1, count=z.shape[-1]).astype(bool)[jnp.maximum(idx, 0)]
+    full = jax.nn.logsumexp(z, axis=-1)
+    kept = jax.nn.logsumexp(jnp.where(allowed, z, -jnp.inf), axis=-1)
+    return jnp.where(idx >= 0, kept - full, 0.0)
+
+
+def constrained_log_mass(h, w, tied: bool, ids, masks) -> jax.Array:
+    """``_log_mass`` from hidden states: ``h`` [B, T', D] predicting tokens 1..T' (the head
+    weight ``w``: [V, D] tied, [D, V] not), row by row with each row's logits recomputed in the
+    backward pass (one [T', V] block at a time, never [B, T', V]). Returns [B, T' + 1] aligned
+    with the tokens (0 at t = 0). Sampling under a grammar masks the logits before the draw
+    (``jaxagent.generate.grammar``), so the learner's log-prob of such a token is its
+    unmasked log-prob less this log-mass."""
+
+    def row(args):
+        hb, idx, m = args  # [T', D], [T'], [K, W]
+        spec = "td,vd->tv" if tied else "td,dv->tv"
+        z = jnp.einsum(spec, hb, w.astype(hb.dtype), preferred_element_type=jnp.float32)
+        return _row_log_mass(z, idx, m)
+
+    out = jax.lax.map(jax.checkpoint(row), (h, ids[:, 1:], masks))
+    return jnp.pad(out, ((0, 0), (1, 0)))
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -79,7 +79,12 @@ def make_loss_fn(config: RLConfig, logprob_fn: LogprobFn) -> Callable:
 
     def loss_fn(params, micro: TokenBatch, num_tokens, num_seqs, prox_logprobs=None):
         logp, entropy, values_out = logprob_fn(
-            params, micro.tokens, micro.positions, micro.segment_ids, loss_mask=micro.loss_mask
+            params,
+            micro.tokens,
+            micro.positions,
+            micro.segment_ids,
+            loss_mask=micro.loss_mask,
+            **constraint_kwargs(micro),
         )
         mask = micro.loss_mask.astype(jnp.float32)
         agg = lambda x: L.aggregate(
@@ -177,14 +182,33 @@ def _reference_logprobs(
     one microbatch at a time (no gradient); ``constrain`` places the [n, micro, ...] chunks."""
     n = batch.tokens.shape[0] // min(config.update.microbatch, batch.tokens.shape[0])
     chunks = constrain(
-        _split((batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask), n)
+        _split(
+            (batch.tokens, batch.positions, batch.segment_ids, batch.loss_mask)
+            + ((batch.constraint_ids, batch.constraint_masks) if _constrained(batch) else ()),
+            n,
+        )
     )
 
     def one(xs):
-        return logprob_fn(params, *xs[:3], loss_mask=xs[3])[0]
+        extra = {"constraint": tuple(xs[4:])} if len(xs) > 4 else {}
+        return logprob_fn(params, *xs[:3], loss_mask=xs[3], **extra)[0]
 
     lp = jax.lax.map(one, chunks)
     return jax.lax.stop_gradient(lp.reshape(batch.tokens.shape))
+
+
+def _constrained(batch: TokenBatch) -> bool:
+    if (batch.constraint_ids is None) != (batch.constraint_masks is None):
+        raise ValueError("TokenBatch.constraint_ids and constraint_masks come together")
+    return batch.constraint_ids is not None
+
+
+def constraint_kwargs(batch: TokenBatch) -> dict:
+    """``{"constraint": (ids, masks)}`` for a ``LogprobFn`` when the batch was sampled under
+    constrained decoding (its log-probs are then the masked distribution's), else {}."""
+    if not _constrained(batch):
+        return {}
+    return {"constraint": (batch.constraint_ids, batch.constraint_masks)}
 
 
 def check_batch(batch: TokenBatch) -> None:

@@ -287,6 +287,10 @@ def build_run(
     same = config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0
     # One sampler for both when the settings agree: its compiled shapes are shared.
     eval_sampler = rl_sampler if same else sampler(config.eval.temperature, top_k=0, top_p=1.0)
+    if r.constrained_tool_calls:
+        grammar = run_grammar(config, env, chat, model_config.vocab_size)
+        for s in {id(rl_sampler): rl_sampler, id(eval_sampler): eval_sampler}.values():
+            s.grammar = grammar
     runner = make_runner(config, render_dir=render_dir)
     return Run(
         config=config,
@@ -306,6 +310,24 @@ def build_run(
         model_key=model_key,
         state_key=state_key,
         sample_key=sample_key,
+    )
+
+
+def run_grammar(config: Config, env: EnvSpec, chat: Chat, vocab_size: int):
+    """The grammar of ``rollout.constrained_tool_calls``: each task's schema-valid tool calls
+    (``jaxagent.agents.task_tools``) in the chat's call syntax (a template's native one, else
+    the worlds' ReAct text), or an answer."""
+    from jaxagent.agents.constrained import tool_call_grammar
+    from jaxagent.envs.call_grammar import CONSTRAINED_SYNTAXES
+
+    syntax = getattr(chat, "syntax", None) or "react"
+    if syntax not in CONSTRAINED_SYNTAXES:
+        raise ConfigError(
+            f"rollout.constrained_tool_calls=true: the chat's tool-call syntax {syntax!r} has "
+            f"no constrained form (supported: {list(CONSTRAINED_SYNTAXES)}); set it to false"
+        )
+    return tool_call_grammar(
+        chat.tokenizer, vocab_size, chat.stop_ids, syntax, tools_of_env(env.name)
     )
 
 

@@ -82,8 +82,14 @@ def merge_attempts(attempts: Sequence[Episode], **method_info: Any) -> Episode:
         ep.logprobs += a.logprobs
         ep.turn_ids += [t if t < 0 else t + offset for t in a.turn_ids]
         ep.versions += a.versions
+        base = len(ep.constraint_masks)  # constrained decoding: each attempt's own masks
+        ids = a.constraint_ids or [-1] * len(a.tokens)
+        ep.constraint_ids += [i if i < 0 else i + base for i in ids]
+        ep.constraint_masks += a.constraint_masks
         ep.turns += a.turns
         offset += len(a.turns)
+    if not ep.constraint_masks:
+        ep.constraint_ids = []
     ep.finish(last.termination, last.failure_mode, success=last.success, error=last.error)
     ep.info = {k: v for k, v in last.info.items() if k != "method_tokens"}
     for a in attempts:
