@@ -112,6 +112,7 @@ def _records(out: Path) -> tuple[dict, dict]:
     return records, state["params"]
 
 
+@pytest.mark.slow  # ~100 s on 2 cores (nightly); CI keeps the refusal test below multi-process
 def test_two_processes_train_and_resume_like_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     _train_one(one, 2)

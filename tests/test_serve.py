@@ -512,7 +512,7 @@ def _bad_cases():
             "unsupported_parameter",
         ),
         (
-            "tool_choice required",
+            "tool_choice required without tools",
             {"model": "tiny", "messages": ok, "tool_choice": "required"},
             400,
             None,

@@ -137,13 +137,18 @@ def turn_regex(tools: Sequence[Mapping[str, Any]], syntax: str, *, final: bool =
     if syntax == "react":
         answer = f"|{_S}Final{_S}:[^\\n:]*" if final else ""
         return f"({_S}Action{_S}:{calls}{answer}){_S}"
-    # hermes: an optional thought without tags, then one call; or a plain answer
+    # hermes: an optional thought without tags, then one call; or a plain answer. A forced
+    # call (no answer allowed) is the call alone: a thought could run to the token limit.
+    if not final:
+        return calls
     thought = "[^<]*"
-    return f"({thought}{calls}" + (f"|{thought})" if final else ")")
+    return f"({thought}{calls}|{thought})"
 
 
 def json_regex(schema: Mapping[str, Any]) -> str:
-    """One JSON document valid under ``schema`` (outlines-core's compiler)."""
-    from outlines_core.json_schema import build_regex_from_schema
-
-    return build_regex_from_schema(json.dumps(schema), r"[ ]?")
+    """One JSON document valid under ``schema``: ``value_regex``'s (integer ranges enforced)
+    where it knows the schema, else outlines-core's compiler."""
+    try:
+        return value_regex(schema, "json")
+    except ValueError:
+        return _outlines_value(schema)

@@ -37,8 +37,10 @@ DONE = 0  # the state after a stop token: nothing more is sampled
 
 
 def token_texts(tokenizer, vocab_size: int) -> list[Optional[str]]:
-    """What each token id adds to decoded text (None: special tokens, ids past the
-    tokenizer's vocabulary and byte fragments that decode to no text of their own).
+    """What each token id adds to decoded text (None: ids past the tokenizer's vocabulary and
+    byte fragments that decode to no text of their own). Special tokens keep their text
+    (``<tool_call>`` is one in ChatML tokenizers): the grammar decides where they may go; the
+    stop ids are left to ``GrammarTable``.
 
     Read as ``decode([a, id])`` less ``decode([a])`` for a plain reference token ``a``, so
     byte-level or sentencepiece tokens carry their own leading space. A word-level tokenizer
@@ -47,23 +49,20 @@ def token_texts(tokenizer, vocab_size: int) -> list[Optional[str]]:
     in the middle of a longer word that no token could finish (the token "a" inside
     "agenda"), which outlines-core refuses."""
     special = set(getattr(tokenizer, "all_special_ids", ()) or ())
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special |= {int(i) for i, t in added.items() if getattr(t, "special", True)}
     n = min(vocab_size, len(tokenizer))
     ref = next(i for i in range(n) if i not in special and tokenizer.decode([i]).strip().isalpha())
     base = tokenizer.decode([ref])
     out: list[Optional[str]] = [None] * vocab_size
     for i in range(n):
-        if i in special:
-            continue
         text = tokenizer.decode([ref, i])
         if not text.startswith(base):
             continue
         text = text[len(base) :]
         if text and "\ufffd" not in text:
             out[i] = text
-    if all(t.startswith(" ") and len(t) > 1 for t in out if t is not None):
-        out = [None if t is None else t[1:] + " " for t in out]  # word-level
+    plain = [t for i, t in enumerate(out) if t is not None and i not in special]
+    if all(t.startswith(" ") and len(t) > 1 for t in plain):
+        out = [t[1:] + " " if t and t.startswith(" ") else t for t in out]  # word-level
     return out
 
 

@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from jaxagent.envs.tool_calls import parse_native
+from jaxagent.errors import ConfigError
 from jaxagent.envs.tool_spec import ParsedAction
 from jaxagent.serve.backend import Job, Result
 from jaxagent.serve.protocol import (
@@ -319,6 +320,13 @@ def create_app(state: ServerState) -> Starlette:
         sampling = state.backend.sampling_for(req.temperature, req.top_p)
         turn = sum(session.sampled[: plan.cut])
         stream = state.streams.get(sid) if req.seed is None else None
+        gstart = -1
+        regex = req.grammar(getattr(state.renderer.chat, "syntax", None) or "react")
+        if regex is not None:
+            try:
+                gstart = state.backend.compile(regex)
+            except ConfigError as err:
+                raise bad(str(err), "response_format" if req.json_schema else "tools") from None
         jobs = []
         for c in range(req.n):
 
@@ -337,6 +345,7 @@ def create_app(state: ServerState) -> Starlette:
                     turn=turn,
                     emit=emit,
                     stream=req.stream,
+                    gstart=gstart,
                 )
             )
             if stream is not None and c == 0:  # the driver's (key, episode row, turn)
@@ -360,7 +369,7 @@ def create_app(state: ServerState) -> Starlette:
             turns = [_Turn(state, req, r.tokens) for r in results]
             if sid is not None and results[0].finish_reason != "cancelled":
                 r, t = results[0], turns[0]
-                choice = Sampled(r.tokens, r.logprobs, t.message(), t.text)
+                choice = Sampled(r.tokens, r.logprobs, t.message(), t.text, r.masks)
                 session.commit(plan, req.tools, choice, r.version)
             return results, turns
         finally:

@@ -46,7 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxagent.buckets import bucket
+from jaxagent.errors import ConfigError
 from jaxagent.generate import SamplingConfig
+from jaxagent.generate.grammar import GrammarTable
 from jaxagent.generate.slots import SlotSampler
 
 
@@ -74,6 +76,9 @@ class Job:
     key: object = None
     key_id: object = None
     cancelled: bool = False
+    # Constrained decoding: the turn's start state in ``SlotBackend.compile``'s automata
+    # (-1: free).
+    gstart: int = -1
     # filled in by the device thread
     slot: int = -1
     start: int = 0
@@ -89,6 +94,8 @@ class Result:
     finish_reason: str  # "stop", "length" or "cancelled"
     cached_tokens: int  # context tokens the slot already held (KV reuse)
     version: int = 0  # the policy version that sampled it (``SlotBackend.update``)
+    # Constrained decoding: per token the packed vocabulary mask it was drawn from, or None.
+    masks: list | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +164,8 @@ class SlotBackend:
       seed: the key of requests without a seed.
       max_programs: distinct sampling settings kept compiled (least recently used dropped).
       version: the policy version of ``params`` (recorded with every turn).
+      grammar: builds the ``GrammarTable`` of constrained requests (strict tool calls,
+        ``response_format``), called at the first one; None: such requests are refused.
     """
 
     def __init__(
@@ -173,6 +182,7 @@ class SlotBackend:
         seed: int = 0,
         max_programs: int = 8,
         version: int = 0,
+        grammar: Callable[[], GrammarTable] | None = None,
     ):
         self.graphdef, self.params, self.sampling = graphdef, params, sampling
         self.num_slots, self.capacity, self.pad_id = slots, capacity, pad_id
@@ -192,6 +202,8 @@ class SlotBackend:
             target=self._main, name="jaxagent-serve-device", daemon=True
         )
         self._cut = jax.jit(_cut_rows, donate_argnums=0)
+        self._make_grammar, self._grammar = grammar, None
+        self._grammar_lock = threading.Lock()
         self._thread.start()
 
     # ---- the request side ----------------------------------------------------------------
@@ -206,6 +218,23 @@ class SlotBackend:
             greedy=temperature == 0,
             top_p=s.top_p if top_p is None else top_p,
         )
+
+    def compile(self, regex: str) -> int:
+        """The start state of ``regex``'s token automaton (``jaxagent.generate.grammar``),
+        compiled once; raises ``ConfigError`` when the vocabulary cannot write it."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                if self._make_grammar is None:
+                    raise ConfigError("this server was built without constrained decoding")
+                self._grammar = self._make_grammar()
+            return self._grammar.start(regex)
+
+    def _table(self, jobs) -> jax.Array | None:
+        """The automata on the device when one of ``jobs`` is constrained, else None."""
+        if not any(j.gstart >= 0 for j in jobs):
+            return None
+        with self._grammar_lock:
+            return self._grammar.device_table()
 
     def next_row(self) -> int:
         return next(self._rows)
@@ -381,6 +410,7 @@ class SlotBackend:
             self._apply_cuts(cuts)
         for (sampling, key), jobs in groups.items():
             dev = self._dev(sampling)
+            table = self._table(jobs)
             if key[0] == "key":
                 rng = jobs[0].key
             else:
@@ -395,6 +425,7 @@ class SlotBackend:
                 rng,
                 [j.row for j in jobs],
                 [j.turn for j in jobs],
+                None if table is None else (table, [j.gstart for j in jobs]),
             )
             self.stats.admit_calls += 1
 
@@ -409,13 +440,17 @@ class SlotBackend:
         busy = self._busy()
         dev = self._dev(self._running)
         longest = max(self._slots[i].job.start for i in busy) + self.max_new_tokens
-        self._state = dev.decode(self.params, self._fused, self._state, longest, active=busy)
+        table = self._table([self._slots[i].job for i in busy])
+        self._state = dev.decode(
+            self.params, self._fused, self._state, longest, active=busy, table=table
+        )
         self.stats.decode_calls += 1
         self.stats.decode_rows += len(busy)
         self.stats.max_batch = max(self.stats.max_batch, len(busy))
         s = self._state
-        pending, finished, num, lengths, tokens, logprobs = jax.device_get(
+        pending, finished, num, lengths, tokens, logprobs, gstates = jax.device_get(
             (s.pending, s.finished, s.num_generated, s.cache.lengths, s.tokens, s.logprobs)
+            + (s.gstates,)
         )
         cuts: dict[int, int] = {}
         for i in busy:
@@ -453,7 +488,14 @@ class SlotBackend:
             if job.stream and keep > job.sent:
                 job.emit("tokens", (ids[job.sent :], lps[job.sent :]))
                 job.sent = keep
-            job.emit("done", Result(ids, lps, reason, job.cached, self.version))
+            masks = None
+            if job.gstart >= 0:
+                with self._grammar_lock:
+                    masks = [
+                        None if g < 0 else self._grammar.mask_bits(int(g))
+                        for g in gstates[i, :keep]
+                    ]
+            job.emit("done", Result(ids, lps, reason, job.cached, self.version, masks))
         if cuts:
             self._apply_cuts(cuts)
         if not self._busy():

@@ -52,6 +52,7 @@ _KNOWN = {
     "seed",
     "logprobs",
     "stream",
+    "response_format",
 } | _IGNORED
 MAX_N = 8
 MAX_STOP = 4  # OpenAI's own limit on stop sequences
@@ -111,6 +112,36 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     user: str | None
+    # Constrained decoding: the schema of the whole answer (``response_format`` json_schema
+    # or json_object), and whether tool calls are held to their schemas (a tool with
+    # ``strict: true``, or ``tool_choice`` "required" / a named function).
+    json_schema: dict | None = None
+    strict_tools: bool = False
+
+    def grammar(self, syntax: str) -> str | None:
+        """The regular language this request's answer is decoded in (``jaxagent.envs.
+        call_grammar``), or None. Strict tools hold every call of the request to its schema
+        (a call to a non-strict tool of the same request too: still valid under it)."""
+        from jaxagent.envs.call_grammar import CONSTRAINED_SYNTAXES, json_regex, turn_regex
+
+        if self.json_schema is not None:
+            return json_regex(self.json_schema)
+        if not self.strict_tools:
+            return None
+        if syntax not in CONSTRAINED_SYNTAXES:
+            raise bad(
+                f"strict tool calls need a model whose tool-call syntax has a constrained "
+                f"form ({list(CONSTRAINED_SYNTAXES)}); this model's is {syntax!r}",
+                "tools",
+                "unsupported_value",
+            )
+        tools = self.tools or ()
+        if isinstance(self.tool_choice, dict):
+            tools = tuple(t for t in tools if t["function"]["name"] == self.tool_choice["name"])
+        try:
+            return turn_regex(tools, syntax, final=self.tool_choice == "auto")
+        except ValueError as err:
+            raise bad(f"tools: {err}", "tools", "invalid_value") from None
 
 
 def _number(body: dict, name: str, lo: float, hi: float) -> float | None:
@@ -223,13 +254,8 @@ def _tools(raw: Any) -> tuple[dict, ...] | None:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise bad(f"tools[{i}].function.parameters must be a JSON Schema object", f"tools[{i}]")
-        if fn.get("strict"):
-            raise bad(
-                f"tools[{i}].function.strict=true (schema-constrained decoding) is not supported "
-                "by this server yet; leave it false",
-                f"tools[{i}].function.strict",
-                "unsupported_parameter",
-            )
+        if not isinstance(fn.get("strict", False), bool):
+            raise bad(f"tools[{i}].function.strict must be a boolean", f"tools[{i}].function")
     return tuple(raw) or None
 
 
@@ -238,15 +264,51 @@ def _tool_choice(raw: Any, tools) -> Any:
         return "auto"
     if raw == "none":
         return "none"
-    if raw == "required" or isinstance(raw, dict):
-        # Forcing a call needs constrained decoding (not built): refuse rather than ignore.
-        raise bad(
-            f"tool_choice={raw!r} is not supported (it needs constrained decoding); use 'auto' "
-            "or 'none'",
-            "tool_choice",
-            "unsupported_value",
-        )
-    raise bad(f"tool_choice={raw!r} must be 'auto' or 'none'", "tool_choice", "invalid_value")
+    if raw in ("required", "any") or isinstance(raw, dict):
+        # Forcing a call is decoding constrained to the tools' calls (ChatRequest.grammar).
+        if not tools:
+            raise bad(f"tool_choice={raw!r} needs tools", "tool_choice", "invalid_value")
+        if raw in ("required", "any"):
+            return "required"
+        name = (raw.get("function") or {}).get("name") if raw.get("type") == "function" else None
+        if name not in {t["function"]["name"] for t in tools}:
+            raise bad(
+                f"tool_choice={raw!r} must name one of the request's tools as "
+                "{'type': 'function', 'function': {'name': ...}}",
+                "tool_choice",
+                "invalid_value",
+            )
+        return {"name": name}
+    raise bad(
+        f"tool_choice={raw!r} must be 'auto', 'none', 'required' or a named function",
+        "tool_choice",
+        "invalid_value",
+    )
+
+
+def _response_format(raw: Any) -> dict | None:
+    """The JSON Schema a ``response_format`` holds the answer to, or None for plain text."""
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        schema = (raw.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise bad(
+                "response_format.json_schema.schema must be a JSON Schema object",
+                "response_format",
+                "invalid_value",
+            )
+        return schema
+    raise bad(
+        "response_format.type must be 'text', 'json_object' or 'json_schema'",
+        "response_format",
+        "invalid_value",
+    )
 
 
 def parse_request(body: Any, max_new_tokens: int) -> ChatRequest:
@@ -317,7 +379,19 @@ def parse_request(body: Any, max_new_tokens: int) -> ChatRequest:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad("user must be a string", "user", "invalid_type")
+    json_schema = _response_format(body.get("response_format"))
+    strict = tool_choice != "none" and (
+        tool_choice != "auto" or any(t["function"].get("strict") for t in tools or ())
+    )
+    if json_schema is not None and strict:
+        raise bad(
+            "response_format json_schema and strict tool calls cannot combine; send one",
+            "response_format",
+            "invalid_value",
+        )
     return ChatRequest(
+        json_schema=json_schema,
+        strict_tools=strict,
         model=model,
         messages=messages,
         tools=tools,

@@ -13,6 +13,8 @@ import threading
 import time
 
 from jaxagent.generate import SamplingConfig
+from jaxagent.generate.grammar import GrammarTable, token_texts
+from jaxagent.models.api import model_config
 from jaxagent.serve.app import ServerState, create_app
 from jaxagent.serve.backend import SlotBackend, pool_capacity
 from jaxagent.serve.render import Renderer
@@ -46,6 +48,9 @@ def build_state(
         decode_steps=decode_steps,
         seed=seed,
         version=policy_version,
+        grammar=lambda: GrammarTable(
+            token_texts(chat.tokenizer, model_config(graphdef).vocab_size), chat.stop_ids
+        ),
     )
     return ServerState(
         backend=backend,

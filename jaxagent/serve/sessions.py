@@ -41,6 +41,7 @@ class Sampled:
     logprobs: list[float]
     message: dict  # normalised (``protocol.normal_message``)
     text: str  # the decoded turn (``Turn.action``)
+    masks: list | None = None  # constrained decoding: each token's packed vocabulary mask
 
 
 @dataclasses.dataclass
@@ -67,6 +68,7 @@ class Session:
     turns: list[Turn] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)  # policy version a turn
     divergences: list[dict] = dataclasses.field(default_factory=list)
+    masks: list = dataclasses.field(default_factory=list)  # per token: constrained mask or None
     tools: str = "[]"
     sampled: list[bool] = dataclasses.field(default_factory=list)  # a message the policy's
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -107,7 +109,7 @@ class Session:
 
     # ---- recording -----------------------------------------------------------------------
     def _truncate(self, n_tokens: int, n_messages: int) -> None:
-        for seq in (self.tokens, self.loss_mask, self.logprobs, self.turn_ids):
+        for seq in (self.tokens, self.loss_mask, self.logprobs, self.turn_ids, self.masks):
             del seq[n_tokens:]
         n_turns = sum(self.sampled[:n_messages])
         for seq in (self.messages, self.ends, self.sampled):
@@ -115,8 +117,9 @@ class Session:
         del self.turns[n_turns:]
         del self.versions[n_turns:]
 
-    def _append(self, ids, *, sampled: bool, logprobs=None, turn: int = -1) -> None:
+    def _append(self, ids, *, sampled: bool, logprobs=None, turn: int = -1, masks=None) -> None:
         ids = [int(t) for t in ids]
+        self.masks.extend(masks if masks is not None else [None] * len(ids))
         self.tokens.extend(ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend([float(x) for x in logprobs] if sampled else [0.0] * len(ids))
@@ -139,7 +142,13 @@ class Session:
             obs = "\n".join(m["content"] for m in plan.new if m["role"] != "assistant")
             self.turns[-1].observation = obs
             self.turns[-1].num_observation_tokens = len(plan.chunk)
-        self._append(choice.tokens, sampled=True, logprobs=choice.logprobs, turn=len(self.turns))
+        self._append(
+            choice.tokens,
+            sampled=True,
+            logprobs=choice.logprobs,
+            turn=len(self.turns),
+            masks=choice.masks,
+        )
         self.messages.append(choice.message)
         self.sampled.append(True)
         self.ends.append(len(self.tokens))
@@ -160,6 +169,10 @@ class Session:
         ep.logprobs, ep.turn_ids = list(self.logprobs), list(self.turn_ids)
         # each sampled token carries its turn's policy version (the driver's Episode.versions)
         ep.versions = [self.versions[t] if t >= 0 else -1 for t in self.turn_ids]
+        if any(m is not None for m in self.masks):  # constrained turns: the driver's record
+            index = {m: i for i, m in enumerate(dict.fromkeys(m for m in self.masks if m))}
+            ep.constraint_masks = list(index)
+            ep.constraint_ids = [-1 if m is None else index[m] for m in self.masks]
         ep.turns = [dataclasses.replace(t) for t in self.turns]
         ep.first_observation = first_user
         if ep.turns:
