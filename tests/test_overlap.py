@@ -33,7 +33,7 @@ def test_pipeline_schedule_versions_and_order():
     k, stop = 2, 7
     seen = []
 
-    def produce(i, v, params):
+    def produce(i, v, params, refresh):
         time.sleep(0.02 * ((7 - i) % 3))  # uneven durations
         seen.append((i, v, params))
         return f"batch{i}"
@@ -52,10 +52,35 @@ def test_pipeline_schedule_versions_and_order():
     assert pipe._weights == {}  # every version released once its last batch was made
 
 
+def test_partial_rollouts_switch_to_newer_weights_mid_batch():
+    """With partial rollouts the producer is handed each new version while a batch is being
+    collected (never one newer than the batch's own iteration), and weights no batch can
+    still start or switch to are dropped."""
+    stop, switched = 4, {}
+    published = {0: threading.Event()}
+
+    def produce(i, v, params, refresh):
+        assert refresh is not None and refresh(i) is None  # nothing newer than the batch
+        if i >= 1:
+            published.setdefault(i, threading.Event()).wait(5)
+            switched[i] = refresh(v)
+        return i
+
+    pipe = Pipeline(produce, 0, stop, 1, partial=True)
+    for it in range(stop):
+        assert pipe.needs(it)  # every version may be switched to
+        pipe.publish(it, f"w{it}")
+        published.setdefault(it, threading.Event()).set()
+        assert pipe.take(it)[0].payload == it
+    pipe.close()
+    # batch i starts on version i - 1 and switches to version i once it is published
+    assert switched == {i: (f"w{i}", i) for i in range(1, stop)}
+
+
 def test_pipeline_resumes_from_buffer_and_reports_failure():
     made = []
 
-    def produce(i, v, params):
+    def produce(i, v, params, refresh):
         made.append(i)
         if i == 5:
             raise RuntimeError("env exploded")
@@ -83,7 +108,7 @@ def _buffer(first, k):
 def test_pending_waits_for_the_batches_a_checkpoint_must_hold():
     gate = threading.Event()
 
-    def produce(i, v, params):
+    def produce(i, v, params, refresh):
         if i == 2:
             gate.wait(5)
         return i
@@ -206,3 +231,25 @@ def test_disaggregated_samples_on_its_own_devices_like_colocated(tmp_path, monke
 def test_disaggregated_needs_a_device_for_the_update():
     with pytest.raises(ConfigError, match="overlap.sampler_devices=2 with overlap.staleness=0"):
         load_config(QS, TINY + ["overlap.sampler_devices=2"])
+
+
+@pytest.mark.slow  # one short run (the switch itself: tests/test_partial_rollout.py)
+def test_partial_rollouts_train_with_versions_no_older_than_the_bound(tmp_path):
+    m, _, summary, step = _run(tmp_path, "partial", 1, extra=["overlap.partial_rollouts=true"])
+    assert step == 3 and "success_after_rl" in summary
+    for it in range(3):
+        rec = m[it + 1]
+        assert rec["async/version"] == max(0, it - 1)  # where each batch started
+        assert rec["async/staleness_max"] <= min(it, 1) and rec["async/stale_dropped"] == 0
+
+
+def test_partial_rollouts_need_overlap_and_the_lockstep_driver():
+    with pytest.raises(ConfigError, match="overlap.partial_rollouts=true with overlap.staleness"):
+        load_config(QS, TINY + ["overlap.partial_rollouts=true"])
+    from jaxagent.train.trainer import Trainer
+
+    cfg = load_config(
+        QS, TINY + ["overlap.staleness=1", "overlap.partial_rollouts=true", "rollout.engine=slots"]
+    )
+    with pytest.raises(ConfigError, match="rollout.engine='lockstep'"):
+        Trainer(cfg, echo=lambda s: None)

@@ -60,6 +60,7 @@ class CachedTurnSampler:
         # row starts in its task's start state; None: free decoding.
         self.grammar = None
         self._gstarts: list[int] = []
+        self._rebased = False
 
     @property
     def recompiles(self) -> int:
@@ -84,11 +85,19 @@ class CachedTurnSampler:
         self, params, chunks: Sequence[Optional[Sequence[int]]], key, *, observations=()
     ) -> TurnOutput:
         del observations
-        if self._cache is None or len(chunks) != self._cache.batch_size:
+        if len(chunks) != len(self._turns) or (self._cache is None and not self._rebased):
             raise ValueError("resume() needs start() first and one chunk (or None) per row")
+        self._rebased = False
         for i, c in enumerate(chunks):
             self._turns[i] += c is not None
         return self._run(params, [[] if c is None else list(c) for c in chunks], key)
+
+    def rebase(self) -> None:
+        """Drop the KV cache between turns (new weights: partial rollouts); the next
+        ``resume`` takes each running row's whole context and prefills it again, with the
+        rows' turn numbers (so their random streams) unchanged."""
+        self.release()
+        self._rebased = True
 
     def release(self) -> None:
         """Free the KV cache's device buffers now (the episodes it served have ended); the

@@ -121,6 +121,7 @@ def collect_episodes(
     group_offset: int = 0,
     on_round: Optional[Callable[[int, int], None]] = None,
     version: int = 0,
+    refresh: Optional[Callable[[int], Optional[tuple[Any, int]]]] = None,
 ) -> tuple[list[Episode], RolloutStats]:
     """Run ``samples_per_task`` episodes of every task to completion.
 
@@ -135,6 +136,13 @@ def collect_episodes(
       on_round: optional callback ``(finished, total)`` after each round (progress bars).
       version: the policy version of ``params`` (updates they have seen), recorded with
         every sampled token (``Episode.versions``).
+      refresh: partial rollouts: ``refresh(version)`` -> ``(params, version)`` of newer
+        weights, or None, asked before every turn after the first. With newer weights every
+        episode still running continues from its next turn on them, its whole context
+        prefilled again (``rebase``: the KV the old weights wrote is not the new policy's),
+        so each token's log-prob is exactly its own version's; tokens keep the version that
+        sampled them. The lock-step driver only (the slot engine decodes turns of different
+        episodes in one call: there is no common turn boundary to switch at).
 
     Returns:
       (episodes in input order, one per (task, sample); none is ever dropped), stats. The
@@ -147,6 +155,11 @@ def collect_episodes(
     """
     try:
         if getattr(policy, "continuous", False):
+            if refresh is not None:
+                raise ValueError(
+                    "partial rollouts (refresh) need the lock-step driver; "
+                    "set rollout.engine='lockstep'"
+                )
             return policy.drive(
                 params,
                 tasks,
@@ -158,7 +171,16 @@ def collect_episodes(
                 version=version,
             )
         return _drive(
-            policy, params, tasks, samples_per_task, spec, key, group_offset, on_round, version
+            policy,
+            params,
+            tasks,
+            samples_per_task,
+            spec,
+            key,
+            group_offset,
+            on_round,
+            version,
+            refresh,
         )
     finally:
         release(policy)
@@ -256,8 +278,11 @@ def _drive(
     group_offset: int,
     on_round: Callable[[int, int], None] | None,
     version: int,
+    refresh: Callable[[int], Optional[tuple[Any, int]]] | None = None,
 ) -> tuple[list[Episode], RolloutStats]:
     stats = RolloutStats()
+    if refresh is not None and not callable(getattr(policy, "rebase", None)):
+        raise ValueError(f"partial rollouts: {type(policy).__name__} cannot rebase its state")
     chat, runner = spec.chat, spec.runner
     eps = new_episodes(tasks, samples_per_task, group_offset)
     slots = list(range(len(eps)))
@@ -298,6 +323,11 @@ def _drive(
             on_round(sum(ep.done for ep in eps), len(eps))
         if all(ep.done for ep in eps):
             break
+        newer = refresh(version) if refresh is not None else None
+        if newer is not None:  # partial rollouts: the next turns on the newer weights
+            params, version = newer
+            policy.rebase()
+            chunks = [None if c is None else list(eps[i].tokens) for i, c in enumerate(chunks)]
         t0 = time.perf_counter()
         out = policy.resume(params, chunks, key, observations=texts)
         stats.generate_s += time.perf_counter() - t0

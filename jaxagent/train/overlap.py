@@ -17,6 +17,14 @@ with the synchronous run's keys and task order, so two runs with the same seed g
 episodes, metrics and parameters bit for bit, whatever order environment replies arrive in.
 Its off-policy gap is corrected in the loss (``rl.loss.off_policy``).
 
+Partial rollouts (``overlap.partial_rollouts``, AReaL's interruptible generation, Fu et al.
+2025, Sec. 4): the learner hands the producer every new version as soon as it exists, and an
+episode still running when it arrives continues from its next turn on it (its context
+prefilled again under the new weights, ``jaxagent.agents.rollout.collect_episodes``'
+``refresh``), its tokens keeping the versions that sampled them: fresher tokens, each with
+its own version's exact log-prob. When the switch happens depends on timing, so a run with
+partial rollouts is not bit-for-bit reproducible (the default keeps that).
+
 Lossless resume: a checkpoint taken after iteration ``n`` holds, beside the state, the
 batches ``n .. n + k - 1`` that were sampled with weights older than ``n`` (which the
 checkpoint does not hold); the producer finishes them before the save, so a run killed at any
@@ -50,6 +58,9 @@ class OverlapSection:
     # own) and the update's mesh covers the others; the weights go from one to the other by
     # a device-to-device copy after each update. 0: colocated (both on the same devices).
     sampler_devices: int = 0
+    # Episodes in flight across a weight update continue on the new weights from their next
+    # turn (tokens keep their own versions); gives up bit-for-bit reproducibility.
+    partial_rollouts: bool = False
 
     def __post_init__(self):
         check_positive("overlap.staleness", self.staleness, allow_zero=True)
@@ -59,6 +70,11 @@ class OverlapSection:
                 f"overlap.sampler_devices={self.sampler_devices} with overlap.staleness=0: "
                 "separate rollout devices would idle while the update runs; set "
                 "overlap.staleness >= 1 (or sampler_devices=0)"
+            )
+        if self.partial_rollouts and not self.staleness:
+            raise ConfigError(
+                "overlap.partial_rollouts=true with overlap.staleness=0: a synchronous rollout "
+                "never runs across a weight update; set overlap.staleness >= 1"
             )
 
 
@@ -77,8 +93,10 @@ class Pipeline:
     """The producer thread and the hand-over of weights and batches.
 
     Args:
-      produce: ``produce(index, version, params) -> payload`` (host data: episodes, packed
-        batch); runs on the producer thread while holding ``env_lock``.
+      produce: ``produce(index, version, params, refresh) -> payload`` (host data: episodes,
+        packed batch); runs on the producer thread while holding ``env_lock``. ``refresh``
+        (partial rollouts; else None): ``refresh(version)`` -> the newest published weights
+        newer than ``version`` and not newer than the batch's own iteration, or None.
       start, stop: the iterations to produce (``range(start, stop)``).
       staleness: k >= 1.
       buffered: ``{index: Produced}`` restored from a checkpoint (those are not produced
@@ -92,10 +110,11 @@ class Pipeline:
         stop: int,
         staleness: int,
         buffered: Optional[dict[int, Produced]] = None,
+        partial: bool = False,
     ):
         if staleness < 1:
             raise ValueError(f"Pipeline needs staleness >= 1, got {staleness}")
-        self._produce, self.k = produce, staleness
+        self._produce, self.k, self.partial = produce, staleness, partial
         self.start, self.stop = start, stop
         self._cond = threading.Condition(threading.RLock())
         self._weights: dict[int, Any] = {}  # version -> sampling params
@@ -114,13 +133,19 @@ class Pipeline:
         no batches, e.g. one trained synchronously until then, samples them with its own)."""
         return max(self.start, index - self.k)
 
+    def _starts_a_batch(self, version: int) -> bool:
+        return any(
+            self.version_of(j) == version and j not in self._produced
+            for j in range(max(self.start, version), min(self.stop, version + self.k + 1))
+        )
+
     def needs(self, version: int) -> bool:
-        """True when a batch still to be produced samples with ``version``'s weights."""
+        """True when a batch still to be produced samples with ``version``'s weights (with
+        partial rollouts: every version a batch still to be produced may switch to)."""
         with self._cond:
-            return any(
-                self.version_of(j) == version and j not in self._produced
-                for j in range(max(self.start, version), min(self.stop, version + self.k + 1))
-            )
+            if self.partial:
+                return any(j not in self._produced for j in range(version, self.stop))
+            return self._starts_a_batch(version)
 
     def publish(self, version: int, params: Any) -> None:
         """Hand the producer the sampling weights of ``version`` (a copy it may keep)."""
@@ -157,6 +182,14 @@ class Pipeline:
             self._weights.clear()
             self._cond.notify_all()
 
+    def _refresher(self, index: int):
+        def refresh(version: int):
+            with self._cond:
+                newer = [w for w in self._weights if version < w <= index]
+                return None if not newer else (self._weights[max(newer)], max(newer))
+
+        return refresh
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(
@@ -178,15 +211,18 @@ class Pipeline:
                     params = self._weights[v]
                 waited = time.perf_counter() - t0
                 t1 = time.perf_counter()
+                refresh = self._refresher(j) if self.partial else None
                 with self.env_lock:
-                    payload = self._produce(j, v, params)
+                    payload = self._produce(j, v, params, refresh)
                 item = Produced(j, v, payload, waited, time.perf_counter() - t1)
                 params = None
                 with self._cond:
                     self._done[j] = item
                     self._produced.add(j)
-                    if not self.needs(v):  # no later batch samples with these weights
-                        self._weights.pop(v, None)
+                    newest = max(self._weights, default=None)
+                    for old in [w for w in self._weights if not self._starts_a_batch(w)]:
+                        if not (self.partial and old == newest):  # a switch may still come
+                            self._weights.pop(old)  # no later batch samples with them
                     self._cond.notify_all()
         except BaseException as err:  # re-raised on the learner's thread by take()
             with self._cond:

@@ -101,6 +101,17 @@ class Trainer:
                 f"{jax.process_count()} processes: the overlapped rollout runs on one process "
                 "for now; set overlap.staleness=0 for a multi-host run"
             )
+        if config.overlap.partial_rollouts:
+            r, backend = config.rollout, config.env.pool.backend
+            if (
+                config.harness.entry
+                or r.engine == "slots"
+                or (r.engine == "auto" and backend != "inline")
+            ):
+                raise ConfigError(
+                    "overlap.partial_rollouts=true switches weights between the turns of the "
+                    "lock-step driver; set rollout.engine='lockstep' (and no harness.entry)"
+                )
         self._cache_settings = None  # train.release_compiled: set before the first compilation
         if config.train.release_compiled:
             self._cache_settings = host_memory.compile_cache(self.echo)
@@ -234,7 +245,7 @@ class Trainer:
         # LoRA samples from a merged copy (the base is never written: bit-identical).
         merged, state = begin_sampling(state)
         params, placed = self._sampling_params(merged, own_copy=False)
-        produced = Produced(it, it, self._produce(it, it, params))
+        produced = Produced(it, it, self._produce(it, it, params, None))
         params = None
         state, merged = end_sampling(state, merged), None
         return self._learn(state, it, produced, t0, placed)
@@ -280,13 +291,14 @@ class Trainer:
         }
         return params, placed
 
-    def _produce(self, it: int, version: int, params) -> dict:
-        """Iteration ``it``'s batch sampled with ``params`` (policy ``version``): episodes,
-        the packed host batch (critic values included) and the data-shaping metrics."""
+    def _produce(self, it: int, version: int, params, refresh=None) -> dict:
+        """Iteration ``it``'s batch sampled with ``params`` (policy ``version``; with partial
+        rollouts, ``refresh`` hands newer weights between turns): episodes, the packed host
+        batch (critic values included) and the data-shaping metrics."""
         t0 = time.perf_counter()
         tasks = self._tasks_for(it)
         mine = task_shard(tasks)  # this host's slice (every task with one process)
-        drawn = self._collect(params, it, tasks, mine, version)
+        drawn = self._collect(params, it, tasks, mine, version, refresh)
         t1 = time.perf_counter()
         batch, data_m = self._pack(drawn.episodes, rows=len(mine) * self.config.group_size)
         if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
@@ -326,7 +338,7 @@ class Trainer:
         return state, m
 
     def _collect(
-        self, params, it: int, tasks: list, mine: list, version: int
+        self, params, it: int, tasks: list, mine: list, version: int, refresh=None
     ) -> dapo.DynamicSample:
         """This host's episodes of iteration ``it`` (``mine``: its slice of ``tasks``; with
         dynamic sampling, refilled until the batch holds enough informative groups)."""
@@ -362,6 +374,7 @@ class Trainer:
                 key=jax.random.fold_in(key, round_) if round_ else key,
                 group_offset=(it + round_) * len(tasks) + first,  # unique within the batch
                 version=version,
+                refresh=refresh,
             )
 
         if data.dynamic_sampling:
@@ -478,6 +491,7 @@ class Trainer:
                 cfg.train.iterations,
                 cfg.overlap.staleness,
                 self._resumed_buffer,
+                partial=cfg.overlap.partial_rollouts,
             )
             self.evaluation.env_lock = pipeline.env_lock
         self._resumed_buffer = {}
