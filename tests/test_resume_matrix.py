@@ -158,7 +158,9 @@ def _cases():
                 ("SIGINT", "extended"),
             ]
         ):
-            default = j == i % 3  # each point once in the default run, the signals and modes mixed
+            # each point once in the default run, the signals and modes mixed; SFT's own case
+            # (107 s on 2 cores) runs nightly with the rest, to keep CI under 30 minutes
+            default = j == i % 3 and point != "sft"
             marks = () if default else (pytest.mark.slow,)
             cases.append(pytest.param(point, sig, mode, 0, marks=marks, id=f"{point}-{sig}-{mode}"))
     for point in ("rollout", "update", "save"):
