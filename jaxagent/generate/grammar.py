@@ -117,7 +117,8 @@ class GrammarTable:
             ) from None
         trans = index.get_transitions()
         finals = set(index.get_final_states())
-        ids = {s: self.num_states + k for k, s in enumerate(sorted(trans.keys() | finals))}
+        states = set(trans) | finals | {n for d in trans.values() for n in d.values()}
+        ids = {s: self.num_states + k for k, s in enumerate(sorted(states))}
         if (self.num_states + len(ids)) * self.vocab_size * 4 > self.max_bytes:
             raise ConfigError(
                 f"the constrained language needs {self.num_states + len(ids)} automaton states "

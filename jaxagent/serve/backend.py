@@ -450,7 +450,7 @@ class SlotBackend:
         s = self._state
         pending, finished, num, lengths, tokens, logprobs, gstates = jax.device_get(
             (s.pending, s.finished, s.num_generated, s.cache.lengths, s.tokens, s.logprobs)
-            + (s.gstates,)
+            + (s.gstates if table is not None else None,)
         )
         cuts: dict[int, int] = {}
         for i in busy:
