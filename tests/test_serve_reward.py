@@ -9,6 +9,8 @@
 - A bad entry point stops the config with a ``ConfigError`` naming ``harness.reward``.
 """
 
+from pathlib import Path
+
 import jax
 import pytest
 from test_serve import SYSTEM, TASKS, _client, policy, scripted_harness, server  # noqa: F401
@@ -129,8 +131,6 @@ def test_harness_path_scores_with_the_function(server):  # noqa: F811
 
 
 def test_bad_reward_entry_points_stop_the_config():
-    from pathlib import Path
-
     from jaxagent.train.config import load_config
 
     for spec in (
@@ -146,3 +146,21 @@ def test_bad_reward_entry_points_stop_the_config():
         load_config(qs, ["harness.reward=nope:missing"])
     ok = load_config(qs, ["harness.reward=test_serve_reward:count_reward"])
     assert ok.harness.reward_fn() is count_reward
+
+
+def test_serve_command_wires_the_function(monkeypatch):
+    """``jaxagent serve CONFIG harness.reward=...``: the served state scores with it."""
+    import jaxagent.serve.server as server_mod
+    from jaxagent.cli.main import main
+
+    seen = {}
+
+    def serve(state, host, port):
+        seen["fn"] = state.store.reward_fn
+        state.backend.close()
+
+    monkeypatch.setattr(server_mod, "serve", serve)
+    config = str(Path(__file__).resolve().parents[1] / "configs/quickstart.yaml")
+    settings = ["model.num_layers=1", "harness.reward=test_serve_reward:count_reward"]
+    assert main(["serve", config, "--slots", "1", *settings]) == 0
+    assert seen == {"fn": count_reward}
