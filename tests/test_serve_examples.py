@@ -7,9 +7,11 @@ the live BFCL apps, the results sent back as ``tool`` messages.
   and solve the entry (reward 1: every turn passes BFCL's state and response checkers); the
   first context is the template's rendering with the tools block, later ones add the
   results through the template's tool role.
-- On a tiny random policy of ``configs/loop_bfcl.yaml`` with a ChatML tokenizer (slow): one
-  conversation through ``collect_harness_episodes`` is recorded (no env error, the tokens and
-  the sampled ones).
+- On a tiny random policy of ``configs/loop_bfcl.yaml`` with a ChatML tokenizer (slow): the
+  conversations through ``collect_harness_episodes`` are recorded (no env error, sampled
+  tokens) and equal the built-in driver's episodes for the same key. The random policy writes
+  no calls, so this covers the prompt, the answers as actions and the observations; the
+  scripted test covers the tool calls.
 """
 
 import json
@@ -71,6 +73,7 @@ def test_bfcl_harness_solves_an_entry_through_tool_calls():
     assert not ep.env_failed, ep.error
     assert ep.reward == 1.0 and ep.success  # BFCL's checkers passed every turn
     assert len(ep.turns) == n_answers and not backend.texts
+    assert ep.info["divergences"] == []  # the echoed tool calls match what was returned
     decode = chat.tokenizer.decode
     first = decode(backend.contexts[0])
     assert "<tools>" in first and all(f'"name": "{n}"' in first for n in names)
@@ -82,13 +85,22 @@ def test_bfcl_harness_solves_an_entry_through_tool_calls():
     assert json.loads(call)["name"] == names[0]
 
 
-@pytest.mark.slow  # 12-19 s here: a 3.5k-token BFCL prompt prefilled by a tiny model
-def test_bfcl_harness_on_a_tiny_run():
-    task = _bfcl_task()
+@pytest.mark.slow  # 33-36 s here: 3.2k-token BFCL prompts, the server's and the driver's compiles
+def test_bfcl_harness_equals_the_driver_on_a_tiny_run():
+    """``bfcl_harness`` through ``collect_harness_episodes`` on a tiny random policy of
+    ``configs/loop_bfcl.yaml`` with a ChatML tokenizer: the conversations are recorded (no env
+    error, sampled tokens on every turn, the tools block in the stream) and equal the built-in
+    driver's episodes for the same key (tokens, masks, log-probs, rewards; the observations
+    cut at 300 characters as the driver cuts them, the first one included)."""
+    import numpy as np
+
+    from jaxagent.agents.engine import SlotEngine
+    from jaxagent.agents.rollout import collect_episodes
     from jaxagent.serve.server import state_for_run
     from jaxagent.train.config import load_config
     from jaxagent.train.run import build_run
 
+    task = _bfcl_task()
     settings = [
         "tokenizer.kind=chatml",
         "tokenizer.vocab_size=1024",
@@ -98,21 +110,36 @@ def test_bfcl_harness_on_a_tiny_run():
         "model.num_heads=2",
         "model.num_kv_heads=1",
         "model.intermediate_size=64",
-        "model.max_seq_len=4096",  # the ChatML tools block of BFCL's schemas: ~3.4k tokens
+        "model.max_seq_len=4096",  # the ChatML tools block of BFCL's schemas: ~3k tokens
         "env.options.limit=4",
         "env.pool.backend=inline",
         "rollout.max_new_tokens=16",
     ]
     run = build_run(load_config(ROOT / "configs/loop_bfcl.yaml", settings))
-    srv = ServerThread(state_for_run(run, model_id="loop_bfcl", slots=1))
+    key = jax.random.key(5)
+    srv = ServerThread(state_for_run(run, model_id="loop_bfcl", slots=2))
     try:
         harness = load_harness("jaxagent.serve.examples:bfcl_harness")
-        (ep,) = collect_harness_episodes(
-            srv, harness, [task], samples_per_task=1, key=jax.random.key(0), timeout_s=300
+        eps = collect_harness_episodes(
+            srv, harness, [task], samples_per_task=2, key=key, timeout_s=300
         )
     finally:
         srv.close()
-        run.close()
-    assert not ep.env_failed, ep.error
-    assert ep.turns and sum(ep.loss_mask) >= len(ep.turns) and len(ep.tokens) > 1000
-    assert "<tools>" in run.chat.tokenizer.decode(ep.tokens[:-1])
+    engine = SlotEngine(run.graphdef, run.sampler.sampling, run.max_len, run.chat.pad_id, slots=2)
+    ref, _ = collect_episodes(
+        engine, run.params, [task], samples_per_task=2, spec=run.rollout, key=key
+    )
+    run.close()
+    for ep in eps:
+        assert not ep.env_failed, ep.error
+        assert ep.turns and sum(ep.loss_mask) >= len(ep.turns) and len(ep.tokens) > 1000
+        assert "<tools>" in run.chat.tokenizer.decode(ep.tokens)
+    assert not any(ep.env_failed for ep in ref)
+    assert [ep.tokens for ep in eps] == [ep.tokens for ep in ref]
+    assert [ep.loss_mask for ep in eps] == [ep.loss_mask for ep in ref]
+    assert [ep.reward for ep in eps] == [ep.reward for ep in ref]
+    np.testing.assert_allclose(
+        np.concatenate([ep.logprobs for ep in eps]),
+        np.concatenate([ep.logprobs for ep in ref]),
+        atol=1e-5,
+    )

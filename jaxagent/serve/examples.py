@@ -64,6 +64,10 @@ def world_harness(
     """
     spec = functools.cache(lambda: get_env_spec(env_name, options or {}))
 
+    def cut(text: str) -> str:  # the driver's cut, first observation included
+        n = max_observation_chars
+        return truncate_observation(text, n) if n else text
+
     def harness(task: Task, base_url: str, api_key: str) -> float:
         import openai
 
@@ -74,7 +78,7 @@ def world_harness(
         try:
             messages = [{"role": "system", "content": spec().system_prompt}]
             messages = messages if spec().system_prompt else []
-            messages.append({"role": "user", "content": env.reset(task)})
+            messages.append({"role": "user", "content": cut(env.reset(task))})
             reward = 0.0
             for _ in range(max_turns):
                 try:
@@ -89,10 +93,7 @@ def world_harness(
                 reward += float(result.reward)
                 if result.done:
                     return reward
-                obs = result.observation
-                if max_observation_chars:
-                    obs = truncate_observation(obs, max_observation_chars)
-                tool = {"role": "tool", "content": obs}
+                tool = {"role": "tool", "content": cut(result.observation)}
                 if msg.tool_calls:
                     tool["tool_call_id"] = msg.tool_calls[0].id
                 messages.append(tool)
