@@ -214,6 +214,7 @@ def _cmd_serve(args) -> int:
         decode_steps=args.decode_steps,
         seed=config.train.seed,
     )
+    state.store.reward_fn = config.harness.reward_fn()  # POST .../end without a reward
     print(
         f"jaxagent serve: model {name!r} on http://{args.host}:{args.port}/v1 "
         f"({args.slots} KV slots of {state.backend.capacity} tokens)",

@@ -7,6 +7,9 @@ Routes:
 - ``GET /v1/models`` (and ``/v1/models/{id}``): the one policy served;
 - ``POST /v1/sessions/{id}/reward`` (``{"reward": r[, "success": bool]}``): ends the session
   and stores it as a training ``Episode`` (``ServerState.store.pop_episodes()``);
+- ``POST /v1/sessions/{id}/end`` (``{["reward": r, "success": bool, "task": <JSON>]}``, or
+  no body): the same, scored without a reward by ``store.reward_fn(messages, task)``
+  (``harness.reward``); 400 ``missing_reward`` when there is neither;
 - ``GET /v1/sessions/{id}``: the session's stored trajectory (token ids, loss mask, log-probs,
   policy versions, divergences), for a harness or a test to inspect;
 - ``GET /v1/stats``: batching, KV reuse, eviction and divergence counters;
@@ -198,15 +201,26 @@ def create_app(state: ServerState) -> Starlette:
             }
         )
 
-    async def reward(request: Request):
+    async def end_session(request: Request, needs_reward: bool):
+        """``/reward`` (a reward is required) and ``/end`` (without one the session is scored
+        by ``state.store.reward_fn``, ``harness.reward``, over its messages and ``task``)."""
         sid = request.path_params["sid"]
+        raw = await request.body()
         try:
-            body = await request.json()
+            body = json.loads(raw) if raw.strip() or needs_reward else {}
         except ValueError:
             return _error(bad("the body must be JSON: {'reward': <number>}", None, "invalid_json"))
-        r = body.get("reward") if isinstance(body, dict) else None
-        if isinstance(r, bool) or not isinstance(r, (int, float)):
+        if not isinstance(body, dict):
+            return _error(bad("the body must be a JSON object", None, "invalid_type"))
+        r = body.get("reward")
+        if (needs_reward or r is not None) and (
+            isinstance(r, bool) or not isinstance(r, (int, float))
+        ):
             return _error(bad("reward must be a number", "reward", "invalid_value"))
+        fn = state.store.reward_fn
+        if r is None and fn is None:
+            msg = "no reward: send {'reward': <number>} or configure harness.reward"
+            return _error(bad(msg, "reward", "missing_reward"))
         success = body.get("success")
         if success is not None and not isinstance(success, bool):
             return _error(bad("success must be a boolean", "success", "invalid_type"))
@@ -216,6 +230,13 @@ def create_app(state: ServerState) -> Starlette:
         async with s.lock:  # after a request of it still in flight
             if sid not in state.store.sessions:
                 return _error(APIError(404, f"no session {sid!r}", code="session_not_found"))
+            if r is None:
+                try:  # the user's function, off the event loop; failing, the session stays
+                    r = await asyncio.to_thread(s.score, fn, body.get("task"))
+                except Exception as err:  # noqa: BLE001
+                    state.errors += 1
+                    msg = f"harness.reward failed on session {sid!r}: {type(err).__name__}: {err}"
+                    return _error(APIError(500, msg, type="server_error", code="reward_failed"))
             ep = state.store.end(sid, float(r), success)
         release = getattr(state.backend, "release", None)
         if release is not None:
@@ -230,6 +251,12 @@ def create_app(state: ServerState) -> Starlette:
                 "divergences": len(ep.info["divergences"]),
             }
         )
+
+    async def reward(request: Request):
+        return await end_session(request, needs_reward=True)
+
+    async def end(request: Request):
+        return await end_session(request, needs_reward=False)
 
     async def chat_completions(request: Request):
         try:
@@ -458,6 +485,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/stats", stats, methods=["GET"]),
         Route("/v1/sessions/{sid}", session_info, methods=["GET"]),
         Route("/v1/sessions/{sid}/reward", reward, methods=["POST"]),
+        Route("/v1/sessions/{sid}/end", end, methods=["POST"]),
     ]
     return Starlette(
         routes=routes,

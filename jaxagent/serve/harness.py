@@ -13,6 +13,14 @@ Each session samples from the rollout's key, on the episode's row and its turn n
 renders the same conversation samples the same tokens. A harness that raises, returns no
 number or runs past ``timeout_s`` gives an ``ENV_ERROR`` episode (kept, never dropped, out of
 the gradient) with the tokens it had recorded, never a policy failure.
+
+A reward function (``harness.reward``: ``"module:function"``, ``reward(messages, task) ->
+float``) scores a conversation from the server's side, for a harness that cannot report one:
+``messages`` are the session's messages as the server recorded them (``{"role", "content"[,
+"tool_calls": [{"name", "arguments"}]]}``, the policy's last answer last), ``task`` the
+episode's ``Task`` here, or the JSON ``task`` a client sends to ``POST
+/v1/sessions/{id}/end`` under ``jaxagent serve`` (None without one). With it, a harness
+returns None to have its episode scored by it; a number it returns still wins.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from jaxagent.envs.base import FailureMode, Task, Termination
 from jaxagent.errors import FROZEN, ConfigError, check_positive
 
 Harness = Callable[[Task, str, str], Any]
+RewardFn = Callable[[list, Any], float]
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -42,32 +51,43 @@ class HarnessConfig:
     timeout_s: float = 600.0  # one harness call's limit (past it: an env_error episode)
     concurrency: int = 16  # harness calls at once
     slots: int = 16  # the server's KV slots (sessions decoded together)
+    # "package.module:function(messages, task) -> reward" scoring a session the harness ends
+    # without a reward (module docstring); "" = the harness / client reports the reward
+    reward: str = ""
 
     def __post_init__(self):
         check_positive("harness.timeout_s", self.timeout_s)
         check_positive("harness.concurrency", self.concurrency)
         check_positive("harness.slots", self.slots)
+        if self.reward:  # a bad entry point stops the config, before any model is built
+            load_harness(self.reward, field="harness.reward")
+
+    def reward_fn(self) -> RewardFn | None:
+        """The function ``reward`` names, or None."""
+        return load_harness(self.reward, field="harness.reward") if self.reward else None
 
 
-def load_harness(spec: str) -> Harness:
-    """The function an entry point ``"package.module:function"`` names."""
+def load_harness(spec: str, field: str = "harness.entry") -> Callable:
+    """The function an entry point ``"package.module:function"`` names (``field``: the config
+    key it came from, for the error)."""
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise ConfigError(f"harness.entry={spec!r} must be 'package.module:function'")
+        raise ConfigError(f"{field}={spec!r} must be 'package.module:function'")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
-        raise ConfigError(
-            f"harness.entry={spec!r} cannot be loaded ({err}); check the name"
-        ) from None
+        raise ConfigError(f"{field}={spec!r} cannot be loaded ({err}); check the name") from None
     if not callable(fn):
-        raise ConfigError(f"harness.entry={spec!r} is not callable")
+        raise ConfigError(f"{field}={spec!r} is not callable")
     return fn
 
 
-def _call(harness: Harness, task: Task, base_url: str, api_key: str, timeout_s: float):
+def _call(
+    harness: Harness, task: Task, base_url: str, api_key: str, timeout_s: float, scored: bool
+):
     """(reward, None) or (None, error message); the harness runs in a thread of its own so a
-    hung one is abandoned at ``timeout_s`` (its later requests go to an ended session)."""
+    hung one is abandoned at ``timeout_s`` (its later requests go to an ended session).
+    ``scored``: a reward function scores the episode, so the harness may return None."""
     out: dict = {}
 
     def run():
@@ -84,6 +104,8 @@ def _call(harness: Harness, task: Task, base_url: str, api_key: str, timeout_s: 
     if "error" in out:
         return None, out["error"]
     r = out.get("reward")
+    if r is None and scored:
+        return None, None
     if isinstance(r, bool) or not isinstance(r, (int, float)):
         return None, f"the harness returned {r!r}, not a reward (a number)"
     return float(r), None
@@ -101,6 +123,7 @@ def collect_harness_episodes(
     concurrency: int = 16,
     timeout_s: float = 600.0,
     api_key: str = "jaxagent",
+    reward_fn: RewardFn | None = None,
 ) -> list[Episode]:
     """Run ``harness`` on every (task, sample) against ``server`` (a ``ServerThread``).
 
@@ -113,6 +136,8 @@ def collect_harness_episodes(
       concurrency: harness calls at once.
       timeout_s: one call's limit.
       api_key: passed to the harness (the server does not check it).
+      reward_fn: scores the episodes whose harness returned None
+        (``reward_fn(session messages, task)``; it raising is an env_error episode).
     """
     state = server.state
     run_id = uuid.uuid4().hex[:12]
@@ -125,7 +150,15 @@ def collect_harness_episodes(
     try:
         with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as pool:
             futures = [
-                pool.submit(_call, harness, task, f"{root}/s/{sid}/v1", api_key, timeout_s)
+                pool.submit(
+                    _call,
+                    harness,
+                    task,
+                    f"{root}/s/{sid}/v1",
+                    api_key,
+                    timeout_s,
+                    reward_fn is not None,
+                )
                 for (_, task), sid in zip(jobs, sids)
             ]
             outcomes = [f.result() for f in futures]
@@ -140,6 +173,11 @@ def collect_harness_episodes(
             release(sid)
         if error is None and session is None:
             error = "the harness made no request to its base_url"
+        if error is None and reward is None:
+            try:
+                reward = session.score(reward_fn, task)
+            except Exception as err:  # noqa: BLE001 -- the user's function failing
+                error = f"harness.reward: {type(err).__name__}: {err}"
         group = group_offset + i
         if session is None:
             ep = Episode(task=task, group=group)

@@ -14,14 +14,17 @@ stored assistant turn both agree on and the rest is rendered anew; the request i
 with the ``X-Jaxagent-Divergence`` header and the cut is recorded (``Session.divergences``,
 ``Episode.info["divergences"]``) with the number of tokens and sampled tokens dropped.
 
-``Session.episode`` turns the trajectory into the rollout driver's ``Episode``: the same
-``tokens`` / ``loss_mask`` / ``logprobs`` / ``turn_ids`` the driver records for the same
-conversation (``record_turn``'s convention: the turn's index on its sampled tokens).
+``Session.score`` runs a reward function (``harness.reward``) over the recorded messages, for
+a session ended without a reward. ``Session.episode`` turns the trajectory into the rollout
+driver's ``Episode``: the same ``tokens`` / ``loss_mask`` / ``logprobs`` / ``turn_ids`` the
+driver records for the same conversation (``record_turn``'s convention: the turn's index on
+its sampled tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -160,6 +163,14 @@ class Session:
         self.versions.append(version)
         self.last_used = time.monotonic()
 
+    def score(self, reward_fn, task=None) -> float:
+        """``reward_fn(messages, task)`` (``harness.reward``) over a copy of the recorded
+        messages, as a float; anything but a number raises ``TypeError``."""
+        r = reward_fn(copy.deepcopy(self.messages), task)
+        if isinstance(r, bool) or not isinstance(r, (int, float)):
+            raise TypeError(f"the reward function returned {r!r}, not a reward (a number)")
+        return float(r)
+
     def episode(self, reward: float, *, success: bool | None = None, group: int = 0) -> Episode:
         """The session as a training episode; ``reward`` is the last turn's (the driver puts a
         task's final reward on the turn that ended it)."""
@@ -188,9 +199,11 @@ class Session:
 
 
 class SessionStore:
-    """Live sessions by id, and the episodes of the ended ones (``pop_episodes``)."""
+    """Live sessions by id, and the episodes of the ended ones (``pop_episodes``);
+    ``reward_fn`` (``harness.reward``) scores a session ended without a reward."""
 
-    def __init__(self):
+    def __init__(self, reward_fn=None):
+        self.reward_fn = reward_fn
         self.sessions: dict[str, Session] = {}
         self.episodes: list[Episode] = []
         self.divergences = 0

@@ -410,6 +410,7 @@ class Trainer:
             group_offset=group_offset,
             concurrency=h.concurrency,
             timeout_s=h.timeout_s,
+            reward_fn=h.reward_fn(),  # harness.reward: scores a harness returning None
         )
 
     def _pack(self, eps: list, rows: int):
