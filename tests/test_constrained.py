@@ -13,6 +13,7 @@ import re
 import jax
 import numpy as np
 import pytest
+from episode_checks import assert_same_episodes
 
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.cached import CachedTurnSampler
@@ -123,14 +124,58 @@ def test_unconstrained_calls_fail_and_the_engine_samples_what_lockstep_does(worl
     lock = _run(world, CachedTurnSampler(graphdef, _sampling(chat), 240, chat.pad_id), True)
     engine = SlotEngine(graphdef, _sampling(chat), 240, chat.pad_id, slots=4, decode_steps=5)
     eps = _run(world, engine, True)
-    assert [ep.tokens for ep in eps] == [ep.tokens for ep in lock]
-    assert [ep.constraint_ids for ep in eps] == [ep.constraint_ids for ep in lock]
-    np.testing.assert_allclose(
-        np.concatenate([ep.logprobs for ep in eps]),
-        np.concatenate([ep.logprobs for ep in lock]),
-        atol=1e-5,
-    )
+    assert_same_episodes(eps, lock)
 
 
 def _rows(batch):
     return batch.tokens, batch.positions, batch.segment_ids
+
+
+class _Renderer:
+    """Each message is one id (its content's length), so cuts are easy to count."""
+
+    def first(self, messages, tools):
+        return [100 + len(m["content"]) for m in messages]
+
+    def after_turn(self, messages):
+        return [200 + len(m["content"]) for m in messages]
+
+
+def test_a_divergence_cuts_a_sessions_constrained_masks_with_its_tokens():
+    # The session keeps the driver's Episode record; a cut back past a constrained turn must
+    # drop that turn's masks, or the learner would renormalise kept tokens by a dropped mask.
+    from jaxagent.serve.sessions import Sampled, Session
+
+    a, b, c = b"\x01", b"\x02", b"\x04"
+    user = {"role": "user", "content": "hi"}
+
+    def turn(text, masks):
+        ids = list(range(len(masks)))
+        message = {"role": "assistant", "content": text}
+        return Sampled(ids, [-0.5] * len(ids), message, text, masks)
+
+    s, r = Session(id="x"), _Renderer()
+    first = turn("one", [a, None, b])
+    s.commit(s.plan([user], None, r), None, first, version=3)
+    tool = {"role": "user", "content": "more"}
+    history = [user, first.message, tool]
+    s.commit(s.plan(history, None, r), None, turn("two", [c, a]), version=4)
+    ep = s.episode(1.0)
+    assert ep.constraint_masks == [a, b, c]
+    assert ep.constraint_ids == [-1, 0, -1, 1, -1, 2, 0]
+    assert ep.versions == [-1, 3, 3, 3, -1, 4, 4]
+
+    # the harness edits its second message: cut back to the first turn's end
+    plan = s.plan([user, first.message, {"role": "user", "content": "else"}], None, r)
+    assert plan.divergence["dropped_sampled_tokens"] == 2 and plan.cut_tokens == 4
+    s.commit(plan, None, turn("three", [None]), version=5)
+    ep = s.episode(0.0)
+    assert ep.constraint_masks == [a, b]
+    assert ep.constraint_ids == [-1, 0, -1, 1, -1, -1]
+    assert ep.versions == [-1, 3, 3, 3, -1, 5] and ep.info["policy_versions"] == [3, 5]
+
+    # cut back to the start: nothing constrained is left
+    s.commit(s.plan([{"role": "user", "content": "new"}], None, r), None, turn("x", [None]), 6)
+    ep = s.episode(0.0)
+    assert ep.constraint_masks == [] and ep.constraint_ids == []
+    assert len(ep.tokens) == len(ep.loss_mask) == len(ep.versions) == 2

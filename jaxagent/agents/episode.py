@@ -102,6 +102,17 @@ class Episode:
             self.turn_ids.extend([-1] * len(ids))
             self.versions.extend([-1] * len(ids))
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens (with their masks, log-probs, turns and versions); the
+        turn records are the caller's to cut."""
+        for seq in (self.tokens, self.loss_mask, self.logprobs, self.turn_ids, self.versions):
+            del seq[n:]
+        del self.constraint_ids[n:]
+        # masks are indexed in order of first use, so a prefix's masks are a prefix of the list
+        del self.constraint_masks[max(self.constraint_ids, default=-1) + 1 :]
+        if not self.constraint_masks:
+            self.constraint_ids.clear()
+
     def finish(
         self,
         termination: Termination,

@@ -191,10 +191,10 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse(
             {
                 "id": sid,
-                "tokens": s.tokens,
-                "loss_mask": s.loss_mask,
-                "logprobs": s.logprobs,
-                "turn_ids": s.turn_ids,
+                "tokens": s.record.tokens,
+                "loss_mask": s.record.loss_mask,
+                "logprobs": s.record.logprobs,
+                "turn_ids": s.record.turn_ids,
                 "policy_versions": s.versions,
                 "divergences": s.divergences,
                 "messages": s.messages,

@@ -62,16 +62,16 @@ class Plan:
 @dataclasses.dataclass
 class Session:
     id: str
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    loss_mask: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    turn_ids: list[int] = dataclasses.field(default_factory=list)
+    # the token trajectory in the driver's own record (tokens, loss mask, log-probs, turns,
+    # per-token policy versions, constrained masks); its task and ending are set by ``episode``
+    record: Episode = dataclasses.field(
+        default_factory=lambda: Episode(task=Task(id="", split="serve", prompt=""), group=0)
+    )
     messages: list[dict] = dataclasses.field(default_factory=list)
     ends: list[int | None] = dataclasses.field(default_factory=list)  # token end a message
     turns: list[Turn] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)  # policy version a turn
     divergences: list[dict] = dataclasses.field(default_factory=list)
-    masks: list = dataclasses.field(default_factory=list)  # per token: constrained mask or None
     tools: str = "[]"
     sampled: list[bool] = dataclasses.field(default_factory=list)  # a message the policy's
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
@@ -87,8 +87,9 @@ class Session:
         if same_tools:
             while k < min(len(stored), len(messages)) and stored[k] == messages[k]:
                 k += 1
+        tokens = self.record.tokens
         if k == len(stored):  # an extension (or a new turn right after the last one)
-            cut, cut_tokens, divergence = k, len(self.tokens), None
+            cut, cut_tokens, divergence = k, len(tokens), None
         else:
             # Back to the last agreed assistant turn whose end is known (a clean boundary
             # after its end-of-turn token), or to the start.
@@ -103,30 +104,21 @@ class Session:
                 "reason": "tools changed" if not same_tools else "messages differ",
                 "kept_messages": cut,
                 "kept_tokens": cut_tokens,
-                "dropped_tokens": len(self.tokens) - cut_tokens,
-                "dropped_sampled_tokens": int(sum(self.loss_mask[cut_tokens:])),
+                "dropped_tokens": len(tokens) - cut_tokens,
+                "dropped_sampled_tokens": int(sum(self.record.loss_mask[cut_tokens:])),
             }
         new = messages[cut:]
         chunk = renderer.after_turn(new) if cut else renderer.first(new, tools)
-        return Plan(cut, cut_tokens, new, chunk, self.tokens[:cut_tokens] + chunk, divergence)
+        return Plan(cut, cut_tokens, new, chunk, tokens[:cut_tokens] + chunk, divergence)
 
     # ---- recording -----------------------------------------------------------------------
     def _truncate(self, n_tokens: int, n_messages: int) -> None:
-        for seq in (self.tokens, self.loss_mask, self.logprobs, self.turn_ids, self.masks):
-            del seq[n_tokens:]
+        self.record.truncate(n_tokens)
         n_turns = sum(self.sampled[:n_messages])
         for seq in (self.messages, self.ends, self.sampled):
             del seq[n_messages:]
         del self.turns[n_turns:]
         del self.versions[n_turns:]
-
-    def _append(self, ids, *, sampled: bool, logprobs=None, turn: int = -1, masks=None) -> None:
-        ids = [int(t) for t in ids]
-        self.masks.extend(masks if masks is not None else [None] * len(ids))
-        self.tokens.extend(ids)
-        self.loss_mask.extend([1 if sampled else 0] * len(ids))
-        self.logprobs.extend([float(x) for x in logprobs] if sampled else [0.0] * len(ids))
-        self.turn_ids.extend([turn if sampled else -1] * len(ids))
 
     def commit(self, plan: Plan, tools, choice: Sampled, version: int) -> None:
         """Record a served request: the plan's cut and chunk, then the sampled turn (with
@@ -136,25 +128,26 @@ class Session:
         self._truncate(plan.cut_tokens, plan.cut)
         if not self.messages:
             self.tools = tools_key(tools)
-        self._append(plan.chunk, sampled=False)
+        self.record.append(plan.chunk, sampled=False)
         for i, m in enumerate(plan.new):
             self.messages.append(m)
             self.sampled.append(False)
-            self.ends.append(len(self.tokens) if i == len(plan.new) - 1 else None)
+            self.ends.append(len(self.record.tokens) if i == len(plan.new) - 1 else None)
         if self.turns and plan.new:
             obs = "\n".join(m["content"] for m in plan.new if m["role"] != "assistant")
             self.turns[-1].observation = obs
             self.turns[-1].num_observation_tokens = len(plan.chunk)
-        self._append(
+        self.record.append(
             choice.tokens,
             sampled=True,
             logprobs=choice.logprobs,
             turn=len(self.turns),
+            version=version,
             masks=choice.masks,
         )
         self.messages.append(choice.message)
         self.sampled.append(True)
-        self.ends.append(len(self.tokens))
+        self.ends.append(len(self.record.tokens))
         self.turns.append(
             Turn(
                 action=choice.text, observation="", reward=0.0, num_action_tokens=len(choice.tokens)
@@ -175,15 +168,8 @@ class Session:
         """The session as a training episode; ``reward`` is the last turn's (the driver puts a
         task's final reward on the turn that ended it)."""
         first_user = next((m["content"] for m in self.messages if m["role"] == "user"), "")
-        ep = Episode(task=Task(id=self.id, split="serve", prompt=first_user), group=group)
-        ep.tokens, ep.loss_mask = list(self.tokens), list(self.loss_mask)
-        ep.logprobs, ep.turn_ids = list(self.logprobs), list(self.turn_ids)
-        # each sampled token carries its turn's policy version (the driver's Episode.versions)
-        ep.versions = [self.versions[t] if t >= 0 else -1 for t in self.turn_ids]
-        if any(m is not None for m in self.masks):  # constrained turns: the driver's record
-            index = {m: i for i, m in enumerate(dict.fromkeys(m for m in self.masks if m))}
-            ep.constraint_masks = list(index)
-            ep.constraint_ids = [-1 if m is None else index[m] for m in self.masks]
+        ep = copy.deepcopy(self.record)
+        ep.task, ep.group = Task(id=self.id, split="serve", prompt=first_user), group
         ep.turns = [dataclasses.replace(t) for t in self.turns]
         ep.first_observation = first_user
         if ep.turns:
