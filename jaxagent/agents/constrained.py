@@ -42,13 +42,10 @@ class TurnGrammar:
             out.append(-1 if regex is None else self.table.start(regex))
         return out
 
-    def masks(self, states: Sequence[int]) -> list[Optional[bytes]]:
-        """The packed allowed-vocabulary mask of each token's state (None: unconstrained)."""
-        return [None if s < 0 else self.table.mask_bits(int(s)) for s in states]
-
     def row_masks(self, states: np.ndarray, lengths: Sequence[int]) -> list[list]:
-        """``masks`` of each row's first ``lengths[b]`` tokens from a ``[B, N]`` state array."""
-        return [self.masks(states[b, :k].tolist()) for b, k in enumerate(lengths)]
+        """``GrammarTable.masks`` of each row's first ``lengths[b]`` tokens from a ``[B, N]``
+        state array."""
+        return [self.table.masks(states[b, :k].tolist()) for b, k in enumerate(lengths)]
 
 
 def tool_call_grammar(

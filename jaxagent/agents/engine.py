@@ -313,7 +313,9 @@ class SlotEngine(CachedTurnSampler):
                 k = int(num[slot])
                 toks = [int(t) for t in tokens[slot, :k]]
                 ep = eps[episode_in[slot]]
-                masks = None if table is None else self.grammar.masks(gstates[slot, :k].tolist())
+                masks = (
+                    None if table is None else self.grammar.table.masks(gstates[slot, :k].tolist())
+                )
                 record_turn(ep, toks, [float(x) for x in logprobs[slot, :k]], version, masks)
                 stats.policy_tokens += k
                 turn_out[slot] = (k, bool(k and toks[-1] in self.sampling.stop_token_ids))

@@ -156,6 +156,11 @@ class GrammarTable:
             self._bits[state] = np.packbits(self.allowed(state)).tobytes()
         return self._bits[state]
 
+    def masks(self, states) -> list:
+        """The record of each token drawn in ``states`` (a row of ``SampleOutput.grammar_states``):
+        its ``mask_bits``, None where the row was unconstrained (state -1)."""
+        return [None if s < 0 else self.mask_bits(int(s)) for s in states]
+
 
 def constrain_logits(logits: jax.Array, table: jax.Array, state: jax.Array) -> jax.Array:
     """``logits`` [B, V] with the tokens row b's ``state[b]`` forbids set to -inf (rows in

@@ -491,10 +491,7 @@ class SlotBackend:
             masks = None
             if job.gstart >= 0:
                 with self._grammar_lock:
-                    masks = [
-                        None if g < 0 else self._grammar.mask_bits(int(g))
-                        for g in gstates[i, :keep]
-                    ]
+                    masks = self._grammar.masks(gstates[i, :keep].tolist())
             job.emit("done", Result(ids, lps, reason, job.cached, self.version, masks))
         if cuts:
             self._apply_cuts(cuts)
