@@ -13,6 +13,8 @@ import time
 import jax
 import numpy as np
 import pytest
+from episode_checks import assert_same_episodes
+from test_rollout import ScriptedEnv, _tasks, setup  # noqa: F401  (fixture)
 
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.cached import CachedTurnSampler
@@ -23,8 +25,6 @@ from jaxagent.agents.runner import InlineRunner
 from jaxagent.generate import SamplingConfig
 from jaxagent.pool import PoolConfig
 from jaxagent.train.policy import make_logprob_fn
-
-from test_rollout import ScriptedEnv, _tasks, setup  # noqa: F401  (fixture)
 
 
 def _more_tasks():
@@ -71,19 +71,6 @@ def _lockstep(built, sampling, key, budget, tasks):
     return _run(sampler, params, chat, InlineRunner(ScriptedEnv), key, budget, tasks)[0]
 
 
-def _same(a, b):
-    assert [ep.tokens for ep in a] == [ep.tokens for ep in b]
-    assert [ep.loss_mask for ep in a] == [ep.loss_mask for ep in b]
-    assert [ep.turn_ids for ep in a] == [ep.turn_ids for ep in b]
-    assert [ep.termination for ep in a] == [ep.termination for ep in b]
-    assert [ep.reward for ep in a] == [ep.reward for ep in b]
-    np.testing.assert_allclose(
-        np.concatenate([ep.logprobs for ep in a]),
-        np.concatenate([ep.logprobs for ep in b]),
-        atol=1e-5,
-    )
-
-
 # Greedy runs nightly (CI's 30-minute budget on 2 cores): sampled is the stricter case.
 @pytest.mark.parametrize("greedy", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_engine_equals_lockstep_token_for_token(setup, greedy):  # noqa: F811
@@ -107,7 +94,7 @@ def test_engine_equals_lockstep_token_for_token(setup, greedy):  # noqa: F811
             max_admit=max_admit,
         )
         eps, stats = _run(engine, params, chat, InlineRunner(ScriptedEnv), key, budget, tasks)
-        _same(eps, lock)
+        assert_same_episodes(eps, lock)
         assert stats.policy_tokens == sum(ep.num_policy_tokens for ep in eps)
         assert 0 < slot_occupancy(stats) <= 1
         assert engine._state is None  # released: no live KV buffer after the rollout
@@ -125,7 +112,7 @@ def test_engine_with_shuffled_env_replies_equals_lockstep(setup):  # noqa: F811
         eps, _ = _run(engine, params, chat, runner, key, budget, tasks)
     finally:
         runner.close()
-    _same(eps, lock)
+    assert_same_episodes(eps, lock)
     crashed = [ep for ep in eps if ep.task.id == "e"]
     assert crashed and all(ep.env_failed for ep in crashed)  # env_error, kept, not dropped
 
@@ -171,18 +158,18 @@ def test_engine_on_a_data_x_tensor_mesh_equals_one_device(setup):  # noqa: F811
             )
         )
     (one, _), (split, _) = runs
-    _same(split, one)
+    assert_same_episodes(split, one)
 
 
 @pytest.mark.slow  # a second model's compiles (nightly)
 def test_engine_with_scanned_layers_equals_lockstep():
     """A ``scan_layers`` model keeps one stacked cache: the engine's row gathers and puts,
     and its attention window, act on the stacked layout."""
+    from test_rollout import WORDS
+
     from jaxagent.agents.chat import ChatFormat
     from jaxagent.models import ModelConfig, init_model
     from jaxagent.train.tokenizer import build_word_tokenizer
-
-    from test_rollout import WORDS
 
     tok = build_word_tokenizer(WORDS)
     chat = ChatFormat(tok)
@@ -199,4 +186,4 @@ def test_engine_with_scanned_layers_equals_lockstep():
             SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=3, decode_steps=2),
         )
     ]
-    _same(runs[1][0], runs[0][0])
+    assert_same_episodes(runs[1][0], runs[0][0])

@@ -11,14 +11,15 @@ import weakref
 import jax
 import numpy as np
 import pytest
+from episode_checks import assert_same_episodes
 
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.chat import ChatFormat
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.agents.sampling import ReferenceSampler
-from jaxagent.generate import SamplingConfig
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination
+from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.train.policy import make_logits_fn, make_logprob_fn, make_turn_sampler
 from jaxagent.train.tokenizer import build_word_tokenizer
@@ -335,13 +336,7 @@ def test_a_groups_first_prompt_is_prefilled_once(setup):
         results[share] = (eps, policy.prefilled_tokens - later, first_prompts)
     (plain, plain_tokens, prompts), (shared, shared_tokens, _) = results[False], results[True]
     # The same episodes, token for token and log-prob for log-prob.
-    assert [ep.tokens for ep in shared] == [ep.tokens for ep in plain]
-    assert [ep.loss_mask for ep in shared] == [ep.loss_mask for ep in plain]
-    np.testing.assert_allclose(
-        np.concatenate([ep.logprobs for ep in shared]),
-        np.concatenate([ep.logprobs for ep in plain]),
-        atol=1e-5,
-    )
+    assert_same_episodes(shared, plain)
     # The first turn prefilled each task's prompt once instead of K times.
     assert plain_tokens == sum(map(len, prompts))
     assert shared_tokens * k == plain_tokens
