@@ -1,7 +1,8 @@
 """Test-session set-up.
 
-Eight simulated CPU devices for the sharding tests (must be set before JAX is imported), and
-float32 matmuls at full precision so parity tests compare like with like.
+Eight simulated CPU devices for the sharding tests (must be set before JAX is imported),
+float32 matmuls at full precision so parity tests compare like with like, and one persistent
+compilation cache for the session.
 
 Every test runs with its own empty temporary directory as the working directory, so the
 relative defaults of the code under test (``train.out_dir: runs/{name}/seed{seed}``, logs
@@ -11,8 +12,10 @@ directory pytest was started from) is compared with its state at start-up: a tes
 into it fails at teardown, naming the paths.
 """
 
+import atexit
 import os
 import re
+import shutil
 import stat
 import sys
 import tempfile
@@ -37,6 +40,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # the caller set is kept either way).
 if not _selects_gpu(sys.argv):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent XLA compilation cache for the test session and the CLI subprocesses its tests
+# start (they inherit the environment): dozens of tests train the same tiny configs, and on a
+# 2-core machine compiling the same programs again is most of their time. A directory the
+# caller set is kept; the session's own is removed at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _XLA_CACHE = tempfile.mkdtemp(prefix="jaxagent-tests-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
