@@ -225,10 +225,14 @@ def test_interrupted_run_ends_whole(point, sig, mode, staleness, request, compil
     again += ["train", QS, *settings, f"train.iterations={n}"]
     done = subprocess.run(again, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    if point != "sft":  # killed after its first checkpoint: the rerun says where it resumes
+        assert "[resume] from checkpoint" in done.stdout, done.stdout[-2000:]
     if staleness:
         ref_metrics, ref_summary = request.getfixturevalue("overlap_reference")
     else:
         ref_metrics, ref_summary = request.getfixturevalue("references")[n]
+    last = json.loads(done.stdout.strip().splitlines()[-1])  # the line a script reads
+    assert last["success_after_rl"] == ref_summary["success_after_rl"]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best_val_iteration"] == ref_summary["best_val_iteration"] == 2
     assert summary["success_best_val"] == ref_summary["success_best_val"]
