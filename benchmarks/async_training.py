@@ -16,7 +16,13 @@ iterations 2.. (the first compiles), i.e. the wall time between two updates. Cei
 perfect overlap hides the shorter of the two phases, so the best asynchronous / synchronous
 ratio is max(collect, update) / (collect + update), from the synchronous run's own phase times.
 On a CPU the simulated devices share the machine's cores, so the disaggregated figures show
-the schedule and its copies, not separate hardware. SFT is off (the untrained policy's answers run long: rollout-heavy).
+the schedule and its copies, not separate hardware. SFT is off (the untrained policy's answers
+run long: rollout-heavy).
+
+Partial rollouts (``--modes lockstep_sync,lockstep_k2,partial_k2``): the lock-step driver
+(the one that can switch weights between turns) synchronous, at k = 2, and at k = 2 with
+``overlap.partial_rollouts``; besides the wall time, the mean staleness of the trained tokens
+(versions between the sampler and the learner), which the switch lowers.
 The last line is one JSON object.
 
     python benchmarks/async_training.py [--iterations 6] [--profiles latency_100ms,long_tail]
@@ -57,12 +63,21 @@ MODES = {  # name -> (staleness, extra settings)
     "disagg_k1": (1, [*MESH4, "overlap.sampler_devices=4"]),
     "disagg_k2": (2, [*MESH4, "overlap.sampler_devices=4"]),
 }
+# Partial rollouts switch weights between the turns of the lock-step driver: compared with the
+# same driver without the switch (``--modes lockstep_sync,lockstep_k2,partial_k2``).
+LOCKSTEP = ["rollout.engine=lockstep"]
+PARTIAL_MODES = {
+    "lockstep_sync": (0, LOCKSTEP),
+    "lockstep_k2": (2, LOCKSTEP),
+    "partial_k2": (2, [*LOCKSTEP, "overlap.partial_rollouts=true"]),
+}
+ALL_MODES = {**MODES, **PARTIAL_MODES}
 
 
 def run_mode(profile: str, mode: str, iterations: int, tasks: int, out: str) -> dict:
     from jaxagent.train.trainer import Trainer
 
-    staleness, extra = MODES[mode]
+    staleness, extra = ALL_MODES[mode]
     cfg = load_config(
         os.path.join(ROOT, "configs/quickstart.yaml"),
         [
@@ -94,6 +109,8 @@ def run_mode(profile: str, mode: str, iterations: int, tasks: int, out: str) -> 
         "update_s": statistics.median(upd),
         "collect_s": statistics.median(i - u for i, u in zip(it_s, upd)),
         "learner_wait_s": statistics.median(r.get("time/learner_wait_s", 0.0) for r in steady),
+        # versions between a trained token's sampler and the learner, over iterations k..
+        "staleness_mean": statistics.mean(r.get("async/staleness_mean", 0.0) for r in rows[2:]),
         "train_success": [round(r["train/success"], 3) for r in rows],
         "run_s": time.perf_counter() - t0,
     }
@@ -103,10 +120,15 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--profiles", default=",".join(PROFILES))
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument(
+        "--modes", default=",".join(MODES), help=f"of {', '.join(ALL_MODES)} (default: the first 6)"
+    )
     ap.add_argument("--tasks", type=int, default=0, help="tasks an iteration (0: config's)")
     args = ap.parse_args(argv)
     modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in ALL_MODES]
+    if unknown:
+        ap.error(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(ALL_MODES)}")
     cfg = load_config(os.path.join(ROOT, "configs/quickstart.yaml"), [])
     print(
         f"setup: quickstart world, model {cfg.model.num_layers} layers x "
@@ -128,14 +150,18 @@ def main(argv=None) -> None:
             print(
                 f"{profile:>14} {mode:>9}: {r['iteration_s']:.2f} s/iteration (collect "
                 f"{r['collect_s']:.2f} s, update {r['update_s']:.2f} s, learner waited "
-                f"{r['learner_wait_s']:.2f} s), train success {r['train_success']}",
+                f"{r['learner_wait_s']:.2f} s, staleness {r['staleness_mean']:.2f}), train "
+                f"success {r['train_success']}",
                 flush=True,
             )
-        sync = rows["sync"]
+        anchor_mode = "sync" if "sync" in rows else "lockstep_sync"
+        sync = rows[anchor_mode]
         c, u = sync["collect_s"], sync["update_s"]
         ceiling = max(c, u) / max(c + u, 1e-9)
         x = {"ceiling": ceiling, "sync_iteration_s": sync["iteration_s"]}
         for mode, anchor in (
+            ("lockstep_k2", "lockstep_sync"),
+            ("partial_k2", "lockstep_sync"),
             ("async_k1", "sync"),
             ("async_k2", "sync"),
             ("disagg_k1", "sync_mesh4"),
@@ -145,6 +171,9 @@ def main(argv=None) -> None:
                 name = mode.replace("disagg", "disaggregated")
                 x[f"{name}_over_sync"] = rows[mode]["iteration_s"] / rows[anchor]["iteration_s"]
                 x[f"{name}_iteration_s"] = rows[mode]["iteration_s"]
+        for mode in ("lockstep_k2", "partial_k2"):
+            if mode in rows:
+                x[f"{mode}_staleness_mean"] = rows[mode]["staleness_mean"]
         if "sync_mesh4" in rows:
             x["sync_mesh4_iteration_s"] = rows["sync_mesh4"]["iteration_s"]
         result[profile] = x
