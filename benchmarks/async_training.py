@@ -109,7 +109,8 @@ def run_mode(profile: str, mode: str, iterations: int, tasks: int, out: str) -> 
         "update_s": statistics.median(upd),
         "collect_s": statistics.median(i - u for i, u in zip(it_s, upd)),
         "learner_wait_s": statistics.median(r.get("time/learner_wait_s", 0.0) for r in steady),
-        # versions between a trained token's sampler and the learner, over iterations k..
+        # versions between a trained token's sampler and the learner, from iteration 3 on
+        # (every mode's k <= 2, so its first k batches, sampled by the initial weights, are out)
         "staleness_mean": statistics.mean(r.get("async/staleness_mean", 0.0) for r in rows[2:]),
         "train_success": [round(r["train/success"], 3) for r in rows],
         "run_s": time.perf_counter() - t0,
