@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from jaxagent.models import transformer as TR
-from jaxagent.models.blockwise import attend_blockwise, block_size
+from jaxagent.models.blockwise import attend_blockwise, tiling
 
 B, K, G, HD = 2, 2, 2, 16
 
@@ -40,9 +40,11 @@ def _truth(q, k, v, seg):
     return np.einsum("bkgts,bksh->bkgth", p, v).transpose(0, 3, 1, 2, 4)
 
 
+# 200 tokens: no tile of at least 64 divides the row, which is padded to 256 inside.
+@pytest.mark.parametrize("t", [256, 200])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_values_match_the_reference_within_its_own_rounding(dtype):
-    (q, k, v), seg = _inputs(256, dtype)
+def test_values_match_the_reference_within_its_own_rounding(dtype, t):
+    (q, k, v), seg = _inputs(t, dtype)
     valid = np.asarray(seg != 0)
     truth = _truth(q, k, v, seg)[valid]
     ref = np.asarray(TR.attend(q, k, v, jnp.asarray(_mask(np.asarray(seg)))), np.float64)
@@ -54,9 +56,10 @@ def test_values_match_the_reference_within_its_own_rounding(dtype):
     assert got_err <= 2 * ref_err + 4 * float(jnp.finfo(dtype).eps), (got_err, ref_err)
 
 
+@pytest.mark.parametrize("t", [192, 200])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gradients_match_the_reference(dtype):
-    (q, k, v), seg = _inputs(192, dtype, seed=1)
+def test_gradients_match_the_reference(dtype, t):
+    (q, k, v), seg = _inputs(t, dtype, seed=1)
     mask = jnp.asarray(_mask(np.asarray(seg)))
     w = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
     w = w * (seg != 0)[:, :, None, None, None]  # padding outputs are ignored by every caller
@@ -109,8 +112,12 @@ def test_attention_temporaries_grow_linearly_with_length():
     assert ours[2] < ref[2] / 10, (ours, ref)
 
 
-def test_tile_length_divides_the_row():
-    assert block_size(4096) == 512 and block_size(96) == 32 and block_size(1000) == 8
+def test_tiles_divide_the_row_and_stay_long():
+    # (tile, padded row): a row no long tile divides is padded, never cut into tiny tiles
+    # (the web recipe's 626-token SFT rows took tiles of 2 tokens and 11x the step time)
+    assert tiling(4096) == (512, 4096) and tiling(1536) == (512, 1536)
+    assert tiling(640) == (128, 640) and tiling(626) == (128, 640)
+    assert tiling(1000) == (512, 1024) and tiling(200, block=64) == (64, 256)
 
 
 def test_the_model_attends_long_rows_tile_by_tile_with_the_same_logits(monkeypatch):
