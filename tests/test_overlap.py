@@ -20,6 +20,7 @@ import pytest
 from jaxagent.errors import ConfigError
 from jaxagent.train.checkpoint import restore_params_only
 from jaxagent.train.config import load_config
+from jaxagent.train.metrics_log import read_jsonl
 from jaxagent.train.overlap import Pipeline, decode_buffer, encode_buffer, staleness_metrics
 
 from test_train import ROOT, TINY, _by_step
@@ -33,7 +34,7 @@ def test_pipeline_schedule_versions_and_order():
     k, stop = 2, 7
     seen = []
 
-    def produce(i, v, params, refresh):
+    def produce(i, v, params, refresh, lane):
         time.sleep(0.02 * ((7 - i) % 3))  # uneven durations
         seen.append((i, v, params))
         return f"batch{i}"
@@ -52,6 +53,36 @@ def test_pipeline_schedule_versions_and_order():
     assert pipe._weights == {}  # every version released once its last batch was made
 
 
+def test_two_lanes_collect_the_next_batch_while_one_is_out():
+    """With two lanes at k = 1 batch i + 1 is collected while batch i is still out (batch 0
+    here waits until batch 1 has started: one lane would time out), batch i is always lane
+    i % 2's, and the batches keep the one-lane schedule and order."""
+    k, stop = 1, 6
+    started = {i: threading.Event() for i in range(stop + 1)}
+    seen = []
+
+    def produce(i, v, params, refresh, lane):
+        started[i].set()
+        if i % 2 == 0 and i + 1 < stop:
+            assert started[i + 1].wait(5), f"batch {i + 1} did not start while {i} was out"
+        seen.append((i, v, params, lane))
+        return f"batch{i}"
+
+    pipe = Pipeline(produce, 0, stop, k, lanes=2)
+    out = []
+    for it in range(stop):
+        if pipe.needs(it):
+            pipe.publish(it, f"w{it}")
+        item, _, _ = pipe.take(it)
+        out.append((item.index, item.version, item.payload))
+    pipe.close()
+    assert out == [(i, max(0, i - k), f"batch{i}") for i in range(stop)]
+    assert sorted(seen) == [(i, max(0, i - k), f"w{max(0, i - k)}", i % 2) for i in range(stop)]
+    assert pipe._weights == {}
+    with pytest.raises(ValueError, match="lanes"):
+        Pipeline(produce, 0, stop, 1, lanes=3)
+
+
 def test_partial_rollouts_switch_to_newer_weights_mid_batch():
     """With partial rollouts the producer is handed each new version while a batch is being
     collected (never one newer than the batch's own iteration), and weights no batch can
@@ -59,7 +90,7 @@ def test_partial_rollouts_switch_to_newer_weights_mid_batch():
     stop, switched = 4, {}
     published = {0: threading.Event()}
 
-    def produce(i, v, params, refresh):
+    def produce(i, v, params, refresh, lane):
         assert refresh is not None and refresh(i) is None  # nothing newer than the batch
         if i >= 1:
             published.setdefault(i, threading.Event()).wait(5)
@@ -80,7 +111,7 @@ def test_partial_rollouts_switch_to_newer_weights_mid_batch():
 def test_pipeline_resumes_from_buffer_and_reports_failure():
     made = []
 
-    def produce(i, v, params, refresh):
+    def produce(i, v, params, refresh, lane):
         made.append(i)
         if i == 5:
             raise RuntimeError("env exploded")
@@ -108,7 +139,7 @@ def _buffer(first, k):
 def test_pending_waits_for_the_batches_a_checkpoint_must_hold():
     gate = threading.Event()
 
-    def produce(i, v, params, refresh):
+    def produce(i, v, params, refresh, lane):
         if i == 2:
             gate.wait(5)
         return i
@@ -147,6 +178,15 @@ def test_overlap_refuses_release_compiled():
         load_config(QS, TINY + ["overlap.staleness=1", "train.release_compiled=true"])
     with pytest.raises(ConfigError, match="overlap.staleness"):
         load_config(QS, TINY + ["overlap.staleness=-1"])
+    with pytest.raises(ConfigError, match=r"overlap.lanes=3 .* set overlap.lanes <= 2"):
+        load_config(QS, TINY + ["overlap.staleness=1", "overlap.lanes=3"])
+    with pytest.raises(ConfigError, match="overlap.lanes=2 with overlap.partial_rollouts"):
+        load_config(
+            QS,
+            TINY
+            + ["overlap.staleness=1", "overlap.lanes=2", "overlap.partial_rollouts=true"]
+            + ["rollout.engine=lockstep"],
+        )
 
 
 def _run(tmp_path, name, staleness, iterations=3, extra=()):
@@ -185,6 +225,18 @@ def test_two_asynchronous_runs_are_identical_and_record_versions(tmp_path):
         assert rec["async/staleness_max"] == min(it, 1)
         assert rec["async/staleness_frac/" + str(min(it, 1))] == 1.0
         assert rec["async/stale_dropped"] == 0
+
+
+def test_two_lanes_train_exactly_as_one(tmp_path):
+    """Two collection lanes (a second sampler and environment runner) change when batches
+    are collected, not what they hold: the same metrics and parameters bit for bit."""
+    m1, p1, _, _ = _run(tmp_path, "one", 1, iterations=4)
+    m2, p2, _, _ = _run(tmp_path, "two", 1, iterations=4, extra=["overlap.lanes=2"])
+    assert m1 == m2
+    raw = [r for r in read_jsonl(tmp_path / "two/metrics.jsonl") if "train/success" in r]
+    assert raw[-1]["env_health/lane1/calls"] > 0  # the second lane's own environments
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), p1, p2)
+    assert all(jax.tree.leaves(same))
 
 
 @pytest.mark.slow

@@ -25,6 +25,16 @@ prefilled again under the new weights, ``jaxagent.agents.rollout.collect_episode
 its own version's exact log-prob. When the switch happens depends on timing, so a run with
 partial rollouts is not bit-for-bit reproducible (the default keeps that).
 
+Collection lanes (``overlap.lanes``): one producer collects the batches one after another, so
+the wall time between two updates is at least one collection however large k is. With L lanes
+(each its own sampler and environment pool; batch ``i`` always lane ``i % L``'s) the
+collection of batch ``i + 1`` starts as soon as version ``i + 1 - k`` exists, while batch ``i``
+is still out: at k = 1 and two lanes, an iteration takes max(update, (collect + update) / 2)
+instead of max(update, collect). The schedule, keys and versions are those of one lane, so
+the run is the same bit for bit (in worlds whose episodes depend on the task only: a pool
+seeds an environment's own randomness from its per-environment episode count, which a
+second pool counts separately).
+
 Lossless resume: a checkpoint taken after iteration ``n`` holds, beside the state, the
 batches ``n .. n + k - 1`` that were sampled with weights older than ``n`` (which the
 checkpoint does not hold); the producer finishes them before the save, so a run killed at any
@@ -61,6 +71,12 @@ class OverlapSection:
     # Episodes in flight across a weight update continue on the new weights from their next
     # turn (tokens keep their own versions); gives up bit-for-bit reproducibility.
     partial_rollouts: bool = False
+    # Collections in flight at once, each with its own sampler (KV cache) and environment
+    # pool: batch i goes to lane i % lanes. One lane collects the batches one after another,
+    # so an iteration never takes less than one collection; with k + 1 lanes the collection
+    # of batch i + 1 starts as soon as its weights exist, while batch i is still out (at
+    # k = 1: (collect + update) / 2 an iteration when the collection is the longer).
+    lanes: int = 1
 
     def __post_init__(self):
         check_positive("overlap.staleness", self.staleness, allow_zero=True)
@@ -70,6 +86,18 @@ class OverlapSection:
                 f"overlap.sampler_devices={self.sampler_devices} with overlap.staleness=0: "
                 "separate rollout devices would idle while the update runs; set "
                 "overlap.staleness >= 1 (or sampler_devices=0)"
+            )
+        check_positive("overlap.lanes", self.lanes)
+        if self.lanes > 1 and self.lanes > self.staleness + 1:
+            raise ConfigError(
+                f"overlap.lanes={self.lanes} with overlap.staleness={self.staleness}: at most "
+                "k + 1 batches can be collected at once (batch i waits for the weights of "
+                f"version i - k); set overlap.lanes <= {self.staleness + 1}"
+            )
+        if self.lanes > 1 and self.partial_rollouts:
+            raise ConfigError(
+                f"overlap.lanes={self.lanes} with overlap.partial_rollouts=true: partial "
+                "rollouts run one collection at a time; set overlap.lanes=1"
             )
         if self.partial_rollouts and not self.staleness:
             raise ConfigError(
@@ -93,14 +121,18 @@ class Pipeline:
     """The producer thread and the hand-over of weights and batches.
 
     Args:
-      produce: ``produce(index, version, params, refresh) -> payload`` (host data: episodes,
-        packed batch); runs on the producer thread while holding ``env_lock``. ``refresh``
-        (partial rollouts; else None): ``refresh(version)`` -> the newest published weights
-        newer than ``version`` and not newer than the batch's own iteration, or None.
+      produce: ``produce(index, version, params, refresh, lane) -> payload`` (host data:
+        episodes, packed batch); runs on lane ``lane``'s thread while holding that lane's
+        lock (``env_lock`` is lane 0's). ``refresh`` (partial rollouts; else None):
+        ``refresh(version)`` -> the newest published weights newer than ``version`` and not
+        newer than the batch's own iteration, or None.
       start, stop: the iterations to produce (``range(start, stop)``).
       staleness: k >= 1.
       buffered: ``{index: Produced}`` restored from a checkpoint (those are not produced
         again).
+      lanes: producer threads; batch ``i`` is lane ``i % lanes``'s, each lane takes its
+        batches in order. Which lane (so which sampler and pool) collects a batch is fixed by
+        its index, never by timing.
     """
 
     def __init__(
@@ -111,9 +143,12 @@ class Pipeline:
         staleness: int,
         buffered: Optional[dict[int, Produced]] = None,
         partial: bool = False,
+        lanes: int = 1,
     ):
         if staleness < 1:
             raise ValueError(f"Pipeline needs staleness >= 1, got {staleness}")
+        if not 1 <= lanes <= staleness + 1:
+            raise ValueError(f"Pipeline needs 1 <= lanes <= staleness + 1, got {lanes}")
         self._produce, self.k, self.partial = produce, staleness, partial
         self.start, self.stop = start, stop
         self._cond = threading.Condition(threading.RLock())
@@ -122,10 +157,17 @@ class Pipeline:
         self._produced: set[int] = set(self._done)  # every batch made (taken ones too)
         self._error: Optional[BaseException] = None
         self._closing = False
-        # Environments and decode kernels are shared with the evaluation: one user at a time.
-        self.env_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
-        self._thread.start()
+        # Lane 0's environments and sampler are the evaluation's too: one user at a time.
+        self._locks = [threading.Lock() for _ in range(lanes)]
+        self.env_lock = self._locks[0]
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(lane, lanes), name=f"rollout-lane-{lane}", daemon=True
+            )
+            for lane in range(lanes)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def version_of(self, index: int) -> int:
         """The policy version batch ``index`` samples with: ``max(0, index - k)``, and never
@@ -176,7 +218,8 @@ class Pipeline:
             return {j: self._done[j] for j in want}
 
     def close(self) -> None:
-        """Stop after the batch being collected (the thread is a daemon: a crash never hangs)."""
+        """Stop after the batches being collected (the threads are daemons: a crash never
+        hangs)."""
         with self._cond:
             self._closing = True
             self._weights.clear()
@@ -196,9 +239,11 @@ class Pipeline:
                 f"the rollout producer failed: {type(self._error).__name__}: {self._error}"
             ) from self._error
 
-    def _run(self) -> None:
+    def _run(self, lane: int, lanes: int) -> None:
         try:
             for j in range(self.start, self.stop):
+                if j % lanes != lane:
+                    continue
                 with self._cond:
                     if j in self._produced:
                         continue
@@ -212,8 +257,8 @@ class Pipeline:
                 waited = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 refresh = self._refresher(j) if self.partial else None
-                with self.env_lock:
-                    payload = self._produce(j, v, params, refresh)
+                with self._locks[lane]:
+                    payload = self._produce(j, v, params, refresh, lane)
                 item = Produced(j, v, payload, waited, time.perf_counter() - t1)
                 params = None
                 with self._cond:

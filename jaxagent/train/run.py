@@ -211,6 +211,9 @@ class Run:
     model_key: jax.Array
     state_key: jax.Array
     sample_key: jax.Array
+    # Another RL sampler and environment runner, as ``sampler`` / ``rollout`` are built: the
+    # resources of a further collection lane (``overlap.lanes``); the caller closes the runner.
+    make_lane: Optional[Callable[[], tuple[TurnPolicy, RolloutSpec]]] = None
 
     def close(self) -> None:
         self.runner.close()
@@ -287,11 +290,20 @@ def build_run(
     same = config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0
     # One sampler for both when the settings agree: its compiled shapes are shared.
     eval_sampler = rl_sampler if same else sampler(config.eval.temperature, top_k=0, top_p=1.0)
+    grammar = None
     if r.constrained_tool_calls:
         grammar = run_grammar(config, env, chat, model_config.vocab_size)
         for s in {id(rl_sampler): rl_sampler, id(eval_sampler): eval_sampler}.values():
             s.grammar = grammar
     runner = make_runner(config, render_dir=render_dir)
+
+    def make_lane() -> tuple[TurnPolicy, RolloutSpec]:
+        lane_sampler = sampler(r.temperature)
+        if grammar is not None:
+            lane_sampler.grammar = grammar
+        lane_runner = make_runner(config, render_dir=render_dir)
+        return lane_sampler, RolloutSpec(chat, env.system_prompt, budget, lane_runner)
+
     return Run(
         config=config,
         env=env,
@@ -307,6 +319,7 @@ def build_run(
         eval_sampler=eval_sampler,
         runner=runner,
         rollout=RolloutSpec(chat, env.system_prompt, budget, runner),
+        make_lane=make_lane,
         model_key=model_key,
         state_key=state_key,
         sample_key=sample_key,

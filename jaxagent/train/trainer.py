@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import shutil
+import threading
 import time
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ import jax
 import numpy as np
 
 from jaxagent.agents.batch import RowDrops, pack_episodes
-from jaxagent.agents.rollout import collect_episodes
+from jaxagent.agents.rollout import RolloutSpec, collect_episodes
 from jaxagent.errors import ConfigError
 from jaxagent.eval.report import summarize
 from jaxagent.models import abstract_graphdef, abstract_params
@@ -139,6 +140,10 @@ class Trainer:
         self.tokenizer, self.model_config = run.tokenizer, run.model_config
         self.max_len, self.budget, self.runner = run.max_len, run.budget, run.runner
         self.sampler, self.rollout = run.sampler, run.rollout
+        # Collection lanes (overlap.lanes): lane 0 is the run's sampler and pool; the others'
+        # runners are closed with the run.
+        self._lanes: list[tuple[Any, RolloutSpec]] = [(run.sampler, run.rollout)]
+        self._lanes_lock = threading.Lock()
         self._params_like = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), run.params
         )
@@ -291,14 +296,24 @@ class Trainer:
         }
         return params, placed
 
-    def _produce(self, it: int, version: int, params, refresh=None) -> dict:
+    def _lane(self, lane: int) -> tuple[Any, RolloutSpec]:
+        """Collection lane ``lane``'s sampler and rollout spec (lane 0: the run's own, which
+        the evaluation shares; the others built on first use, ``overlap.lanes``)."""
+        while len(self._lanes) <= lane:
+            self._lanes.append(self.built.make_lane())
+        return self._lanes[lane]
+
+    def _produce(self, it: int, version: int, params, refresh=None, lane: int = 0) -> dict:
         """Iteration ``it``'s batch sampled with ``params`` (policy ``version``; with partial
-        rollouts, ``refresh`` hands newer weights between turns): episodes, the packed host
-        batch (critic values included) and the data-shaping metrics."""
+        rollouts, ``refresh`` hands newer weights between turns) on collection lane ``lane``:
+        episodes, the packed host batch (critic values included) and the data-shaping
+        metrics."""
         t0 = time.perf_counter()
         tasks = self._tasks_for(it)
         mine = task_shard(tasks)  # this host's slice (every task with one process)
-        drawn = self._collect(params, it, tasks, mine, version, refresh)
+        with self._lanes_lock:
+            sampler, spec = self._lane(lane)
+        drawn = self._collect(params, it, tasks, mine, version, refresh, sampler, spec)
         t1 = time.perf_counter()
         batch, data_m = self._pack(drawn.episodes, rows=len(mine) * self.config.group_size)
         if self.rl.critic.enabled:  # values, and the bootstrap value of a truncated row
@@ -338,14 +353,23 @@ class Trainer:
         return state, m
 
     def _collect(
-        self, params, it: int, tasks: list, mine: list, version: int, refresh=None
+        self,
+        params,
+        it: int,
+        tasks: list,
+        mine: list,
+        version: int,
+        refresh,
+        sampler,
+        spec: RolloutSpec,
     ) -> dapo.DynamicSample:
         """This host's episodes of iteration ``it`` (``mine``: its slice of ``tasks``; with
-        dynamic sampling, refilled until the batch holds enough informative groups)."""
+        dynamic sampling, refilled until the batch holds enough informative groups), sampled
+        by ``sampler`` in ``spec``'s environments."""
         first = jax.process_index() * len(mine)
         key = jax.random.fold_in(self._sample_key, it)
         per_task, data = self.config.group_size, self.config.rl.data
-        hosts.set_row_offset(self.sampler, first * per_task)
+        hosts.set_row_offset(sampler, first * per_task)
 
         if self._harness is not None:
             t0 = time.perf_counter()
@@ -366,11 +390,11 @@ class Trainer:
                 )
             )
             return collect_episodes(
-                self.sampler,
+                sampler,
                 params,
                 todo,
                 samples_per_task=per_task,
-                spec=self.rollout,
+                spec=spec,
                 key=jax.random.fold_in(key, round_) if round_ else key,
                 group_offset=(it + round_) * len(tasks) + first,  # unique within the batch
                 version=version,
@@ -447,9 +471,12 @@ class Trainer:
         stats = hosts.gather_stats(drawn.total_stats())
         m.update(report.as_metrics("train"))
         m.update(hosts.rollout_record(stats, batch, batch.row_weight, update_s, total_s))
-        m["sampler/recompiles"] = self.sampler.recompiles
+        m["sampler/recompiles"] = sum(sampler.recompiles for sampler, _ in self._lanes)
         for k, v in self.runner.health().items():
             m[f"env_health/{k}"] = v
+        for i, (_, spec) in enumerate(self._lanes[1:], 1):  # further lanes' own pools
+            for k, v in spec.runner.health().items():
+                m[f"env_health/lane{i}/{k}"] = v
         r = self.config.rollout
         m.update(
             iteration_metrics(
@@ -493,6 +520,7 @@ class Trainer:
                 cfg.overlap.staleness,
                 self._resumed_buffer,
                 partial=cfg.overlap.partial_rollouts,
+                lanes=cfg.overlap.lanes,
             )
             self.evaluation.env_lock = pipeline.env_lock
         self._resumed_buffer = {}
@@ -638,6 +666,8 @@ class Trainer:
             self._server.close()
         self.checkpointer.close()
         self.logger.close()
+        for _, spec in self._lanes[1:]:
+            spec.runner.close()
         self.built.close()
         if self._lock is not None:
             self._lock.release()
