@@ -305,3 +305,16 @@ def test_partial_rollouts_need_overlap_and_the_lockstep_driver():
     )
     with pytest.raises(ConfigError, match="rollout.engine='lockstep'"):
         Trainer(cfg, echo=lambda s: None)
+
+
+def test_lanes_refuse_a_harness(tmp_path):
+    from jaxagent.train.trainer import Trainer
+
+    cfg = load_config(
+        QS,
+        TINY
+        + [f"train.out_dir={tmp_path}/h", "overlap.staleness=1", "overlap.lanes=2"]
+        + ["harness.entry=jaxagent.serve.examples:quickstart_harness"],
+    )
+    with pytest.raises(ConfigError, match="overlap.lanes=2 with harness.entry"):
+        Trainer(cfg, echo=lambda s: None)

@@ -102,6 +102,12 @@ class Trainer:
                 f"{jax.process_count()} processes: the overlapped rollout runs on one process "
                 "for now; set overlap.staleness=0 for a multi-host run"
             )
+        if config.overlap.lanes > 1 and config.harness.entry:
+            raise ConfigError(
+                f"overlap.lanes={config.overlap.lanes} with harness.entry: the harness talks "
+                "to the run's one server, which samples one policy version at a time; set "
+                "overlap.lanes=1"
+            )
         if config.overlap.partial_rollouts:
             r, backend = config.rollout, config.env.pool.backend
             if (
