@@ -28,6 +28,19 @@ from test_train import ROOT, TINY, _by_step
 QS = ROOT / "configs/quickstart.yaml"
 
 
+def _learn(pipe, stop):
+    """The learner's side: publish each version a batch needs, take the batches in order;
+    returns (index, version, payload) of each."""
+    out = []
+    for it in range(stop):
+        if pipe.needs(it):
+            pipe.publish(it, f"w{it}")
+        item, _, _ = pipe.take(it)
+        out.append((item.index, item.version, item.payload))
+    pipe.close()
+    return out
+
+
 def test_pipeline_schedule_versions_and_order():
     """Batch i samples with version max(0, i - k); batches come out in index order even
     when later ones finish first; weights no batch needs any more are dropped."""
@@ -40,13 +53,7 @@ def test_pipeline_schedule_versions_and_order():
         return f"batch{i}"
 
     pipe = Pipeline(produce, 0, stop, k)
-    out = []
-    for it in range(stop):
-        if pipe.needs(it):
-            pipe.publish(it, f"w{it}")
-        item, _, _ = pipe.take(it)
-        out.append((item.index, item.version, item.payload))
-    pipe.close()
+    out = _learn(pipe, stop)
     assert out == [(i, max(0, i - k), f"batch{i}") for i in range(stop)]
     assert [p for _, _, p in seen] == [f"w{max(0, i - k)}" for i in range(stop)]
     assert not pipe.needs(0) and not pipe.needs(stop - 1)
@@ -69,13 +76,7 @@ def test_two_lanes_collect_the_next_batch_while_one_is_out():
         return f"batch{i}"
 
     pipe = Pipeline(produce, 0, stop, k, lanes=2)
-    out = []
-    for it in range(stop):
-        if pipe.needs(it):
-            pipe.publish(it, f"w{it}")
-        item, _, _ = pipe.take(it)
-        out.append((item.index, item.version, item.payload))
-    pipe.close()
+    out = _learn(pipe, stop)
     assert out == [(i, max(0, i - k), f"batch{i}") for i in range(stop)]
     assert sorted(seen) == [(i, max(0, i - k), f"w{max(0, i - k)}", i % 2) for i in range(stop)]
     assert pipe._weights == {}
