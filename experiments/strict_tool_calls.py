@@ -80,14 +80,19 @@ def main() -> None:
     trainer = Trainer(config, echo=lambda *_: None)
     params, _ = trainer.sft(trainer.take_initial_params())
     print(f"SFT done in {time.perf_counter() - t0:.0f} s")
-    grammar = trainer.sampler.grammar
+    grammar = trainer.built.sampler.grammar
     tasks = list(trainer.eval_tasks)[: args.tasks]
     key = jax.random.key(args.seed + 1000)
     res = {}
     for name, g in (("free", None), ("constrained", grammar)):
-        trainer.sampler.grammar = g
+        trainer.built.sampler.grammar = g
         eps, _ = collect_episodes(
-            trainer.sampler, params, tasks, samples_per_task=1, spec=trainer.rollout, key=key
+            trainer.built.sampler,
+            params,
+            tasks,
+            samples_per_task=1,
+            spec=trainer.built.rollout,
+            key=key,
         )
         res[name] = _rates(eps)
         r = res[name]
@@ -96,7 +101,7 @@ def main() -> None:
             f"({100 * r['valid_call_rate']:.1f}%)  call-or-answer turns "
             f"{100 * r['call_or_answer_rate']:.1f}%  success {100 * r['success']:.1f}%"
         )
-    trainer.sampler.grammar = grammar
+    trainer.built.sampler.grammar = grammar
     state = trainer._new_state(params)
     _, metrics = trainer.iteration(state, 0)
     mm = {k: float(v) for k, v in metrics.items() if k.startswith("mismatch/")}

@@ -206,17 +206,17 @@ class Run:
     budget: Budget
     sampler: TurnPolicy  # RL's sampler (rollout.temperature / top_k / top_p)
     eval_sampler: TurnPolicy  # the evaluations' sampler (eval.temperature); may be ``sampler``
-    runner: EnvRunner
-    rollout: RolloutSpec  # chat, system prompt, budget and runner
+    rollout: RolloutSpec  # chat, system prompt, budget and the environment runner
     model_key: jax.Array
     state_key: jax.Array
     sample_key: jax.Array
-    # Another RL sampler and environment runner, as ``sampler`` / ``rollout`` are built: the
-    # resources of a further collection lane (``overlap.lanes``); the caller closes the runner.
+    # Another RL sampler and environment runner, built as ``sampler`` / ``rollout`` were (they
+    # are its first call): a further collection lane (``overlap.lanes``); the caller closes
+    # the runner.
     make_lane: Optional[Callable[[], tuple[TurnPolicy, RolloutSpec]]] = None
 
     def close(self) -> None:
-        self.runner.close()
+        self.rollout.runner.close()
 
 
 def build_run(
@@ -268,6 +268,10 @@ def build_run(
     max_len = min(config.max_total_tokens, model_config.max_seq_len - r.max_new_tokens)
     budget = build(r, Budget, max_total_tokens=max_len)
 
+    grammar = None
+    if r.constrained_tool_calls:
+        grammar = run_grammar(config, env, chat, model_config.vocab_size)
+
     def sampler(temperature: float, **changes) -> TurnPolicy:
         sampling = build(
             r,
@@ -276,7 +280,7 @@ def build_run(
             **sampling_fields(temperature),
             stop_token_ids=chat.stop_ids,
         )
-        return make_turn_sampler(
+        made = make_turn_sampler(
             graphdef,
             sampling,
             max_len,
@@ -285,24 +289,18 @@ def build_run(
             # make_runner's pool streams its answers; inline (and rendering) runners do not
             streamed=render_dir is None and config.env.pool.backend != "inline",
         )
+        if grammar is not None:
+            made.grammar = grammar
+        return made
 
-    rl_sampler = sampler(r.temperature)
+    def make_lane() -> tuple[TurnPolicy, RolloutSpec]:
+        runner = make_runner(config, render_dir=render_dir)
+        return sampler(r.temperature), RolloutSpec(chat, env.system_prompt, budget, runner)
+
+    rl_sampler, rollout = make_lane()
     same = config.eval.temperature == r.temperature and r.top_k == 0 and r.top_p == 1.0
     # One sampler for both when the settings agree: its compiled shapes are shared.
     eval_sampler = rl_sampler if same else sampler(config.eval.temperature, top_k=0, top_p=1.0)
-    grammar = None
-    if r.constrained_tool_calls:
-        grammar = run_grammar(config, env, chat, model_config.vocab_size)
-        for s in {id(rl_sampler): rl_sampler, id(eval_sampler): eval_sampler}.values():
-            s.grammar = grammar
-    runner = make_runner(config, render_dir=render_dir)
-
-    def make_lane() -> tuple[TurnPolicy, RolloutSpec]:
-        lane_sampler = sampler(r.temperature)
-        if grammar is not None:
-            lane_sampler.grammar = grammar
-        lane_runner = make_runner(config, render_dir=render_dir)
-        return lane_sampler, RolloutSpec(chat, env.system_prompt, budget, lane_runner)
 
     return Run(
         config=config,
@@ -317,8 +315,7 @@ def build_run(
         budget=budget,
         sampler=rl_sampler,
         eval_sampler=eval_sampler,
-        runner=runner,
-        rollout=RolloutSpec(chat, env.system_prompt, budget, runner),
+        rollout=rollout,
         make_lane=make_lane,
         model_key=model_key,
         state_key=state_key,

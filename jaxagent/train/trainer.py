@@ -144,8 +144,7 @@ class Trainer:
         self.train_tasks, self.val_tasks = run.tasks.train, run.tasks.val
         self.sft_tasks, self.eval_tasks = run.tasks.sft, run.tasks.eval
         self.tokenizer, self.model_config = run.tokenizer, run.model_config
-        self.max_len, self.budget, self.runner = run.max_len, run.budget, run.runner
-        self.sampler, self.rollout = run.sampler, run.rollout
+        self.max_len, self.budget = run.max_len, run.budget
         # Collection lanes (overlap.lanes): lane 0 is the run's sampler and pool; the others'
         # runners are closed with the run.
         self._lanes: list[tuple[Any, RolloutSpec]] = [(run.sampler, run.rollout)]
@@ -240,7 +239,7 @@ class Trainer:
         return warm_start(
             self.config,
             self.env,
-            self.rollout,
+            self.built.rollout,
             self.sft_tasks,
             self.graphdef,
             params,
@@ -478,11 +477,9 @@ class Trainer:
         m.update(report.as_metrics("train"))
         m.update(hosts.rollout_record(stats, batch, batch.row_weight, update_s, total_s))
         m["sampler/recompiles"] = sum(sampler.recompiles for sampler, _ in self._lanes)
-        for k, v in self.runner.health().items():
-            m[f"env_health/{k}"] = v
-        for i, (_, spec) in enumerate(self._lanes[1:], 1):  # further lanes' own pools
+        for i, (_, spec) in enumerate(self._lanes):  # each lane's own pool
             for k, v in spec.runner.health().items():
-                m[f"env_health/lane{i}/{k}"] = v
+                m[f"env_health/{f'lane{i}/' if i else ''}{k}"] = v
         r = self.config.rollout
         m.update(
             iteration_metrics(
