@@ -29,8 +29,10 @@ of ``--episodes`` slots of ``--tokens`` capacity, in the layout a model samples 
 in bf16, tensor-parallel over 'tensor' (``--tensor``, default 4: one v5e host's chips) and
 replicated over 'data' (``parallel.mesh.replica_rules``: ``mesh.rollout_layout=replicas``), the bf16 KV cache split by the
 sampler itself (rows over 'data', KV heads over 'tensor'), the pool laid out by the
-sampler's own ``init`` program. ``admit`` prefills ``--admit-rows`` slots (default: the
-slots of one data shard) of ``--prompt-tokens`` (default two prefill chunks); ``decode``
+sampler's own ``init`` program. ``admit`` prefills ``--admit-rows`` slots on each data
+shard (default: all of them, so every slot of the pool at once; ``SlotSampler.admit`` lays
+the rows out by the shard that owns the slot) of ``--prompt-tokens`` (default two prefill
+chunks); ``decode``
 runs ``--decode-steps`` steps of every slot. Per program it prints the per-chip plan as
 above, and the bytes a decode step reads per chip (the weights, plus the KV cache of every
 slot's whole capacity, which attention reads today) with the step time that implies at the
@@ -109,14 +111,8 @@ def _args(argv=None):
         "--admit-rows",
         type=int,
         default=0,
-        help="rollout: rows an admit, bucketed as SlotSampler.admit does (0: slots / data shards)",
-    )
-    ap.add_argument(
-        "--admit-inputs",
-        default="replicated",
-        choices=("replicated", "rows"),
-        help="rollout: the admit's row inputs as SlotSampler.admit passes them (numpy: "
-        "replicated) or, as a what-if, split over the data axis",
+        help="rollout: rows an admit prefills on each data shard, bucketed as "
+        "SlotSampler.admit does (0: all of its slots, the whole pool admitted at once)",
     )
     ap.add_argument(
         "--prompt-tokens", type=int, default=0, help="rollout: admit width (0: 2 prefill chunks)"
@@ -374,21 +370,17 @@ def rollout_plan(args) -> dict:
     prep = sampler._prepare.lower(params).compile()
     fused = _placed(jax.eval_shape(sampler._prepare, params), prep.output_shardings)
     init_s = time.perf_counter() - t0
-    shards = data * fsdp  # the rows' mesh axes (``batch_mesh_axes``)
-    p_rows = 1  # SlotSampler.admit's row buckets: powers of 4, at most the slots
-    while p_rows < (args.admit_rows or max(1, s // shards)):
-        p_rows *= 4
-    p_rows = min(p_rows, s)
+    shards = sampler.shards(params)  # the rows' mesh axes (``batch_mesh_axes``)
+    per = s // shards
+    p_rows = SlotSampler._rows(args.admit_rows or per, per)  # its row buckets a shard
     width = args.prompt_tokens or 2 * args.prefill_chunk
-    rep = NamedSharding(mesh, P())  # the host's numpy inputs: replicated
-    row_in = rep
-    if args.admit_inputs == "rows":  # what-if: the rows split over the batch axes
-        if p_rows % shards:
-            raise SystemExit(f"--admit-inputs rows needs --admit-rows a multiple of {shards}")
-        row_in = NamedSharding(mesh, P(rows_sh.spec[0]))
+    rep = NamedSharding(mesh, P())
+    # The row inputs as SlotSampler.admit places them: [shards, rows a shard, ...], split
+    # over the rows' axes.
+    row_in = NamedSharding(mesh, P(rows_sh.spec[0])) if shards > 1 else rep
 
     def arg(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=row_in)
+        return jax.ShapeDtypeStruct((shards, *shape), dtype, sharding=row_in)
 
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
     # No prefix sharing (every admitted row prefilled: the worst case): as many prefill rows
@@ -432,9 +424,9 @@ def rollout_plan(args) -> dict:
         "capacity": cap,
         "new_tokens": args.new_tokens,
         "decode_steps": args.decode_steps,
-        "admit_rows": p_rows,
+        "admit_rows": p_rows * shards,
+        "admit_rows_per_shard": p_rows,
         "admit_width": width,
-        "admit_inputs": args.admit_inputs,
         "prefill_chunk": args.prefill_chunk,
         "hbm_gib": hbm_gib,
         "weights_gib_per_chip": round(weights_b / gib, 3),
@@ -505,6 +497,7 @@ def _memory(lowered, hbm_gib) -> dict:
         "argument_gib": round(mem.argument_size_in_bytes / gib, 3),
         "output_gib": round(mem.output_size_in_bytes / gib, 3),
         "temp_gib": round(mem.temp_size_in_bytes / gib, 3),
+        "temp_bytes": mem.temp_size_in_bytes,
         "alias_gib": round(mem.alias_size_in_bytes / gib, 3),
         "peak_gib_per_chip": round(peak / gib, 3),
         "fits": None if hbm_gib is None else peak / gib <= hbm_gib,
@@ -517,10 +510,9 @@ def print_rollout(r: dict) -> None:
         f"setup: {r['model']} rollout (SlotSampler) on {r['topology']} ({r['chips']} x "
         f"{r['chip']}), mesh {r['mesh']}; {r['slots']} slots x {r['capacity']} tokens "
         f"({r['slots_per_data_shard']} a data shard), {r['new_tokens']} tokens a turn, "
-        f"{r['decode_steps']} steps a decode call; admit {r['admit_rows']} rows x "
-        f"{r['admit_width']} tokens in chunks of {r['prefill_chunk']} (row inputs "
-        f"{r['admit_inputs']}); scan_layers "
-        f"{r['scan_layers']}"
+        f"{r['decode_steps']} steps a decode call; admit {r['admit_rows']} rows "
+        f"({r['admit_rows_per_shard']} a data shard) x {r['admit_width']} tokens in chunks "
+        f"of {r['prefill_chunk']}; scan_layers {r['scan_layers']}"
     )
     lay = r["layout"]
     print(

@@ -112,7 +112,64 @@ def test_pod_plan_rollout_compiles_the_slot_programs(monkeypatch):
     r = pod_plan.rollout_plan(args)
     assert r["mesh"] == "data=4,fsdp=1,tensor=2"
     assert "('data', 'tensor', None, None)" in r["layout"]["kv_cache"]
-    assert r["admit_rows"] == 4 and set(r["programs"]) == {"admit", "decode"}
+    # every slot admitted at once: 4 a data shard, each prefilled on its own shard
+    assert r["admit_rows"] == 16 and r["admit_rows_per_shard"] == 4
+    assert set(r["programs"]) == {"admit", "decode"}
     assert all(p["peak_gib_per_chip"] is not None for p in r["programs"].values())
     # keys + values, 2 layers, 4 of 16 rows, 1 of 2 KV heads, 256 slots of head_dim 16, bf16
     assert r["decode_kv_bytes_per_step"] == 2 * 2 * 4 * 1 * 256 * 16 * 2
+
+
+def test_uneven_admits_on_split_rows_equal_one_device():
+    """Admits that reach some data shards and not others, with a prompt shared by two slots
+    of one shard (prefilled once) and a later chunk appended to running slots: each admitted
+    slot is prefilled on the shard that holds it, and the pool ends as one device's."""
+    graphdef, params = _model()
+    sharded = _sharded(graphdef, params)
+    cfg = SamplingConfig.create(max_new_tokens=6, temperature=1.0, stop_token_ids=(3,))
+    rng = np.random.default_rng(1)
+    prompt = lambda n: rng.integers(4, 128, size=n).tolist()  # noqa: E731
+    shared = prompt(7)
+    calls = [  # (slots, chunks, fresh): 2 slots a shard (8 rows over data=4)
+        ([0, 1, 5], [shared, shared, prompt(9)], [True] * 3),  # shards 0 and 2 only
+        ([2, 3, 4, 6, 7], [prompt(int(n)) for n in rng.integers(3, 12, 5)], [True] * 5),
+        ([1, 6], [prompt(4), prompt(5)], [False, False]),  # observations appended
+    ]
+    outs = []
+    for p in (params, sharded):
+        slots = SlotSampler(graphdef, cfg, ROWS, 64, decode_steps=32)
+        assert slots.shards(p) == (4 if p is sharded else 1)
+        st, fused = slots.init(p), slots.prepare(p)
+        for turn, (ids, chunks, fresh) in enumerate(calls):
+            st = slots.admit(
+                p, fused, st, ids, chunks, fresh, jax.random.key(3), ids, [turn] * len(ids)
+            )
+            st = slots.decode(p, fused, st)
+        outs.append(jax.device_get((st.tokens, st.logprobs, st.cache.lengths)))
+    one, split = outs
+    np.testing.assert_array_equal(split[0], one[0])
+    np.testing.assert_array_equal(split[2], one[2])
+    np.testing.assert_allclose(split[1], one[1], atol=1e-5)
+    # slots 0 and 1 drew from their own streams after one shared prefill of the prompt
+    assert slots.prefilled_tokens == 7 + 9 + int(sum(len(c) for c in calls[1][1])) + 4 + 5
+
+
+def test_admit_prefills_a_shards_rows_on_that_shard(monkeypatch):
+    """The compiled admit's per-device temporaries for 4 rows on each of 4 data shards equal
+    those of 4 rows on one shard: no device gathers or prefills another shard's slots (with
+    the rows replicated, each device prefilled all 16: 3.4x the temporaries)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.modules.pop("pod_plan", None)
+    import pod_plan
+
+    monkeypatch.setitem(pod_plan.MODELS, "tiny", (128, 64, 2, 4, 2, 16, 96, True, True, 1e4))
+    temp = {}
+    for devices, mesh, slots in (("8", "4,1,2", 16), ("2", "1,1,2", 4)):
+        argv = ["--cpu-devices", devices, "--mesh", mesh, "--phase", "rollout"]
+        argv += ["--episodes", str(slots), "--tokens", "256", "--new-tokens", "16"]
+        args = pod_plan._args([*argv, "--prefill-chunk", "64"])
+        args.model = "tiny"
+        r = pod_plan.rollout_plan(args)
+        assert r["admit_rows_per_shard"] == 4
+        temp[mesh] = r["programs"]["admit"]["temp_bytes"]
+    assert temp["4,1,2"] <= 1.1 * temp["1,1,2"], temp

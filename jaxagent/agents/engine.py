@@ -69,9 +69,10 @@ class EngineConfig:
     engine: str = "auto"
     slots: int = 0  # episodes in flight (KV cache rows); 0 = every episode of a rollout
     decode_steps: int = 16  # decode steps per device call (how long a finished turn waits)
-    # Slots prefilled per device call at most (0: every slot whose chunk is ready). Every chip
-    # prefills every admitted row: at 7B on 16 GiB v5e chips more than 16 rows a call do not
-    # fit (benchmarks/pod_plan.py --phase rollout); the rest wait for the next call.
+    # Slots prefilled per data shard a device call at most (0: every slot whose chunk is
+    # ready); the rest wait for the next call. A chip prefills its own shard's slots only
+    # (SlotSampler.admit), so this bounds each chip's prefill temporaries
+    # (benchmarks/pod_plan.py --phase rollout --admit-rows).
     max_admit: int = 0
     # Decode every turn constrained to a schema-valid call of the task's tools (in the chat's
     # call syntax) or an answer (``jaxagent.agents.constrained``); the learner takes its
@@ -115,7 +116,7 @@ class SlotEngine(CachedTurnSampler):
       slots: episodes in flight at most (KV cache rows); 0: one per episode of the call.
       decode_steps: decode steps per device call at most (how long a finished turn can wait
         for the host).
-      max_admit: slots prefilled per device call at most (0: all that are ready).
+      max_admit: slots prefilled per data shard a device call at most (0: all that are ready).
     """
 
     continuous = True
@@ -203,6 +204,7 @@ class SlotEngine(CachedTurnSampler):
         state = dev.init(params)
         fused = dev.prepare(params)
         self._state = (state, fused)
+        per_shard = n_slots // dev.shards(params)
         env = _Streamed(spec.runner)
         t_start = time.perf_counter()
         gstarts = [-1] * len(eps)
@@ -270,7 +272,7 @@ class SlotEngine(CachedTurnSampler):
                 continue
             t0 = time.perf_counter()
             if ready:
-                slots = sorted(ready)[: self.max_admit or None]
+                slots = _first_per_shard(sorted(ready), self.max_admit, per_shard)
                 stats.device_row_s += sum(t0 - since[s] for s in slots)
                 state = dev.admit(
                     params,
@@ -372,3 +374,17 @@ class _Streamed:
 def slot_occupancy(stats: RolloutStats) -> float:
     """The share of decoded rows that were generating a turn (1: no slot idled)."""
     return stats.busy_steps / stats.row_steps if stats.row_steps else float("nan")
+
+
+def _first_per_shard(slots: list[int], cap: int, per_shard: int) -> list[int]:
+    """The first ``cap`` of ``slots`` on each data shard (slot s on shard s // per_shard);
+    all of them when ``cap`` is 0."""
+    if not cap:
+        return slots
+    taken: collections.Counter = collections.Counter()
+    out = []
+    for s in slots:
+        if taken[s // per_shard] < cap:
+            taken[s // per_shard] += 1
+            out.append(s)
+    return out

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxagent.buckets import bucket
 from jaxagent.generate.sampler import (
@@ -37,7 +38,6 @@ from jaxagent.generate.sampler import (
     decode_step,
     _row_sharding,
     _shard_cache_rows,
-    _take_rows,
 )
 from jaxagent.generate.grammar import advance, constrain_logits
 from jaxagent.generate.sampling import (
@@ -171,48 +171,74 @@ class SlotSampler:
         p = len(slot_ids)
         if not p or any(len(c) == 0 for c in chunks):
             raise ValueError("admit: pass at least one slot, each with a non-empty chunk")
-        # Prefix sharing: fresh slots with the same chunk (the K samples of a task start from
-        # one prompt) are prefilled once and the cache row copied to each of them.
-        unique: dict = {}
+        # Each admitted slot is prefilled on the data shard that holds its cache row (the
+        # pool's rows are split evenly, in order, over the batch axes: ``init``): the inputs
+        # are laid out [shards, rows a shard, ...] and split the same way, so a chip gathers,
+        # prefills and scatters only its own slots, and an admit of P rows costs each chip
+        # P / shards rows of prefill instead of P.
+        rows_sh = _row_sharding(params, self.slots)
+        d = self.shards(params)
+        per = self.slots // d
+        groups: list[list[int]] = [[] for _ in range(d)]
+        for i, s in enumerate(slot_ids):
+            groups[s // per].append(i)
+        # Prefix sharing: fresh slots of one shard with the same chunk (the K samples of a
+        # task start from one prompt) are prefilled once and the cache row copied to each.
         expand = np.zeros(p, np.int32)
-        for i, c in enumerate(chunks):
-            key_i = (True, tuple(c)) if fresh[i] else (False, i)
-            expand[i] = unique.setdefault(key_i, len(unique))
-        firsts = [int(np.argmax(expand == u)) for u in range(len(unique))]
+        firsts: list[list[int]] = []
+        for g in groups:
+            unique: dict = {}
+            for i in g:
+                key_i = (True, tuple(chunks[i])) if fresh[i] else (False, i)
+                expand[i] = unique.setdefault(key_i, len(unique))
+            firsts.append([next(i for i in g if expand[i] == u) for u in range(len(unique))])
         # Rows and width bucketed (powers of 8 rows, powers of 2 tokens from 16): few
         # compiled programs, whatever order the environments answer in.
-        rows, pre = self._rows(p), self._rows(len(unique))
+        rows = self._rows(max(map(len, groups)), per)
+        pre = self._rows(max(map(len, firsts)), per)
         t = bucket(max(len(c) for c in chunks), pow2=True, minimum=16)
         chunk = self.sampling.prefill_chunk
         if chunk and t > chunk:
             t = bucket(t, multiple=chunk)
-        tokens = np.full((pre, t), self.pad_id, np.int32)
-        segs = np.zeros((pre, t), np.int32)
-        src = np.zeros(pre, np.int32)  # the slot each prefill row continues
-        new = np.zeros(pre, bool)
-        for u, i in enumerate(firsts):
-            tokens[u, : len(chunks[i])] = chunks[i]
-            segs[u, : len(chunks[i])] = 1
-            src[u], new[u] = slot_ids[i], fresh[i]
-        idx = np.full(rows, self.slots, np.int32)  # out of range: padding rows write nothing
-        take = np.zeros(rows, np.int32)
-        rid = np.zeros(rows, np.int32)
-        tid = np.zeros(rows, np.int32)
-        idx[:p], take[:p], rid[:p], tid[:p] = slot_ids, expand, row_ids, turn_ids
-        table, gst = None, None
-        if grammar is not None:
-            table, gst = grammar[0], np.full(rows, -1, np.int32)
-            gst[:p] = grammar[1]
+        tokens = np.full((d, pre, t), self.pad_id, np.int32)
+        segs = np.zeros((d, pre, t), np.int32)
+        src = np.zeros((d, pre), np.int32)  # the shard's slot each prefill row continues
+        new = np.zeros((d, pre), bool)
+        idx = np.full((d, rows), per, np.int32)  # out of range: padding rows write nothing
+        take = np.zeros((d, rows), np.int32)  # the shard's prefill row of each admitted slot
+        rid = np.zeros((d, rows), np.int32)
+        tid = np.zeros((d, rows), np.int32)
+        gst = None if grammar is None else np.full((d, rows), -1, np.int32)
+        for g, (members, heads) in enumerate(zip(groups, firsts)):
+            for u, i in enumerate(heads):
+                tokens[g, u, : len(chunks[i])] = chunks[i]
+                segs[g, u, : len(chunks[i])] = 1
+                src[g, u], new[g, u] = slot_ids[i] - g * per, fresh[i]
+            for j, i in enumerate(members):
+                idx[g, j], take[g, j] = slot_ids[i] - g * per, expand[i]
+                rid[g, j], tid[g, j] = row_ids[i], turn_ids[i]
+                if gst is not None:
+                    gst[g, j] = grammar[1][i]
         self.prefilled_tokens += int(segs.sum())
-        return self._admit(
-            params, fused, state, src, tokens, segs, new, idx, take, key, rid, tid, table, gst
-        )
+        inputs = (src, tokens, segs, new, idx, take)
+        if d > 1:
+            inputs, (rid, tid) = jax.device_put(
+                (inputs, (rid, tid)), NamedSharding(rows_sh.mesh, P(rows_sh.spec[0]))
+            )
+        table = None if grammar is None else grammar[0]
+        return self._admit(params, fused, state, *inputs, key, rid, tid, table, gst)
 
-    def _rows(self, p: int) -> int:
+    def shards(self, params) -> int:
+        """How many data shards the pool's rows are split over with ``params``' mesh (1:
+        unsplit); slot s lives on shard ``s // (slots // shards)``."""
+        return _shards(_row_sharding(params, self.slots))
+
+    @staticmethod
+    def _rows(p: int, limit: int) -> int:
         rows = 1
         while rows < p:
             rows *= 8
-        return max(min(rows, self.slots), p)
+        return max(min(rows, limit), p)
 
     def decode(
         self,
@@ -299,21 +325,24 @@ class SlotSampler:
         self.num_compiles += 1
         sampling, n = self.sampling, self.sampling.max_new_tokens
         model = nnx.merge(self.graphdef, params)
-        pre, t = tokens.shape
-        rows = idx.shape[0]
+        d, pre, t = tokens.shape
+        rows = d * idx.shape[1]
         width = min(t, sampling.prefill_chunk or t)
         # A long chunk (a prompt) is a wide matmul, faster with the plain kernels.
         fused = fused if pre * width <= _DECODE_ROWS else None
-        sub = _take_rows(state.cache, src)
-        sub = sub.replace(lengths=jnp.where(fresh, 0, sub.lengths))
-        h, sub = _prefill(model, tokens, segs, sub, fused, sampling.prefill_chunk)
-        logits = model.logits(h, fused)[take]  # prefill row -> the slots that share it
-        sub = _take_rows(sub, take)
+        flat = lambda x: x.reshape(-1, *x.shape[2:])  # [shards, r, ...] -> [shards * r, ...]
+        sub = _take_slots(state.cache, src)
+        sub = sub.replace(lengths=jnp.where(flat(fresh), 0, sub.lengths))
+        h, sub = _prefill(model, flat(tokens), flat(segs), sub, fused, sampling.prefill_chunk)
+        # prefill row -> the slots of its shard that share it
+        logits = _grouped_take(model.logits(h, fused), take, 0)
+        sub = _take_slots(sub, take)
+        row_ids, turn_ids = flat(row_ids), flat(turn_ids)
         if sampling.greedy:
             us = jnp.zeros((rows, n), jnp.float32)
         else:
             us = row_uniforms(key, n, row_ids, turn_ids).T  # [rows, N]
-        gstate = jnp.full((rows,), -1, jnp.int32) if gstart is None else gstart
+        gstate = jnp.full((rows,), -1, jnp.int32) if gstart is None else flat(gstart)
         if table is not None:
             logits = constrain_logits(logits, table, gstate)
         tok, lp = sample_tokens_from_uniform(
@@ -322,7 +351,7 @@ class SlotSampler:
         stop = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
 
         def put(big, small):
-            return big.at[idx].set(small, mode="drop")
+            return _grouped_put(big, idx, small, 0)
 
         return state.replace(
             last=put(state.last, tok),
@@ -332,7 +361,7 @@ class SlotSampler:
             tokens=put(state.tokens, jnp.full((rows, n), self.pad_id, jnp.int32).at[:, 0].set(tok)),
             logprobs=put(state.logprobs, jnp.zeros((rows, n), jnp.float32).at[:, 0].set(lp)),
             uniforms=put(state.uniforms, us),
-            cache=_put_rows(state.cache, idx, sub),
+            cache=_put_slots(state.cache, idx, sub),
             gstate=put(state.gstate, gstate if table is None else advance(table, gstate, tok)),
             gstates=put(state.gstates, jnp.full((rows, n), -1, jnp.int32).at[:, 0].set(gstate)),
         )
@@ -352,7 +381,7 @@ class SlotSampler:
             tokens=state.tokens[take],
             logprobs=state.logprobs[take],
             uniforms=state.uniforms[take],
-            cache=_take_rows(state.cache, take),
+            cache=_take_slots(state.cache, take[None]),
             gstate=state.gstate[take],
             gstates=state.gstates[take],
         )
@@ -368,7 +397,7 @@ class SlotSampler:
             num_generated=put(state.num_generated, sub.num_generated),
             tokens=put(state.tokens, sub.tokens),
             logprobs=put(state.logprobs, sub.logprobs),
-            cache=_put_rows(state.cache, active, sub.cache),
+            cache=_put_slots(state.cache, active[None], sub.cache),
             gstate=put(state.gstate, sub.gstate),
             gstates=put(state.gstates, sub.gstates),
             steps=sub.steps,
@@ -400,15 +429,65 @@ class SlotSampler:
         return state
 
 
-def _put_rows(cache: KVCache, index: jax.Array, rows: KVCache) -> KVCache:
-    """``cache`` with row ``index[i]`` replaced by row i of ``rows`` (out-of-range indices are
-    dropped); the inverse of ``sampler._take_rows``."""
-    if cache.stacked:
-        put = lambda big, small: big.at[:, index].set(small, mode="drop")
-    else:
-        put = lambda big, small: big.at[index].set(small, mode="drop")
+def _shards(rows: NamedSharding | None) -> int:
+    """How many groups the pool's rows are split into (``sampler._row_sharding``): the size
+    of the mesh axes its first dimension is split over, 1 when unsplit."""
+    spec = rows.spec[0] if rows is not None and len(rows.spec) else None
+    if spec is None:
+        return 1
+    axes = spec if isinstance(spec, tuple) else (spec,)
+    return int(np.prod([rows.mesh.shape[a] for a in axes]))
+
+
+def _grouped(x: jax.Array, groups: int, axis: int) -> jax.Array:
+    return x.reshape(*x.shape[:axis], groups, x.shape[axis] // groups, *x.shape[axis + 1 :])
+
+
+def _grouped_take(x: jax.Array, index: jax.Array, axis: int) -> jax.Array:
+    """Dimension ``axis`` of ``x`` (G groups of M rows, in order) indexed per group:
+    ``index`` [G, K] holds rows of its own group (0..M-1); the result has G * K rows there.
+    The gather is batched over the groups, so a group split over devices stays on them."""
+    g = index.shape[0]
+    out = jax.vmap(lambda xg, i: jnp.take(xg, i, axis=axis), in_axes=(axis, 0), out_axes=axis)(
+        _grouped(x, g, axis), index
+    )
+    return out.reshape(*x.shape[:axis], -1, *x.shape[axis + 1 :])
+
+
+def _grouped_put(x: jax.Array, index: jax.Array, rows: jax.Array, axis: int) -> jax.Array:
+    """``x`` with row ``index[g, k]`` of group g (dimension ``axis``: G groups of M rows)
+    replaced by row ``g * K + k`` of ``rows``; indices out of 0..M-1 write nothing. The
+    inverse of ``_grouped_take``."""
+    g = index.shape[0]
+    at = (slice(None),) * axis
+
+    def put(xg, i, r):
+        return xg.at[(*at, i)].set(r, mode="drop")
+
+    out = jax.vmap(put, in_axes=(axis, 0, axis), out_axes=axis)(
+        _grouped(x, g, axis), index, _grouped(rows, g, axis)
+    )
+    return out.reshape(x.shape)
+
+
+def _take_slots(cache: KVCache, index: jax.Array) -> KVCache:
+    """``_grouped_take`` of every cache buffer's rows (dimension 0, or 1 after the layer axis
+    of a stacked cache)."""
+    axis = 1 if cache.stacked else 0
     return KVCache(
-        keys=jax.tree.map(put, cache.keys, rows.keys),
-        values=jax.tree.map(put, cache.values, rows.values),
-        lengths=cache.lengths.at[index].set(rows.lengths, mode="drop"),
+        keys=jax.tree.map(lambda k: _grouped_take(k, index, axis), cache.keys),
+        values=jax.tree.map(lambda v: _grouped_take(v, index, axis), cache.values),
+        lengths=_grouped_take(cache.lengths, index, 0),
+    )
+
+
+def _put_slots(cache: KVCache, index: jax.Array, rows: KVCache) -> KVCache:
+    """``_grouped_put`` of every cache buffer's rows; the inverse of ``_take_slots``."""
+    axis = 1 if cache.stacked else 0
+    return KVCache(
+        keys=jax.tree.map(lambda k, r: _grouped_put(k, index, r, axis), cache.keys, rows.keys),
+        values=jax.tree.map(
+            lambda v, r: _grouped_put(v, index, r, axis), cache.values, rows.values
+        ),
+        lengths=_grouped_put(cache.lengths, index, rows.lengths, 0),
     )
