@@ -188,10 +188,13 @@ class SlotSampler:
         firsts: list[list[int]] = []
         for g in groups:
             unique: dict = {}
+            heads: list[int] = []  # the first slot of each distinct chunk
             for i in g:
                 key_i = (True, tuple(chunks[i])) if fresh[i] else (False, i)
                 expand[i] = unique.setdefault(key_i, len(unique))
-            firsts.append([next(i for i in g if expand[i] == u) for u in range(len(unique))])
+                if expand[i] == len(heads):
+                    heads.append(i)
+            firsts.append(heads)
         # Rows and width bucketed (powers of 8 rows, powers of 2 tokens from 16): few
         # compiled programs, whatever order the environments answer in.
         rows = self._rows(max(map(len, groups)), per)
@@ -222,8 +225,8 @@ class SlotSampler:
         self.prefilled_tokens += int(segs.sum())
         inputs = (src, tokens, segs, new, idx, take)
         if d > 1:
-            inputs, (rid, tid) = jax.device_put(
-                (inputs, (rid, tid)), NamedSharding(rows_sh.mesh, P(rows_sh.spec[0]))
+            inputs, (rid, tid, gst) = jax.device_put(
+                (inputs, (rid, tid, gst)), NamedSharding(rows_sh.mesh, P(rows_sh.spec[0]))
             )
         table = None if grammar is None else grammar[0]
         return self._admit(params, fused, state, *inputs, key, rid, tid, table, gst)
