@@ -121,6 +121,12 @@ def _args(argv=None):
     ap.add_argument("--dtype", default="bfloat16", help="compute dtype")
     ap.add_argument("--mfu", type=float, default=0.4, help="MFU for the projected step time")
     ap.add_argument("--scan-layers", action="store_true", help="model.scan_layers (no LoRA)")
+    ap.add_argument(
+        "--attention",
+        default="blockwise",
+        choices=("blockwise", "splash"),
+        help="model.attention for long rows: pure-JAX tiles, or the Pallas splash kernel (TPU)",
+    )
     args = ap.parse_args(argv)
     if args.cpu_devices:
         os.environ["XLA_FLAGS"] = (
@@ -152,6 +158,7 @@ def _model_config(args, param_dtype: str):
         head_dim=hd, intermediate_size=f, qkv_bias=bias, tie_embeddings=tie, rope_theta=theta,
         param_dtype=param_dtype, dtype=args.dtype, max_seq_len=max(args.tokens, 4096),
         model_type="qwen2" if bias else "llama", scan_layers=args.scan_layers,
+        attention=args.attention,
     )  # fmt: skip
 
 
@@ -246,6 +253,7 @@ def plan(args) -> dict:
         "param_dtype": param_dtype,
         "dtype": args.dtype,
         "scan_layers": args.scan_layers,
+        "attention": args.attention,
         "episodes": b,
         "tokens": t,
         "rows_per_gradient_step": rows_per_step,
@@ -569,8 +577,8 @@ def main(argv=None) -> None:
         return
     print(
         f"setup: {r['model']} ({r['params_b']}B params, {r['param_dtype']} params, "
-        f"{r['dtype']} compute, {r['recipe']}) on {r['topology']} ({r['chips']} x {r['chip']}), "
-        f"mesh {r['mesh']}; batch {r['episodes']} x {r['tokens']} tokens, "
+        f"{r['dtype']} compute, {r['recipe']}, {r['attention']} attention) on {r['topology']} "
+        f"({r['chips']} x {r['chip']}), mesh {r['mesh']}; batch {r['episodes']} x {r['tokens']} tokens, "
         f"{r['rows_per_gradient_step']} rows a gradient step"
     )
     print(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxagent.models import transformer as TR
+from jaxagent.models import blockwise, transformer as TR
 from jaxagent.models.blockwise import attend_blockwise, tiling
 
 B, K, G, HD = 2, 2, 2, 16
@@ -142,3 +142,78 @@ def test_the_model_attends_long_rows_tile_by_tile_with_the_same_logits(monkeypat
     # and the gradient flows through the tiles (under remat, as the trainer runs it)
     g = jax.grad(lambda s: jnp.sum(jnp.where(seg[..., None] != 0, logits(s), 0.0) ** 2))(state)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(g))
+
+
+@pytest.mark.parametrize("t", [256, 200])
+def test_splash_kernel_equals_the_blockwise_tiles(t):
+    """The Pallas splash kernel (``model.attention: splash``, TPU), run in the Pallas
+    interpreter: values and gradients equal the pure-JAX tiles' within fp32 reassociation
+    (a sum of t terms in another order), on packed rows with padding (200: padded inside)."""
+    from jaxagent.models.blockwise import attend_splash
+
+    (q, k, v), seg = _inputs(t, jnp.float32, seed=3)
+    w = jnp.asarray(np.random.default_rng(4).normal(size=q.shape), jnp.float32)
+    w = w * (seg != 0)[:, :, None, None, None]  # padding outputs are ignored by every caller
+
+    def run(fn):
+        out, grads = jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), (0, 1, 2))(
+            q, k, v
+        )
+        return [np.asarray(x, np.float64) for x in (fn(q, k, v), *grads)]
+
+    ref = run(lambda q, k, v: attend_blockwise(q, k, v, seg, block=128))
+    got = run(lambda q, k, v: attend_splash(q, k, v, seg, block=128, interpret=True))
+    valid = np.asarray(seg != 0)
+    eps = float(jnp.finfo(jnp.float32).eps)
+    np.testing.assert_allclose(got[0][valid], ref[0][valid], atol=t * eps)
+    for g, r in zip(got[1:], ref[1:]):
+        assert np.abs(g - r).max() <= t * eps * np.abs(r).max()
+
+
+def test_splash_runs_per_device_under_a_mesh(monkeypatch):
+    """``model.attention: splash`` on a data=4 x tensor=2 mesh (rows over data, KV heads over
+    tensor): the kernel runs per device under ``shard_map`` and the long-row logits and
+    gradients equal the blockwise model's on one device."""
+    import dataclasses
+
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxagent.models import ModelConfig, init_model, param_logical_axes
+    from jaxagent.parallel.mesh import make_mesh, param_shardings
+
+    cfg = ModelConfig.test(vocab_size=97, max_seq_len=256, num_heads=4, num_kv_heads=2)
+    graphdef, params = init_model(cfg, jax.random.key(0))
+    splash_def, _ = init_model(dataclasses.replace(cfg, attention="splash"), jax.random.key(0))
+    rng = np.random.default_rng(5)
+    tokens = jnp.asarray(rng.integers(1, 97, size=(4, 128)), jnp.int32)
+    seg = jnp.asarray(np.where(np.arange(128) < 100, 1, 0)[None].repeat(4, 0), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(128), (4, 128))
+    monkeypatch.setattr(TR, "BLOCK", 64)  # rows of 128 take the long-row path
+
+    def logits_and_grads(graphdef, params, sharding=None):
+        def f(params):
+            m = nnx.merge(graphdef, params)
+            h = m.hidden(tokens, pos, seg, remat=True, activation_sharding=sharding)[0]
+            z = m.logits(h)
+            return jnp.sum(jnp.where(seg[..., None] != 0, z, 0.0) ** 2), z
+
+        (_, z), g = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+        return np.asarray(z), g
+
+    ref, ref_g = logits_and_grads(graphdef, params)
+    mesh = make_mesh(data=4, tensor=2)
+    sharded = jax.device_put(
+        params, param_shardings(params, param_logical_axes(graphdef, params), mesh)
+    )
+    calls = []
+    real = blockwise.attend_splash
+    monkeypatch.setattr(
+        blockwise, "attend_splash", lambda *a, **kw: calls.append(kw) or real(*a, **kw)
+    )
+    got, got_g = logits_and_grads(splash_def, sharded, NamedSharding(mesh, P("data")))
+    assert calls and all(kw["interpret"] for kw in calls)  # the kernel ran, interpreted on CPU
+    valid = np.asarray(seg != 0)
+    np.testing.assert_allclose(got[valid], ref[valid], atol=2e-5)
+    for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(ref_g)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.abs(a - b).max() <= 1e-4 * max(1.0, np.abs(b).max())

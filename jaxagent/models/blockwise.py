@@ -21,10 +21,12 @@ Pure JAX: it runs on every backend; accumulation is in float32 whatever the inpu
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 # The same large finite negative as ``transformer._MASK_VALUE``: a row whose first visited
 # block is fully masked keeps a finite running maximum, and exp(mask - real max) is 0.
@@ -34,13 +36,20 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 BLOCK = 512
 # The shortest tile ``tiling`` picks; rows that no longer tile divides are padded instead.
 MIN_TILE = 128
+# The splash kernel's blocks are multiples of a TPU vector register's 128 lanes.
+_LANES = 128
 
 
-class Segments(NamedTuple):
+@struct.dataclass
+class Segments:
     """The attention mask of a packed, causal batch given by its segment ids [B, T] (0 =
-    padding): what the no-cache forward passes instead of a [B, T, T] boolean mask."""
+    padding): what the no-cache forward passes instead of a [B, T, T] boolean mask, with how
+    the long rows are attended (static: ``kernel``, one of ``KERNELS``; ``sharding``, the
+    [B, T, D] activations' sharding, which the Pallas kernel needs to run per device)."""
 
     ids: jax.Array
+    kernel: str = struct.field(pytree_node=False, default="blockwise")
+    sharding: Any = struct.field(pytree_node=False, default=None)
 
 
 def tiling(length: int, block: int = BLOCK) -> tuple[int, int]:
@@ -197,3 +206,89 @@ def attend_blockwise(
         seg = jnp.pad(seg, ((0, 0), (0, extra)))
     out = _attention(q, keys, values, seg, size, size)  # [B, K, G, T', hd] float32
     return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).astype(values.dtype)
+
+
+def attend_splash(
+    q: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    segment_ids: jax.Array,
+    block: int = BLOCK,
+    interpret: bool = False,
+) -> jax.Array:
+    """``attend_blockwise`` through the Pallas TPU splash-attention kernel (JAX's
+    ``splash_attention``: flash attention with block-sparse masks, Mosaic on TPU), one
+    (row, KV head) at a time as multi-query attention over the head's G query heads, the
+    mask causal within equal segment ids. Same arguments and result; ``interpret`` runs the
+    kernel in the Pallas interpreter (any backend: how it is tested on CPU). Padding queries
+    (segment 0) attend to padding keys here instead of to none; no caller reads them, and
+    real queries never see a segment-0 key."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+        splash_attention_mask as masks,
+    )
+
+    b, t, k, g, hd = q.shape
+    size, padded = tiling(t, max(block, _LANES))  # its tiles are whole 128-lane vectors
+    seg = segment_ids.astype(jnp.int32)
+    if padded > t:
+        extra = padded - t
+        q = jnp.pad(q, ((0, 0), (0, extra), (0, 0), (0, 0), (0, 0)))
+        keys = jnp.pad(keys, ((0, 0), (0, 0), (0, extra), (0, 0)))
+        values = jnp.pad(values, ((0, 0), (0, 0), (0, extra), (0, 0)))
+        seg = jnp.pad(seg, ((0, 0), (0, extra)))
+    sizes = splash.BlockSizes(
+        block_q=size,
+        block_kv=size,
+        block_kv_compute=size,
+        block_q_dkv=size,
+        block_kv_dkv=size,
+        block_kv_dkv_compute=size,
+        block_q_dq=size,
+        block_kv_dq=size,
+    )
+    mask = masks.MultiHeadMask([masks.CausalMask((padded, padded))] * g)
+    kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+
+    def head(qh, kh, vh, sh):  # [G, T, hd], [T, hd], [T, hd], [T]
+        return kernel(qh, kh, vh, segment_ids=splash.SegmentIds(q=sh, kv=sh))
+
+    qh = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, hd]
+    per_row = jax.vmap(head, in_axes=(0, 0, 0, None))  # over KV heads
+    out = jax.vmap(per_row)(qh, keys, values, seg)  # [B, K, G, T, hd]
+    return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).astype(values.dtype)
+
+
+KERNELS = ("blockwise", "splash")
+
+
+def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segments):
+    """The no-cache pass's attention over long rows with ``mask.kernel``: the pure-JAX tiles
+    (every backend) or the Pallas splash kernel (TPU; the interpreter elsewhere). Under a
+    mesh (``mask.sharding``) the kernel runs per device on its own rows and KV heads
+    (``jax.shard_map``): a Pallas call is not partitioned by XLA."""
+    if mask.kernel == "blockwise":
+        return attend_blockwise(q, keys, values, mask.ids)
+    sharding = mask.sharding
+    if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
+        interpret = jax.default_backend() != "tpu"
+        return attend_splash(q, keys, values, mask.ids, interpret=interpret)
+    mesh = sharding.mesh
+    interpret = mesh.devices.flat[0].platform != "tpu"
+    rows = sharding.spec[0] if len(sharding.spec) else None
+    row_axes = () if rows is None else (rows if isinstance(rows, tuple) else (rows,))
+    n_rows = 1
+    for a in row_axes:
+        n_rows *= mesh.shape[a]
+    if q.shape[0] % n_rows:
+        rows = None
+    tensor = mesh.shape.get("tensor", 1)
+    heads = "tensor" if tensor > 1 and q.shape[2] % tensor == 0 else None
+    fn = jax.shard_map(
+        functools.partial(attend_splash, interpret=interpret),
+        mesh=mesh,
+        in_specs=(P(rows, None, heads), P(rows, heads), P(rows, heads), P(rows)),
+        out_specs=P(rows, None, heads),
+        check_vma=False,
+    )
+    return fn(q, keys, values, mask.ids)

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
+from jaxagent.models.blockwise import KERNELS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -50,6 +52,11 @@ class ModelConfig:
     # depth (params under "blocks" with a leading layer axis instead of layer_0 .. layer_{L-1};
     # HF import / export is unchanged).
     scan_layers: bool = False
+    # Attention over rows longer than ``blockwise.BLOCK`` tokens in the no-cache (training)
+    # pass: "blockwise", pure-JAX flash tiles on every backend; "splash", JAX's Pallas
+    # splash-attention kernel for TPU (compiled for TPU ahead of time and checked in the
+    # Pallas interpreter here; not yet run on a chip).
+    attention: str = "blockwise"
     max_seq_len: int = 2048  # longest position the model is meant for (HF max_position_embeddings)
     model_type: str = "llama"  # HF family used when exporting: "llama" or "qwen2"
     bos_token_id: Optional[int] = None
@@ -74,6 +81,11 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.num_heads={self.num_heads} must be a multiple of "
                 f"num_kv_heads={self.num_kv_heads}; pick num_kv_heads dividing num_heads"
+            )
+        if self.attention not in KERNELS:
+            raise ValueError(
+                f"ModelConfig.attention={self.attention!r}; use one of {KERNELS} "
+                "('splash': the Pallas kernel for TPU)"
             )
         if self.model_type not in ("llama", "qwen2"):
             raise ValueError(f"ModelConfig.model_type={self.model_type!r}; use 'llama' or 'qwen2'")

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxagent.models.blockwise import BLOCK, Segments, attend_blockwise
+from jaxagent.models.blockwise import BLOCK, Segments, attend_segments
 from jaxagent.models.cache import KVCache, write_slots
 from jaxagent.models.config import ModelConfig
 from jaxagent.models.rope import apply_rope, rope_cos_sin
@@ -194,7 +194,7 @@ class Attention(nnx.Module):
             keys, values = keys[..., :w], values[..., :w, :]
         keys, values = keys.astype(x.dtype), values.astype(x.dtype)
         if isinstance(mask, Segments):
-            out = attend_blockwise(q, keys, values, mask.ids)
+            out = attend_segments(q, keys, values, mask)
         else:
             out = (attend if cache_kv is None else attend_cache)(q, keys, values, mask)
         # [B, T, H*hd] @ [H*hd, D]: both reshapes are free, so the (large) kernel is read in
@@ -348,7 +348,8 @@ class Transformer(nnx.Module):
         cos, sin = rope_cos_sin(cfg, positions)
         if cache is None and tokens.shape[1] > BLOCK:
             # Long rows: tile by tile (``blockwise``), no [T, T] scores or mask in memory.
-            mask, slots = Segments(segment_ids), None
+            mask = Segments(segment_ids, cfg.attention, activation_sharding)
+            slots = None
         elif cache is None:
             t = tokens.shape[1]
             causal = jnp.arange(t)[None, :, None] >= jnp.arange(t)[None, None, :]
