@@ -182,6 +182,20 @@ def _attention_bwd(bq, bk, residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def _padded(q, keys, values, segment_ids, length: int):
+    """q [B, T, K, G, hd], keys / values [B, K, T, hd] and int32 segment ids [B, T] padded to
+    ``length`` tokens: padding tokens are segment 0, so no query sees them, and the callers
+    cut their rows off."""
+    seg = segment_ids.astype(jnp.int32)
+    extra = length - q.shape[1]
+    if not extra:
+        return q, keys, values, seg
+    q = jnp.pad(q, ((0, 0), (0, extra), (0, 0), (0, 0), (0, 0)))
+    keys = jnp.pad(keys, ((0, 0), (0, 0), (0, extra), (0, 0)))
+    values = jnp.pad(values, ((0, 0), (0, 0), (0, extra), (0, 0)))
+    return q, keys, values, jnp.pad(seg, ((0, 0), (0, extra)))
+
+
 def attend_blockwise(
     q: jax.Array, keys: jax.Array, values: jax.Array, segment_ids: jax.Array, block: int = BLOCK
 ) -> jax.Array:
@@ -197,13 +211,7 @@ def attend_blockwise(
     """
     t = q.shape[1]
     size, padded = tiling(t, block)
-    seg = segment_ids.astype(jnp.int32)
-    if padded > t:  # padding tokens are segment 0: no query sees them; their rows are cut
-        extra = padded - t
-        q = jnp.pad(q, ((0, 0), (0, extra), (0, 0), (0, 0), (0, 0)))
-        keys = jnp.pad(keys, ((0, 0), (0, 0), (0, extra), (0, 0)))
-        values = jnp.pad(values, ((0, 0), (0, 0), (0, extra), (0, 0)))
-        seg = jnp.pad(seg, ((0, 0), (0, extra)))
+    q, keys, values, seg = _padded(q, keys, values, segment_ids, padded)
     out = _attention(q, keys, values, seg, size, size)  # [B, K, G, T', hd] float32
     return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).astype(values.dtype)
 
@@ -230,13 +238,7 @@ def attend_splash(
 
     b, t, k, g, hd = q.shape
     size, padded = tiling(t, max(block, _LANES))  # its tiles are whole 128-lane vectors
-    seg = segment_ids.astype(jnp.int32)
-    if padded > t:
-        extra = padded - t
-        q = jnp.pad(q, ((0, 0), (0, extra), (0, 0), (0, 0), (0, 0)))
-        keys = jnp.pad(keys, ((0, 0), (0, 0), (0, extra), (0, 0)))
-        values = jnp.pad(values, ((0, 0), (0, 0), (0, extra), (0, 0)))
-        seg = jnp.pad(seg, ((0, 0), (0, extra)))
+    q, keys, values, seg = _padded(q, keys, values, segment_ids, padded)
     sizes = splash.BlockSizes(
         block_q=size,
         block_kv=size,
