@@ -46,6 +46,7 @@ from jaxagent.generate.sampling import (
     sample_tokens_from_uniform,
 )
 from jaxagent.models.api import model_config
+from jaxagent.models.blockwise import row_shards
 from jaxagent.models.cache import KVCache, init_cache
 
 
@@ -177,7 +178,7 @@ class SlotSampler:
         # prefills and scatters only its own slots, and an admit of P rows costs each chip
         # P / shards rows of prefill instead of P.
         rows_sh = _row_sharding(params, self.slots)
-        d = self.shards(params)
+        d = _shards(rows_sh)
         per = self.slots // d
         groups: list[list[int]] = [[] for _ in range(d)]
         for i, s in enumerate(slot_ids):
@@ -433,13 +434,9 @@ class SlotSampler:
 
 
 def _shards(rows: NamedSharding | None) -> int:
-    """How many groups the pool's rows are split into (``sampler._row_sharding``): the size
-    of the mesh axes its first dimension is split over, 1 when unsplit."""
-    spec = rows.spec[0] if rows is not None and len(rows.spec) else None
-    if spec is None:
-        return 1
-    axes = spec if isinstance(spec, tuple) else (spec,)
-    return int(np.prod([rows.mesh.shape[a] for a in axes]))
+    """How many groups the pool's rows are split into (``sampler._row_sharding``), 1 when
+    unsplit."""
+    return 1 if rows is None else row_shards(rows)
 
 
 def _grouped(x: jax.Array, groups: int, axis: int) -> jax.Array:

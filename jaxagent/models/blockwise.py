@@ -216,6 +216,31 @@ def attend_blockwise(
     return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).astype(values.dtype)
 
 
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(padded: int, g: int, size: int, interpret: bool):
+    """The splash kernel for one shape, built once: its block-sparse mask is computed on the
+    host, which every layer of every trace would otherwise repeat."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+        splash_attention_mask as masks,
+    )
+
+    sizes = splash.BlockSizes(
+        block_q=size,
+        block_kv=size,
+        block_kv_compute=size,
+        block_q_dkv=size,
+        block_kv_dkv=size,
+        block_kv_dkv_compute=size,
+        block_q_dq=size,
+        block_kv_dq=size,
+    )
+    mask = masks.MultiHeadMask([masks.CausalMask((padded, padded))] * g)
+    # Built while a caller traces, its mask arrays must be constants, not that trace's values.
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+
+
 def attend_splash(
     q: jax.Array,
     keys: jax.Array,
@@ -231,26 +256,12 @@ def attend_splash(
     kernel in the Pallas interpreter (any backend: how it is tested on CPU). Padding queries
     (segment 0) attend to padding keys here instead of to none; no caller reads them, and
     real queries never see a segment-0 key."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_kernel as splash,
-        splash_attention_mask as masks,
-    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
     b, t, k, g, hd = q.shape
     size, padded = tiling(t, max(block, _LANES))  # its tiles are whole 128-lane vectors
     q, keys, values, seg = _padded(q, keys, values, segment_ids, padded)
-    sizes = splash.BlockSizes(
-        block_q=size,
-        block_kv=size,
-        block_kv_compute=size,
-        block_q_dkv=size,
-        block_kv_dkv=size,
-        block_kv_dkv_compute=size,
-        block_q_dq=size,
-        block_kv_dq=size,
-    )
-    mask = masks.MultiHeadMask([masks.CausalMask((padded, padded))] * g)
-    kernel = splash.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+    kernel = _splash_kernel(padded, g, size, interpret)
 
     def head(qh, kh, vh, sh):  # [G, T, hd], [T, hd], [T, hd], [T]
         return kernel(qh, kh, vh, segment_ids=splash.SegmentIds(q=sh, kv=sh))
@@ -262,6 +273,20 @@ def attend_splash(
 
 
 KERNELS = ("blockwise", "splash")
+
+
+def row_axes(sharding) -> tuple[str, ...]:
+    """The mesh axes a sharding of [B, ...] splits the rows (dimension 0) over."""
+    spec = sharding.spec[0] if len(sharding.spec) else None
+    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+
+def row_shards(sharding) -> int:
+    """How many ways ``sharding`` (of [B, ...]) splits the rows."""
+    n = 1
+    for a in row_axes(sharding):
+        n *= sharding.mesh.shape[a]
+    return n
 
 
 def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segments):
@@ -277,13 +302,8 @@ def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segm
         return attend_splash(q, keys, values, mask.ids, interpret=interpret)
     mesh = sharding.mesh
     interpret = mesh.devices.flat[0].platform != "tpu"
-    rows = sharding.spec[0] if len(sharding.spec) else None
-    row_axes = () if rows is None else (rows if isinstance(rows, tuple) else (rows,))
-    n_rows = 1
-    for a in row_axes:
-        n_rows *= mesh.shape[a]
-    if q.shape[0] % n_rows:
-        rows = None
+    axes = row_axes(sharding)
+    rows = axes if axes and q.shape[0] % row_shards(sharding) == 0 else None
     tensor = mesh.shape.get("tensor", 1)
     heads = "tensor" if tensor > 1 and q.shape[2] % tensor == 0 else None
     fn = jax.shard_map(

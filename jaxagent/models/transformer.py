@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxagent.models.blockwise import BLOCK, Segments, attend_segments
+from jaxagent.models.blockwise import BLOCK, Segments, attend_segments, row_shards
 from jaxagent.models.cache import KVCache, write_slots
 from jaxagent.models.config import ModelConfig
 from jaxagent.models.rope import apply_rope, rope_cos_sin
@@ -340,7 +340,7 @@ class Transformer(nnx.Module):
         cfg = self.config
 
         def pin(x):
-            if activation_sharding is None or x.shape[0] % _row_shards(activation_sharding):
+            if activation_sharding is None or x.shape[0] % row_shards(activation_sharding):
                 return x  # rows that do not split evenly are left to XLA
             return jax.lax.with_sharding_constraint(x, activation_sharding)
 
@@ -443,20 +443,6 @@ class Transformer(nnx.Module):
             return None
         w = self.value_kernel[...].astype(jnp.float32)
         return h.astype(jnp.float32) @ w + self.value_bias[...].astype(jnp.float32)
-
-
-def row_axes(sharding) -> tuple[str, ...]:
-    """The mesh axes a sharding of [B, ...] splits the rows (dimension 0) over."""
-    spec = sharding.spec[0] if len(sharding.spec) else None
-    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-
-
-def _row_shards(sharding) -> int:
-    """How many ways ``sharding`` (of [B, T, D]) splits the rows."""
-    n = 1
-    for a in row_axes(sharding):
-        n *= sharding.mesh.shape[a]
-    return n
 
 
 def _remat_block(layer, x, cos, sin, mask, wrap=jax.checkpoint):

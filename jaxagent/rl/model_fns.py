@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxagent.rl.lora import LoraParams, merge_lora, path_name
 from jaxagent.models import token_logprobs_and_entropy, token_values
-from jaxagent.models.transformer import row_axes
+from jaxagent.models.blockwise import row_axes
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
 LogprobFn = Callable[..., tuple[jax.Array, jax.Array, Optional[jax.Array]]]
