@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Callable, Optional
 
 import jax
@@ -34,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxagent.rl.lora import LoraParams, merge_lora, path_name
 from jaxagent.models import token_logprobs_and_entropy, token_values
-from jaxagent.models.blockwise import row_axes
+from jaxagent.models.blockwise import row_axes, row_shards
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
 
 LogprobFn = Callable[..., tuple[jax.Array, jax.Array, Optional[jax.Array]]]
@@ -161,7 +160,7 @@ def model_logprob_fn(
 
         args = (h[:, :-1], tokens[:, 1:], rows, w)
         axes = () if activation_sharding is None else row_axes(activation_sharding)
-        shards = 1 if not axes else math.prod(activation_sharding.mesh.shape[a] for a in axes)
+        shards = 1 if not axes else row_shards(activation_sharding)
         if shards > 1 and b % shards == 0:
             # Under a mesh each device runs the head over its own rows only (the head's
             # row blocks slice the flattened batch: left to XLA, every device would gather
