@@ -23,9 +23,10 @@ the schedule and its copies, not separate hardware. SFT is off (the untrained po
 run long: rollout-heavy).
 
 Partial rollouts (``--modes lockstep_sync,lockstep_k2,partial_k2``): the lock-step driver
-(the one that can switch weights between turns) synchronous, at k = 2, and at k = 2 with
-``overlap.partial_rollouts``; besides the wall time, the mean staleness of the trained tokens
-(versions between the sampler and the learner), which the switch lowers.
+synchronous, at k = 2, and at k = 2 with ``overlap.partial_rollouts``; besides the wall time,
+the mean staleness of the trained tokens (versions between the sampler and the learner), which
+the switch lowers. The slot engine's switch (it drains the turns on the device first):
+``--modes sync,async_k2,slots_partial_k2``.
 The last line is one JSON object.
 
     python benchmarks/async_training.py [--iterations 6] [--profiles latency_100ms,long_tail]
@@ -67,13 +68,14 @@ MODES = {  # name -> (staleness, extra settings)
     "disagg_k1": (1, [*MESH4, "overlap.sampler_devices=4"]),
     "disagg_k2": (2, [*MESH4, "overlap.sampler_devices=4"]),
 }
-# Partial rollouts switch weights between the turns of the lock-step driver: compared with the
-# same driver without the switch (``--modes lockstep_sync,lockstep_k2,partial_k2``).
+# Partial rollouts, each driver compared with itself without the switch
+# (``--modes lockstep_sync,lockstep_k2,partial_k2`` and ``sync,async_k2,slots_partial_k2``).
 LOCKSTEP = ["rollout.engine=lockstep"]
 PARTIAL_MODES = {
     "lockstep_sync": (0, LOCKSTEP),
     "lockstep_k2": (2, LOCKSTEP),
     "partial_k2": (2, [*LOCKSTEP, "overlap.partial_rollouts=true"]),
+    "slots_partial_k2": (2, ["overlap.partial_rollouts=true"]),
 }
 ALL_MODES = {**MODES, **PARTIAL_MODES}
 
@@ -174,6 +176,7 @@ def main(argv=None) -> None:
         for mode, anchor in (
             ("lockstep_k2", "lockstep_sync"),
             ("partial_k2", "lockstep_sync"),
+            ("slots_partial_k2", "sync"),
             ("async_k1", "sync"),
             ("async_k1_lanes2", "sync"),
             ("async_k2", "sync"),
@@ -184,7 +187,7 @@ def main(argv=None) -> None:
                 name = mode.replace("disagg", "disaggregated")
                 x[f"{name}_over_sync"] = rows[mode]["iteration_s"] / rows[anchor]["iteration_s"]
                 x[f"{name}_iteration_s"] = rows[mode]["iteration_s"]
-        for mode in ("lockstep_k2", "partial_k2"):
+        for mode in ("lockstep_k2", "partial_k2", "async_k2", "slots_partial_k2"):
             if mode in rows:
                 x[f"{mode}_staleness_mean"] = rows[mode]["staleness_mean"]
         if "sync_mesh4" in rows:

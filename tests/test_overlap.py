@@ -296,15 +296,18 @@ def test_partial_rollouts_train_with_versions_no_older_than_the_bound(tmp_path):
         assert rec["async/staleness_max"] <= min(it, 1) and rec["async/stale_dropped"] == 0
 
 
-def test_partial_rollouts_need_overlap_and_the_lockstep_driver():
+def test_partial_rollouts_need_overlap_and_no_harness(tmp_path):
     with pytest.raises(ConfigError, match="overlap.partial_rollouts=true with overlap.staleness"):
         load_config(QS, TINY + ["overlap.partial_rollouts=true"])
     from jaxagent.train.trainer import Trainer
 
     cfg = load_config(
-        QS, TINY + ["overlap.staleness=1", "overlap.partial_rollouts=true", "rollout.engine=slots"]
+        QS,
+        TINY
+        + [f"train.out_dir={tmp_path}/h", "overlap.staleness=1", "overlap.partial_rollouts=true"]
+        + ["harness.entry=jaxagent.serve.examples:quickstart_harness"],
     )
-    with pytest.raises(ConfigError, match="rollout.engine='lockstep'"):
+    with pytest.raises(ConfigError, match="overlap.partial_rollouts=true with harness.entry"):
         Trainer(cfg, echo=lambda s: None)
 
 

@@ -185,8 +185,16 @@ class SlotEngine(CachedTurnSampler):
         group_offset: int = 0,
         on_round: Optional[Callable[[int, int], None]] = None,
         version: int = 0,
+        refresh: Optional[Callable[[int], Optional[tuple[Any, int]]]] = None,
     ) -> tuple[list[Episode], RolloutStats]:
-        """Run every (task, sample) episode to completion (``collect_episodes``' contract)."""
+        """Run every (task, sample) episode to completion (``collect_episodes``' contract).
+
+        ``refresh`` (partial rollouts): asked between decode calls; once it gives newer
+        ``(params, version)``, no turn is admitted until the turns on the device have ended,
+        then every running episode continues on the new weights from its next turn, its whole
+        context prefilled again under them (as AReaL's interruptible generation recomputes
+        the cache), with its turn numbers, so its random streams, unchanged. A turn is
+        sampled by one version; tokens keep the version that sampled them."""
         if spec.budget.max_new_tokens != self.sampling.max_new_tokens:
             raise ValueError(
                 f"Budget.max_new_tokens={spec.budget.max_new_tokens} differs from the "
@@ -223,6 +231,8 @@ class SlotEngine(CachedTurnSampler):
         waiting = 0  # environment calls outstanding
         finished = 0
         since: dict[int, float] = {}  # slot -> when its env call was sent / its chunk ready
+        newer = None  # partial rollouts: published weights waiting for the device to drain
+        stale: set[int] = set()  # slots whose cache the previous weights wrote
 
         def end(slot: int) -> None:
             nonlocal finished
@@ -266,12 +276,22 @@ class SlotEngine(CachedTurnSampler):
                 chunk = close_turn(ep, actions.pop(slot), n_tok, stopped, reply, spec)
                 if chunk is None:
                     end(slot)
-                else:
-                    ready[slot] = chunk
-            if not ready and not decoding:
+                else:  # a cache the previous weights wrote: the whole context again
+                    ready[slot] = list(ep.tokens) if slot in stale else chunk
+            if refresh is not None and newer is None:
+                newer = refresh(version)
+            if newer is not None and not decoding:  # drained: switch the weights
+                (params, version), newer = newer, None
+                fused = dev.prepare(params)
+                self._state = (state, fused)
+                stale = set(episode_in)
+                for s in ready:  # its whole context, with the chunk close_turn appended
+                    if eps[episode_in[s]].turns:
+                        ready[s] = list(eps[episode_in[s]].tokens)
+            if not decoding and (not ready or newer is not None):
                 continue
             t0 = time.perf_counter()
-            if ready:
+            if ready and newer is None:
                 slots = _first_per_shard(sorted(ready), self.max_admit, per_shard)
                 stats.device_row_s += sum(t0 - since[s] for s in slots)
                 state = dev.admit(
@@ -280,7 +300,7 @@ class SlotEngine(CachedTurnSampler):
                     state,
                     slots,
                     [ready[s] for s in slots],
-                    [len(eps[episode_in[s]].turns) == 0 for s in slots],
+                    [len(eps[episode_in[s]].turns) == 0 or s in stale for s in slots],
                     key,
                     [self.row_offset + episode_in[s] for s in slots],
                     [len(eps[episode_in[s]].turns) for s in slots],
@@ -289,6 +309,7 @@ class SlotEngine(CachedTurnSampler):
                 decoding.update(slots)
                 for s in slots:
                     del ready[s]
+                stale.difference_update(slots)
             # Every slot with a turn on the device ends it within max_new_tokens more tokens.
             longest = max(len(eps[episode_in[s]].tokens) for s in decoding)
             state = dev.decode(

@@ -141,8 +141,9 @@ def collect_episodes(
         episode still running continues from its next turn on them, its whole context
         prefilled again (``rebase``: the KV the old weights wrote is not the new policy's),
         so each token's log-prob is exactly its own version's; tokens keep the version that
-        sampled them. The lock-step driver only (the slot engine decodes turns of different
-        episodes in one call: there is no common turn boundary to switch at).
+        sampled them. The slot engine, whose turns of different episodes overlap, asks it
+        between decode calls and switches once the turns on the device have ended
+        (``SlotEngine.drive``).
 
     Returns:
       (episodes in input order, one per (task, sample); none is ever dropped), stats. The
@@ -155,11 +156,6 @@ def collect_episodes(
     """
     try:
         if getattr(policy, "continuous", False):
-            if refresh is not None:
-                raise ValueError(
-                    "partial rollouts (refresh) need the lock-step driver; "
-                    "set rollout.engine='lockstep'"
-                )
             return policy.drive(
                 params,
                 tasks,
@@ -169,6 +165,7 @@ def collect_episodes(
                 group_offset=group_offset,
                 on_round=on_round,
                 version=version,
+                refresh=refresh,
             )
         return _drive(
             policy,

@@ -21,9 +21,10 @@ Partial rollouts (``overlap.partial_rollouts``, AReaL's interruptible generation
 2025, Sec. 4): the learner hands the producer every new version as soon as it exists, and an
 episode still running when it arrives continues from its next turn on it (its context
 prefilled again under the new weights, ``jaxagent.agents.rollout.collect_episodes``'
-``refresh``), its tokens keeping the versions that sampled them: fresher tokens, each with
-its own version's exact log-prob. When the switch happens depends on timing, so a run with
-partial rollouts is not bit-for-bit reproducible (the default keeps that).
+``refresh``; the slot engine first lets the turns on the device end), its tokens keeping the
+versions that sampled them: fresher tokens, each with its own version's exact log-prob. When
+the switch happens depends on timing, so a run with partial rollouts is not bit-for-bit
+reproducible (the default keeps that).
 
 Collection lanes (``overlap.lanes``): one producer collects the batches one after another, so
 the wall time between two updates is at least one collection however large k is. With L lanes

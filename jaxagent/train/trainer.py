@@ -108,17 +108,12 @@ class Trainer:
                 "to the run's one server, which samples one policy version at a time; set "
                 "overlap.lanes=1"
             )
-        if config.overlap.partial_rollouts:
-            r, backend = config.rollout, config.env.pool.backend
-            if (
-                config.harness.entry
-                or r.engine == "slots"
-                or (r.engine == "auto" and backend != "inline")
-            ):
-                raise ConfigError(
-                    "overlap.partial_rollouts=true switches weights between the turns of the "
-                    "lock-step driver; set rollout.engine='lockstep' (and no harness.entry)"
-                )
+        if config.overlap.partial_rollouts and config.harness.entry:
+            raise ConfigError(
+                "overlap.partial_rollouts=true with harness.entry: the harness samples through "
+                "the run's server, whose weights do not change within a collection; set "
+                "overlap.partial_rollouts=false"
+            )
         self._cache_settings = None  # train.release_compiled: set before the first compilation
         if config.train.release_compiled:
             self._cache_settings = host_memory.compile_cache(self.echo)
