@@ -287,8 +287,10 @@ def test_disaggregated_needs_a_device_for_the_update():
 
 
 @pytest.mark.slow  # one short run (the switch itself: tests/test_partial_rollout.py)
-def test_partial_rollouts_train_with_versions_no_older_than_the_bound(tmp_path):
-    m, _, summary, step = _run(tmp_path, "partial", 1, extra=["overlap.partial_rollouts=true"])
+@pytest.mark.parametrize("engine", ["lockstep", "slots"])
+def test_partial_rollouts_train_with_versions_no_older_than_the_bound(tmp_path, engine):
+    extra = ["overlap.partial_rollouts=true", f"rollout.engine={engine}"]
+    m, _, summary, step = _run(tmp_path, "partial", 1, extra=extra)
     assert step == 3 and "success_after_rl" in summary
     for it in range(3):
         rec = m[it + 1]
