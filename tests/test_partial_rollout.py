@@ -22,12 +22,18 @@ from jaxagent.train.policy import make_logprob_fn
 from test_rollout import ScriptedEnv, _tasks, setup  # noqa: F401  (fixture)
 
 
-def test_episodes_switch_weights_between_turns_and_stay_exact(setup):  # noqa: F811
-    _, chat, graphdef, params, cfg = setup
+def _world(fixture):
+    """The scripted world's rollout pieces and a second set of weights (version 1)."""
+    _, chat, graphdef, params, cfg = fixture
     _, newer = init_model(cfg, jax.random.key(7))
     sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
     budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
     spec = RolloutSpec(chat, "one two", budget, InlineRunner(ScriptedEnv))
+    return chat, graphdef, params, newer, sampling, spec
+
+
+def test_episodes_switch_weights_between_turns_and_stay_exact(setup):  # noqa: F811
+    chat, graphdef, params, newer, sampling, spec = _world(setup)
     asked = []
 
     def refresh(version):  # version 1 is published after the first turn
@@ -51,11 +57,7 @@ def test_episodes_switch_weights_between_turns_and_stay_exact(setup):  # noqa: F
 
 
 def test_slot_engine_switches_weights_once_its_turns_end(setup):  # noqa: F811
-    _, chat, graphdef, params, cfg = setup
-    _, newer = init_model(cfg, jax.random.key(7))
-    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=chat.stop_ids)
-    budget = Budget(max_turns=4, max_new_tokens=6, max_total_tokens=200)
-    spec = RolloutSpec(chat, "one two", budget, InlineRunner(ScriptedEnv))
+    chat, graphdef, params, newer, sampling, spec = _world(setup)
     asked = []
 
     def refresh(version):  # version 1 is published at the engine's third question

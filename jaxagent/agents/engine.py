@@ -288,7 +288,7 @@ class SlotEngine(CachedTurnSampler):
                 for s in ready:  # its whole context, with the chunk close_turn appended
                     if eps[episode_in[s]].turns:
                         ready[s] = list(eps[episode_in[s]].tokens)
-            if not decoding and (not ready or newer is not None):
+            if not ready and not decoding:
                 continue
             t0 = time.perf_counter()
             if ready and newer is None:
