@@ -55,6 +55,11 @@ def check_fault_suite(backend, log):
     with EnvPool(FaultyEnvFactory(FakeToolEnvFactory(episode_len=3), faults, log), config) as pool:
         started, finals = _run_episodes(pool, 200, 16)
         health = pool.health.snapshot()
+        # A worker that died before it reported ready is respawned only when a call needs it
+        # (test_env_fn_that_kills_its_worker_is_bounded_not_a_restart_storm). A Ray actor can
+        # look so: a crash on its first call may kill it before ``ready``'s reply leaves it. If
+        # no episode came after, that respawn is still owed at the end.
+        owed = sum(slot.worker is None for slot in pool._slots)
     injected = log.counts()
     # Count out == count in, each episode exactly once.
     assert len(finals) == 200
@@ -74,7 +79,7 @@ def check_fault_suite(backend, log):
     assert health["timeouts"] == injected["hang"]
     assert health["crashes"] == injected["crash"]
     assert health["corrupt"] == injected["corrupt"]
-    assert health["restarts"] == health["timeouts"] + health["crashes"]
+    assert health["restarts"] + owed == health["timeouts"] + health["crashes"]
     assert health["env_error_episodes"] == len(failed)
     assert health["episodes_started"] == health["episodes_finished"] == 200
     assert health["exceptions"] == 0

@@ -139,15 +139,44 @@ class RayWorker:
         self._ray = backend.ray
         self._lock = threading.Lock()
         self._gone = False  # stopped, killed, or its death already reported: report no more
+        # Ray runs each future's callback on its own schedule, so a call's result (or the
+        # actor's death) can reach the callbacks before ``ready``'s does. The pool must see
+        # ``ready`` first: it starts the call's clock then, and it respawns a worker that died
+        # before ready only when the next call needs one. So every other result waits here
+        # until ``ready``'s has been reported (an ordered channel, as the process backend's).
+        self._ready_reported = False
+        self._waiting: list[tuple[Any, Any]] = []
         self.actor = backend.actor_class.remote([backend.env_fn_ref], env_id, backend.driver_path)
-        self._on_done(self.actor.ready.remote(), None)
+        self._attach(self.actor.ready.remote(), None)
         self._on_done(self.actor.watch.remote(), "watch")
 
     def _on_done(self, ref, seq) -> None:
+        with self._lock:
+            if not self._ready_reported:
+                self._waiting.append((ref, seq))
+                return
+        self._attach(ref, seq)
+
+    def _attach(self, ref, seq) -> None:
         ref.future().add_done_callback(lambda future: self._report(seq, future))
+
+    def _release(self) -> None:
+        """``ready``'s result is on the queue: the results that waited for it follow."""
+        with self._lock:
+            self._ready_reported = True
+            waiting, self._waiting = self._waiting, []
+        for ref, seq in waiting:  # outside the lock: a done future calls back at once
+            self._attach(ref, seq)
 
     def _report(self, seq, future) -> None:
         """Runs on Ray's completion thread: one ``Outcome`` on the pool's queue, or none."""
+        try:
+            self._report_outcome(seq, future)
+        finally:
+            if seq is None:
+                self._release()
+
+    def _report_outcome(self, seq, future) -> None:
         at = time.monotonic()
         exceptions = self._ray.exceptions
         call = seq if isinstance(seq, int) else None  # the call answered (None: ready, watch)
