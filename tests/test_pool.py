@@ -40,14 +40,14 @@ def check_fault_suite(backend, log):
     """200 episodes over 16 envs, per call: 10% hangs, 5% crashes, 5% corrupt returns; ``log``
     counts the injected faults where the backend's workers run (tests/test_pool_ray.py)."""
     faults = FaultConfig(hang=0.10, crash=0.05, corrupt=0.05, seed=7, hang_s=30.0)
-    # 3 s: short enough for a fast test, far above a normal call (~1 ms; < 0.7 s seen on a
-    # loaded 2-core machine, but one Ray call past 2 s at load ~4), so that every timeout is
-    # an injected hang.
+    # 5 s: short enough for a fast test, far above a normal call (~1 ms; < 0.7 s seen on a
+    # loaded 2-core machine, but one Ray call past 2 s at load ~4 and several past 3 s at load
+    # ~6), so that every timeout is an injected hang.
     config = PoolConfig(
         num_envs=16,
         backend=backend,
-        step_timeout_s=3.0,
-        reset_timeout_s=3.0,
+        step_timeout_s=5.0,
+        reset_timeout_s=5.0,
         max_retries=2,
         backoff_s=0.01,
         seed=3,
