@@ -143,16 +143,16 @@ class RayWorker:
         # actor's death) can reach the callbacks before ``ready``'s does. The pool must see
         # ``ready`` first: it starts the call's clock then, and it respawns a worker that died
         # before ready only when the next call needs one. So every other result waits here
-        # until ``ready``'s has been reported (an ordered channel, as the process backend's).
-        self._ready_reported = False
-        self._waiting: list[tuple[Any, Any]] = []
+        # until ``ready``'s has been reported (an ordered channel, as the process backend's);
+        # None once it has.
+        self._waiting: list[tuple[Any, Any]] | None = []
         self.actor = backend.actor_class.remote([backend.env_fn_ref], env_id, backend.driver_path)
         self._attach(self.actor.ready.remote(), None)
         self._on_done(self.actor.watch.remote(), "watch")
 
     def _on_done(self, ref, seq) -> None:
         with self._lock:
-            if not self._ready_reported:
+            if self._waiting is not None:
                 self._waiting.append((ref, seq))
                 return
         self._attach(ref, seq)
@@ -163,8 +163,7 @@ class RayWorker:
     def _release(self) -> None:
         """``ready``'s result is on the queue: the results that waited for it follow."""
         with self._lock:
-            self._ready_reported = True
-            waiting, self._waiting = self._waiting, []
+            waiting, self._waiting = self._waiting or [], None
         for ref, seq in waiting:  # outside the lock: a done future calls back at once
             self._attach(ref, seq)
 
