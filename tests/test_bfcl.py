@@ -191,6 +191,43 @@ def test_truncation_marker_and_source_splits():
         B.BFCLSourceConfig(test_fraction=2.0)
 
 
+@pytest.mark.parametrize("category", MULTI_TURN)
+def test_every_multi_turn_category_builds_with_disjoint_turns(category):
+    # long_context and miss_param have user turns that recur in two entries ("Let's do 100
+    # shares."): the source once refused to build them; now such entries share a split.
+    from jaxagent.envs.tools.bfcl.source import user_turns
+
+    source = B.BFCLSource(category=category)
+    train, test = source.tasks("train"), source.tasks("test")
+    assert len(train) + len(test) == 200 and 30 <= len(test) <= 70
+    train_turns = {text for t in train for text in user_turns(t)}
+    assert not train_turns & {text for t in test for text in user_turns(t)}
+    # the ground truth of held-out entries replays to success (every entry: the slow test)
+    assert all(B.replay(t.data)["success"] for t in test[::8])
+
+
+def test_turn_groups_join_entries_transitively():
+    from jaxagent.envs.tools.bfcl.source import turn_groups
+
+    def entry(i, *turns):
+        return {"id": f"e{i}", "question": [[{"role": "user", "content": t}] for t in turns]}
+
+    # e2 shares "b" with e1 and "c" with e3; e3 joined e0 first via "d": one group of four,
+    # keyed by its first entry; e4 shares nothing (a turn without a user message is no turn)
+    entries = [
+        entry(0, "d"),
+        entry(1, "a", "b"),
+        entry(3, "c", "d"),
+        entry(2, "b", "c"),
+        {
+            "id": "e4",
+            "question": [[{"role": "system", "content": "a"}], [{"role": "user", "content": "x"}]],
+        },
+    ]
+    groups = turn_groups(entries)
+    assert groups == {"e0": "e0", "e1": "e0", "e3": "e0", "e2": "e0", "e4": "e4"}
+
+
 def _cli(*args, block_bfcl=False):
     prelude = "import sys; sys.modules['bfcl_eval'] = None; " if block_bfcl else "import sys; "
     code = (
@@ -201,7 +238,7 @@ def _cli(*args, block_bfcl=False):
 
 
 def test_check_cli():
-    check = _cli("category=multi_turn_miss_func", "--tasks", "5", "--backend", "thread")
+    check = _cli("category=multi_turn_miss_param", "--tasks", "5", "--backend", "thread")
     assert check.returncode == 0, check.stderr
     report = json.loads(check.stdout.strip().splitlines()[-1])
     assert report["suite"] == "bfcl" and report["tasks"] == 5

@@ -12,7 +12,9 @@ from jaxagent.envs.tools.bfcl import data as D
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BFCLSourceConfig:
     category: str = "multi_turn_base"  # a multi-turn category of the installed bfcl-eval
-    test_fraction: float = 0.25  # share of entries in "test" (by a seeded hash of the id)
+    # share of entries in "test": a seeded hash of each group of entries that share a user
+    # turn (an entry alone is its own group), so a recurring request stays in one split
+    test_fraction: float = 0.25
     seed: int = 0  # changes which entries are held out
     limit: int | None = None  # use only the first ``limit`` entries (quick runs)
 
@@ -26,19 +28,23 @@ class BFCLSourceConfig:
 
 
 class BFCLSource:
-    """Entries of one BFCL category split into "train" and "test" (disjoint by id)."""
+    """Entries of one BFCL category split into "train" and "test", disjoint by id and by
+    user-turn text: entries that share a turn (short ones such as "Let's do 100 shares."
+    recur) form one group (connected components over shared turns), and the seeded hash
+    assigns whole groups."""
 
     def __init__(self, config: BFCLSourceConfig | None = None, **overrides):
         self.config = dataclasses.replace(config or BFCLSourceConfig(), **overrides)
         entries = D.load_entries(self.config.category)[: self.config.limit]
         self._tasks: dict[str, list[Task]] = {"train": [], "test": []}
+        groups = turn_groups(entries)
         for entry in entries:
-            split = "test" if self._in_test(entry["id"]) else "train"
+            split = "test" if self._in_test(groups[entry["id"]]) else "train"
             self._tasks[split].append(D.entry_to_task(entry, split))
         self.check_disjoint()  # SFT demonstrations come from train: nothing of test may be there
 
-    def _in_test(self, entry_id: str) -> bool:
-        digest = hashlib.sha1(f"{self.config.seed}:{entry_id}".encode()).digest()
+    def _in_test(self, group: str) -> bool:
+        digest = hashlib.sha1(f"{self.config.seed}:{group}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64 < self.config.test_fraction
 
     def splits(self) -> tuple[str, ...]:
@@ -66,8 +72,37 @@ class BFCLSource:
 def user_turns(task: Task) -> list[str]:
     """The user messages of each turn of a BFCL entry. Turns without a user message (the
     miss-function categories add a tool there instead) are left out: they request nothing."""
+    return entry_turns(task.data)
+
+
+def entry_turns(entry: dict) -> list[str]:
     texts = (
         " ".join(m["content"] for m in turn if m.get("role") == "user").strip()
-        for turn in task.data["question"]
+        for turn in entry["question"]
     )
     return [t for t in texts if t]
+
+
+def turn_groups(entries) -> dict[str, str]:
+    """``{entry id: group key}``: entries joined when they share a user turn, transitively
+    (union-find). The key is the group's first entry id in data order, so an entry that
+    shares nothing keeps its own id (and the split it had before groups existed)."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    order = {e["id"]: i for i, e in enumerate(entries)}
+    owner: dict[str, str] = {}  # turn text -> the first entry that has it
+    for entry in entries:
+        parent[entry["id"]] = entry["id"]
+        for text in entry_turns(entry):
+            other = owner.setdefault(text, entry["id"])
+            a, b = find(other), find(entry["id"])
+            if a != b:  # the earlier root stays: a group's key is its first entry
+                first, later = sorted((a, b), key=order.__getitem__)
+                parent[later] = first
+    return {e["id"]: find(e["id"]) for e in entries}
