@@ -317,6 +317,7 @@ class Config:
         # consumer (trainer, optimiser, resume, batch layout) reads this object.
         object.__setattr__(self, "_rl", self.rl.build())
         self._check_rl_sampling()
+        self._check_param_dtype()
         self._check_scan_layers()
         self._check_overlap()
 
@@ -347,6 +348,23 @@ class Config:
                 "those of the unfiltered distribution); set rollout.temperature=1.0, "
                 "rollout.top_k=0 and rollout.top_p=1.0, or use an SFT-loss recipe (rft) for "
                 "filtered sampling"
+            )
+
+    def _check_param_dtype(self) -> None:
+        """Full fine-tuning of bfloat16 weights barely trains: an Adam step moves a weight by
+        about the learning rate, far below half a bfloat16 ulp of most weights (2^-8 of
+        their size), so the rounded sum is the old weight (10 AdamW steps at 1e-5 move 14% of a
+        tiny model's entries in bfloat16 against 89% in float32, ``tests/test_bf16_master.py``;
+        at a 7B model's weight scales 1.3%).
+        float32 weights with bfloat16 compute are the master copy that fixes it: the
+        optimiser and weights in float32, every matmul in ``model.dtype``, and
+        ``mesh.sampling_dtype=bfloat16`` samples from a bfloat16 copy."""
+        trains = self.train.iterations > 0 or (self.sft.enabled and self.sft.steps > 0)
+        if self.model.param_dtype == "bfloat16" and not self.rl_config.lora.rank and trains:
+            raise ConfigError(
+                "model.param_dtype=bfloat16 with full fine-tuning (rl.lora.rank=0): Adam's "
+                "updates round away in bfloat16 weights; set model.param_dtype=float32 "
+                "(a float32 master, computed in model.dtype=bfloat16) or rl.lora.rank>0"
             )
 
     def _check_scan_layers(self) -> None:
