@@ -11,7 +11,16 @@ compiled for the target devices:
 
 - ``--topology v5e:16x16`` (any name ``jax.experimental.topologies`` knows; needs
   ``pip install libtpu``, no TPU): XLA's TPU compiler on this machine;
+- ``--topology h100:8`` (also ``h100:1``, ``h200:8``, ``a100:8``; ``h100:16`` is two hosts
+  of 8): XLA's GPU compiler on this machine, no GPU: the CUDA PJRT plugin
+  (``jax[cuda12]``, installed beside the project in its own virtualenv by
+  ``scripts/gpu_compiler_venv.sh``) compiles for deviceless GPUs described by a
+  ``GpuTargetConfig`` (``GPU_TARGETS``), with ``JAX_PLATFORMS=cpu``. ``cost_analysis`` is
+  empty for these programs; the projection counts FLOPs itself;
 - ``--cpu-devices 8``: the same compile on simulated CPU devices (no libtpu needed).
+
+A missing compiler (no libtpu for a TPU name, no CUDA plugin for a GPU one) is one line
+naming the install, exit status 2.
 
 Per chip it prints argument, output, temporary and aliased bytes and the peak (arguments +
 outputs + temporaries - aliased, the state being donated), against the chip's HBM; the
@@ -38,6 +47,21 @@ above, and the bytes a decode step reads per chip (the weights, plus the KV cach
 slot's whole capacity, which attention reads today) with the step time that implies at the
 chip's HBM bandwidth.
 
+``--phase sft`` compiles an SFT step: ``make_update_step`` with the ``sft`` recipe's loss
+through the same lean learner pass (remat, chunked head, ``--lora``), the warm start's step
+in the update's layout. ``--phase all`` compiles, one after another, the SFT step, the
+update, the rollout's admit and decode, evaluation sampling (the rollout's programs at
+``--eval-rows``; the same programs when that is the rollout's row count) and ``save_hf``'s
+device copy for export (host bytes estimated), and prints one table (arguments,
+temporaries, peak, fits a chip; a refused program shows the temporaries it asked for),
+then a projection, labelled as one: each phase's FLOPs (6 N T training, 2 N T sampling,
+plus causal attention) and HBM bytes at the chip's peak and bandwidth (the roofline bound)
+and at ``--mfu`` / ``--mbu``, and the tokens a chip trains a second in one LOOP iteration
+(``--episodes`` x ``--tokens``: every episode sampled, then one update). Its last line is
+``{"phases": {"sft": {"peak_gib_per_chip", "fits", "projected_s"}, "update", "admit",
+"decode", "eval", "export"}, "projected_tokens_per_s_per_chip"}``; the line before it
+(``details:``) is the whole record.
+
 Usage:
   python benchmarks/pod_plan.py --model qwen2.5-7b --topology v5e:16x16 --recipe loop \\
       --episodes 512 --tokens 4096
@@ -45,6 +69,8 @@ Usage:
   python benchmarks/pod_plan.py --model qwen2.5-0.5b --cpu-devices 8 --episodes 16 --tokens 1024
   python benchmarks/pod_plan.py --model qwen2.5-7b --topology v5e:16x16 --phase rollout \\
       --episodes 256 --tokens 8192 --scan-layers
+  /work/gpuvenv/bin/python benchmarks/pod_plan.py --model qwen2.5-7b --topology h100:8 \\
+      --phase all --episodes 512 --tokens 4096 --scan-layers
 """
 
 from __future__ import annotations
@@ -76,8 +102,81 @@ CHIPS = {
     "TPU v4": (32, 275e12, 1200e9),
     "TPU v6 lite": (32, 918e12, 1640e9),
     "TPU v6e": (32, 918e12, 1640e9),
+    # NVIDIA: the deviceless targets below (device_memory_size), dense bf16 tensor-core
+    # peak without sparsity, HBM bandwidth.
+    "NVIDIA H100 80GB HBM3": (84978434048 / 2**30, 989e12, 3.35e12),
+    "NVIDIA H200": (150754820096 / 2**30, 989e12, 4.8e12),
+    "NVIDIA A100-SXM4-80GB": (85100068864 / 2**30, 312e12, 2.039e12),
     "cpu": (None, None, None),
 }
+
+# XLA's GpuTargetConfig (``stream_executor/device_description.proto``) as text: what XLA:GPU
+# compiles for when no GPU is attached. Fields as in XLA's own specs
+# (``xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb``, ``a100_sxm_80.txtpb``); the H200 is the
+# H100's SM (GH100, 132 SMs) with 141 GB of HBM3e at 4.8 TB/s.
+_GPU_SPEC = """gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: {smem_core}
+  threads_per_core_limit: 2048
+  core_count: {sms}
+  fpus_per_core: {fpus}
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {bandwidth}
+  l2_cache_size: {l2}
+  clock_rate_ghz: {clock}
+  device_memory_size: {memory}
+  shared_memory_per_block_optin: {smem_optin}
+  cuda_compute_capability {{
+    major: {cc_major}
+    minor: 0
+  }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{
+  major: 9
+  minor: 8
+}}
+runtime_version {{
+  major: 12
+  minor: 8
+}}
+device_description_str: "{name}"
+"""
+_HOPPER = dict(smem_core=233472, sms=132, fpus=128, l2=52428800, clock=1.98, smem_optin=232448)
+GPU_TARGETS = {
+    "h100": _GPU_SPEC.format(
+        **_HOPPER, bandwidth=3352320000000, memory=84978434048, cc_major=9,
+        name="NVIDIA H100 80GB HBM3",
+    ),
+    "h200": _GPU_SPEC.format(
+        **_HOPPER, bandwidth=4800000000000, memory=150754820096, cc_major=9, name="NVIDIA H200"
+    ),
+    "a100": _GPU_SPEC.format(
+        smem_core=167936, sms=108, fpus=64, l2=41943040, clock=1.41, smem_optin=166912,
+        bandwidth=2039040000000, memory=85100068864, cc_major=8, name="NVIDIA A100-SXM4-80GB",
+    ),
+}  # fmt: skip
+GPU_VENV = "bash scripts/gpu_compiler_venv.sh (then run this with /work/gpuvenv/bin/python)"
+
+
+class PlanError(Exception):
+    """A set-up problem the user fixes (a missing compiler, a bad topology): one line."""
+
+
+def gpu_topology(name: str) -> tuple[str, int] | None:
+    """("h100", 8) for "h100:8"; None for a name that is not a GPU target."""
+    kind, _, count = name.partition(":")
+    if kind not in GPU_TARGETS:
+        return None
+    if not count.isdigit() or int(count) < 1:
+        raise PlanError(f"--topology {name!r}: give the GPU count, e.g. {kind}:8")
+    return kind, int(count)
 
 
 def _args(argv=None):
@@ -92,7 +191,19 @@ def _args(argv=None):
     ap.add_argument("--episodes", type=int, default=512, help="rows of one update batch")
     ap.add_argument("--tokens", type=int, default=4096, help="tokens a row")
     ap.add_argument("--microbatch", type=int, default=0, help="rows a gradient step (0: 1/chip)")
-    ap.add_argument("--phase", default="update", choices=("update", "rollout"))
+    ap.add_argument(
+        "--phase",
+        default="update",
+        choices=("update", "sft", "rollout", "all"),
+        help="all: sft, update, rollout admit and decode, eval sampling, export, one table",
+    )
+    ap.add_argument(
+        "--eval-rows",
+        type=int,
+        default=0,
+        help="all: rows evaluation samples at once (0: --episodes, the rollout's programs)",
+    )
+    ap.add_argument("--mbu", type=float, default=0.6, help="HBM bandwidth fraction assumed")
     ap.add_argument(
         "--mesh",
         default="",
@@ -124,10 +235,14 @@ def _args(argv=None):
     ap.add_argument(
         "--attention",
         default="blockwise",
-        choices=("blockwise", "splash"),
-        help="model.attention for long rows: pure-JAX tiles, or the Pallas splash kernel (TPU)",
+        choices=("blockwise", "splash", "cudnn", "auto"),
+        help="model.attention for long rows: pure-JAX tiles, the Pallas splash kernel (TPU), "
+        "cuDNN flash attention (GPU), or auto (by the target's platform)",
     )
     args = ap.parse_args(argv)
+    if not args.cpu_devices and gpu_topology(args.topology):
+        # XLA:GPU compiles for the deviceless target; nothing may look for a real GPU.
+        os.environ["JAX_PLATFORMS"] = "cpu"
     if args.cpu_devices:
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "")
@@ -145,7 +260,29 @@ def _devices(args):
         return jax.devices()[: args.cpu_devices], f"cpu x{args.cpu_devices}"
     from jax.experimental import topologies
 
-    desc = topologies.get_topology_desc(platform="tpu", topology_name=args.topology)
+    gpu = gpu_topology(args.topology)
+    if gpu:
+        kind, count = gpu
+        try:
+            import jax_plugins.xla_cuda12  # noqa: F401  (the CUDA PJRT plugin: XLA:GPU)
+        except ImportError:
+            raise PlanError(
+                f"--topology {args.topology} needs XLA's GPU compiler (no GPU): {GPU_VENV}"
+            ) from None
+        hosts, per_host = (count // 8, 8) if count > 8 and count % 8 == 0 else (1, count)
+        desc = topologies.get_topology_desc(
+            platform="cuda", target_config=GPU_TARGETS[kind], topology=f"1x{hosts}x{per_host}"
+        )
+        return desc.devices, args.topology
+    try:
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=args.topology)
+    except Exception as err:  # no libtpu, or a name libtpu does not know
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise PlanError(
+            f"--topology {args.topology}: XLA's TPU compiler could not describe it ({first}); "
+            "it needs `pip install libtpu` (or TPU_LIBRARY_PATH=/path/to/libtpu.so), and a "
+            f"name such as v5e:16x16; GPU targets: {', '.join(k + ':8' for k in GPU_TARGETS)}"
+        ) from None
     return desc.devices, args.topology
 
 
@@ -171,7 +308,11 @@ def _placed(tree, shardings):
     )
 
 
-def plan(args) -> dict:
+def plan(args, phase: str = "update") -> dict:
+    """The trainer's update step (``phase`` "update"), or an SFT step ("sft"): the same
+    ``make_update_step`` with the ``sft`` recipe's loss (mean negative log-likelihood of the
+    masked tokens, no advantages), through the same lean learner pass (remat, the chunked
+    vocabulary head, the run's LoRA setting), born sharded in the same layout."""
     import jax
 
     from jaxagent.models import abstract_graphdef, init_model, param_logical_axes
@@ -198,8 +339,9 @@ def plan(args) -> dict:
     mesh_cfg = MeshConfig(data=data, fsdp=fsdp, tensor=tensor)
     mesh = make_mesh(mesh_cfg, devices=devices)
     rows_per_step = args.microbatch or data * fsdp  # one row per chip per gradient step
+    recipe = "sft" if phase == "sft" else args.recipe
     rl = get_recipe(
-        args.recipe,
+        recipe,
         lora={"rank": args.lora, "dtype": args.lora_dtype},
         optim={"moments_dtype": args.moments_dtype},
         update={
@@ -235,6 +377,7 @@ def plan(args) -> dict:
         rl,
         optimizer=optimizer,
         logprob_fn=logprob_fn,
+        compute_advantages=phase != "sft",
         mesh=mesh,
         state_sharding=jax.tree.map(lambda x: x.sharding, state),
         batch_sharding=b_sh,
@@ -244,12 +387,13 @@ def plan(args) -> dict:
     lowered = step.lower(state, batch)
     t1 = time.perf_counter()
     head = {
+        "phase": phase,
         "model": args.model,
         "topology": where,
         "chip": kind,
         "chips": n,
         "mesh": f"data={data},fsdp={fsdp},tensor={tensor}",
-        "recipe": args.recipe + (f"+lora{args.lora}" if args.lora else ""),
+        "recipe": recipe + (f"+lora{args.lora}" if args.lora else ""),
         "param_dtype": param_dtype,
         "dtype": args.dtype,
         "scan_layers": args.scan_layers,
@@ -257,7 +401,7 @@ def plan(args) -> dict:
         "episodes": b,
         "tokens": t,
         "rows_per_gradient_step": rows_per_step,
-        "hbm_gib": hbm_gib,
+        "hbm_gib": None if hbm_gib is None else round(hbm_gib, 2),
         "lower_s": round(t1 - t0, 1),
     }
     try:
@@ -278,8 +422,8 @@ def plan(args) -> dict:
         }
     t2 = time.perf_counter()
     mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    cost = compiled.cost_analysis()  # empty for XLA:GPU programs
+    cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
     gib = 2.0**30
     peak = (
         mem.argument_size_in_bytes
@@ -349,7 +493,7 @@ def rollout_plan(args) -> dict:
     if args.mesh:
         data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
     else:
-        tensor = args.tensor or 4
+        tensor = args.tensor or min(4, n)
         data, fsdp = n // tensor, 1
     mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=devices)
     graphdef = abstract_graphdef(cfg)
@@ -436,7 +580,7 @@ def rollout_plan(args) -> dict:
         "admit_rows_per_shard": p_rows,
         "admit_width": width,
         "prefill_chunk": args.prefill_chunk,
-        "hbm_gib": hbm_gib,
+        "hbm_gib": None if hbm_gib is None else round(hbm_gib, 2),
         "weights_gib_per_chip": round(weights_b / gib, 3),
         "kv_cache_gib_per_chip": round(kv_b / gib, 3),
         "decode_kernels_gib_per_chip": round(fused_b / gib, 3),
@@ -513,6 +657,13 @@ def _memory(lowered, hbm_gib) -> dict:
     }
 
 
+def _against(r: dict, fits=...) -> str:
+    """ "of 79.1 GiB HBM (fits: True)", or "(no HBM limit: cpu devices)"."""
+    if r["hbm_gib"] is None:
+        return f"(no HBM limit: {r['chip']} devices)"
+    return f"of {r['hbm_gib']:.1f} GiB HBM (fits: {r['fits'] if fits is ... else fits})"
+
+
 def print_rollout(r: dict) -> None:
     print(
         f"setup: {r['model']} rollout (SlotSampler) on {r['topology']} ({r['chips']} x "
@@ -540,7 +691,7 @@ def print_rollout(r: dict) -> None:
         print(
             f"{name}: arguments {m['argument_gib']} GiB, outputs {m['output_gib']} GiB, "
             f"temporaries {m['temp_gib']} GiB, aliased {m['alias_gib']} GiB -> peak "
-            f"{m['peak_gib_per_chip']} GiB of {r['hbm_gib']} GiB HBM (fits: {m['fits']}); "
+            f"{m['peak_gib_per_chip']} GiB {_against(r, m['fits'])}; "
             f"lower {m['lower_s']} s, compile {m['compile_s']} s; with everything resident "
             f"(weights, decode kernels, cache) {r['peak_with_resident_gib'][name]} GiB"
         )
@@ -559,14 +710,302 @@ def print_rollout(r: dict) -> None:
     )
 
 
+def export_plan(args) -> dict:
+    """``jaxagent export`` (``models.hf.save_hf``) at this scale: its device copy, compiled
+    (the HF tensors in the stored dtype, built from the training layout's parameters as
+    ``save_hf`` builds them, all at once), and its host bytes (estimated: safetensors files
+    of ``max_shard_size`` = 2 GB written one at a time, or the largest tensor if larger)."""
+    import jax
+    import numpy as np
+
+    from jaxagent.models import abstract_graphdef, init_model, param_logical_axes
+    from jaxagent.models.hf import _get, _hf_layout, _to_hf
+    from jaxagent.parallel.mesh import MeshConfig, make_mesh, param_shardings
+
+    devices, where = _devices(args)
+    n = len(devices)
+    hbm_gib = CHIPS.get(devices[0].device_kind, (None,))[0]
+    param_dtype = args.param_dtype or ("bfloat16" if args.lora else "float32")
+    cfg = _model_config(args, param_dtype)
+    mesh_cfg = MeshConfig(data=1, fsdp=n, tensor=1)
+    mesh = make_mesh(mesh_cfg, devices=devices)
+    graphdef = abstract_graphdef(cfg)
+    params = jax.eval_shape(lambda key: init_model(cfg, key)[1], jax.random.key(0))
+    sh = param_shardings(params, param_logical_axes(graphdef, params), mesh, mesh_cfg.rules)
+    params = _placed(params, sh)
+    layout = _hf_layout(cfg)
+    store = cfg.jnp_param_dtype
+
+    def tensors(p):
+        out = {}
+        for name, (target, shape, kind, layer) in layout.items():
+            x = _get(p, target)
+            out[name] = _to_hf(x if layer is None else x[layer], kind, shape).astype(store)
+        return out
+
+    lowered = jax.jit(tensors).lower(params)
+    device = _memory(lowered, hbm_gib)
+    sizes = [int(np.prod(shape)) * np.dtype(store).itemsize for _, shape, _, _ in layout.values()]
+    host_b = min(sum(sizes), max(2e9, max(sizes)))
+    gib = 2.0**30
+    device["train_params_gib_per_chip"] = round(_per_chip_bytes(params) / gib, 3)
+    return {
+        "phase": "export",
+        "stored_dtype": cfg.param_dtype,
+        "checkpoint_gib": round(sum(sizes) / gib, 3),
+        "device": device,
+        "device_extra_gib_per_chip": device.get("output_gib"),
+        "host_gib_estimate": round(host_b / gib, 3),
+        "topology": where,
+    }
+
+
+def _n_params(args) -> int:
+    """Parameters of ``args.model`` from its shapes (a refused compile reports none)."""
+    v, d, layers, h, k, hd, f, bias, tie, _ = MODELS[args.model]
+    block = d * h * hd * 2 + 2 * d * k * hd + 3 * d * f + 2 * d + (h + 2 * k) * hd * bias
+    return v * d * (1 if tie else 2) + layers * block + d
+
+
+def _dims(args):
+    v, d, layers, h, k, hd, f, *_ = MODELS[args.model]
+    return dict(v=v, d=d, layers=layers, h=h, k=k, hd=hd, f=f)
+
+
+def project(args, phases: dict, chips: int, chip: str) -> dict:
+    """Each phase's time (a projection, not a measurement): FLOPs by the 6 N T (training)
+    and 2 N T (sampling) conventions plus causal attention's QK and PV products
+    (4 L H hd per token per attended position, forward), and HBM bytes as counted below,
+    at the chip's table peak and bandwidth (the roofline bound: max of the two) and at the
+    assumed MFU / bandwidth fraction; then the tokens a chip trains a second in one LOOP
+    iteration (every episode sampled, then one update; no overlap)."""
+    _, peak, bw = CHIPS.get(chip, (None, None, None))
+    if not peak:
+        return {}
+    m = _dims(args)
+    n_params = _n_params(args)
+    attn = 4 * m["layers"] * m["h"] * m["hd"]  # FLOPs a token a visible key, forward
+    b, t = args.episodes, args.tokens
+    prompt = args.prompt_tokens or 2 * args.prefill_chunk
+    out = {}
+
+    def phase(name, flops, hbm_bytes, what):
+        roof = max(flops / peak, hbm_bytes / bw)
+        proj = max(flops / (peak * args.mfu), hbm_bytes / (bw * args.mbu))
+        out[name] = {
+            "flops_per_chip": flops,
+            "hbm_bytes_per_chip": hbm_bytes,
+            "roofline_s": round(roof, 3),
+            "projected_s": round(proj, 3),
+            "bound": "compute" if flops / peak >= hbm_bytes / bw else "bandwidth",
+            "counted": what,
+        }
+
+    for name in ("sft", "update"):
+        r = phases.get(name, {})
+        tokens = b * t
+        flops = (6 * n_params + 3 * attn * t / 2) * tokens / chips
+        micro = max(1, b // max(1, r.get("rows_per_gradient_step", chips)))
+        # bf16 weights gathered and read 3x a microbatch (forward, remat, backward), then the
+        # optimiser's fp32 state (params, grads, two moments) read and written once a chip.
+        hbm = micro * 3 * 2 * n_params + 28 * n_params / chips
+        phase(name, flops, hbm, "6NT + attention (causal, T/2 keys); bf16 weights 3x a "
+              "microbatch + fp32 optimiser state once")  # fmt: skip
+    ro = phases.get("rollout", {})
+    tensor = int(ro.get("mesh", "tensor=1").split("tensor=")[-1]) if ro else 1
+    weights_b = ro.get("decode_weight_bytes_per_step", 2 * n_params / tensor)
+    # admit: the prompts, prefilled in chunks; each chunk reads this chip's weights.
+    chunks = -(-prompt // args.prefill_chunk)
+    per_shard = ro.get("slots_per_data_shard", b)
+    flops = (2 * n_params / tensor + attn / tensor * prompt / 2) * prompt * per_shard
+    phase("admit", flops, chunks * weights_b, "2NT + attention over the prompt tokens")
+    # decode: every generated token of every slot, one step at a time; a step reads the
+    # weights and the KV cache of every slot's whole capacity (what attention reads today).
+    steps = max(1, t - prompt)
+    step_b = ro.get("decode_bytes_per_step", weights_b)
+    flops = (2 * n_params / tensor + attn / tensor * t) * per_shard * steps
+    phase("decode", flops, step_b * steps, f"{steps} steps x (2N + attention over the "
+          "capacity) a slot; weights + whole KV cache a step")  # fmt: skip
+    rollout_s = out["admit"]["projected_s"] + out["decode"]["projected_s"]
+    update_s = out["update"]["projected_s"]
+    tokens = b * t
+    roof_iter = (
+        out["admit"]["roofline_s"] + out["decode"]["roofline_s"] + out["update"]["roofline_s"]
+    )
+    return {
+        "label": "PROJECTION from FLOPs and bytes at table peaks, not a measurement",
+        "mfu_assumed": args.mfu,
+        "bandwidth_fraction_assumed": args.mbu,
+        "phases_projection": out,
+        "loop_iteration_s": round(rollout_s + update_s, 2),
+        "loop_iteration_roofline_s": round(roof_iter, 2),
+        "projected_tokens_per_s_per_chip": round(tokens / (rollout_s + update_s) / chips, 1),
+        "roofline_tokens_per_s_per_chip": round(tokens / roof_iter / chips, 1),
+        "overlapped_tokens_per_s_per_chip": round(tokens / max(rollout_s, update_s) / chips, 1),
+        "published": "NeMo-RL Llama-3.1-8B GRPO on H100 at 4k: 1,581 tokens/s/GPU on-policy, "
+        "2,478 one step off-policy",
+    }
+
+
+def all_phases(args) -> dict:
+    """Every phase of an iteration, compiled for the target one at a time."""
+    import copy
+
+    phases = {}
+    phases["sft"] = plan(args, "sft")
+    phases["update"] = plan(args)
+    phases["rollout"] = rollout_plan(args)
+    rows = args.eval_rows or args.episodes
+    if rows == args.episodes:
+        phases["eval"] = {
+            "rows": rows,
+            "same_programs_as": "rollout",
+            "programs": phases["rollout"]["programs"],
+            "peak_with_resident_gib": phases["rollout"]["peak_with_resident_gib"],
+            "fits": phases["rollout"]["fits"],
+        }
+    else:
+        ev = copy.copy(args)
+        ev.episodes = rows
+        r = rollout_plan(ev)
+        phases["eval"] = {"rows": rows} | {
+            k: r[k] for k in ("programs", "peak_with_resident_gib", "fits")
+        }
+    phases["export"] = export_plan(args)
+    u = phases["update"]
+    return (
+        {"phases": phases}
+        | project(args, phases, u["chips"], u["chip"])
+        | {
+            "head": {
+                k: u.get(k)
+                for k in (
+                    "model",
+                    "topology",
+                    "chip",
+                    "chips",
+                    "hbm_gib",
+                    "param_dtype",
+                    "dtype",
+                    "scan_layers",
+                    "attention",
+                    "episodes",
+                    "tokens",
+                    "recipe",
+                )
+            }  # fmt: skip
+        }
+    )
+
+
+def _row(name, m, hbm, resident=None):
+    if m.get("compile_error"):
+        need = m.get("temp_gib")
+        asked = f"asked for {need:.2f} GiB temporaries" if need else m["compile_error"][:80]
+        return f"| {name} | - | {asked} | - | no (refused) |"
+    peak = m["peak_gib_per_chip"] if resident is None else resident
+    fits = "-" if hbm is None else ("yes" if peak <= hbm else "no")
+    extra = "" if resident is None else f" (with weights, kernels, cache resident: {resident})"
+    return (
+        f"| {name} | {m['argument_gib']} | {m['temp_gib']} | {m['peak_gib_per_chip']}{extra} "
+        f"| {fits} |"
+    )
+
+
+def print_all(r: dict) -> dict:
+    """The table, the projection, and the summary the last line carries."""
+    h, ph = r["head"], r["phases"]
+    hbm = h["hbm_gib"]
+    print(
+        f"setup: {h['model']} ({h['recipe']}, {h['param_dtype']} params, {h['dtype']} compute, "
+        f"{h['attention']} attention, scan_layers {h['scan_layers']}) on {h['topology']} "
+        f"({h['chips']} x {h['chip']}, "
+        + (f"{hbm:.1f} GiB HBM" if hbm else "no HBM limit")
+        + f"); {h['episodes']} episodes x {h['tokens']} tokens"
+    )
+    print("| phase | arguments GiB/chip | temporaries GiB/chip | peak GiB/chip | fits |")
+    print("|---|---|---|---|---|")
+    summary = {}
+    for name in ("sft", "update"):
+        print(_row(name, ph[name], hbm))
+        summary[name] = {
+            "peak_gib_per_chip": ph[name]["peak_gib_per_chip"],
+            "fits": ph[name]["fits"],
+        }
+    for src in ("rollout", "eval"):
+        for prog, m in ph[src]["programs"].items():
+            res = ph[src]["peak_with_resident_gib"].get(prog)
+            name = prog if src == "rollout" else f"eval {prog}"
+            print(_row(name, m, hbm, res))
+            key = prog if src == "rollout" else "eval"
+            ok = None if hbm is None or res is None else bool(m["fits"] and res <= hbm)
+            if m.get("compile_error"):
+                ok = False
+            if key == "eval" and "eval" in summary:  # eval: the larger of its two programs
+                res = max(res or 0, summary["eval"]["peak_gib_per_chip"] or 0)
+                ok = None if ok is None else ok and summary["eval"]["fits"]
+            summary[key] = {"peak_gib_per_chip": res, "fits": ok}
+    ex = ph["export"]
+    d = ex["device"]
+    print(
+        f"| export (save_hf, {ex['stored_dtype']}) | {d.get('argument_gib')} | "
+        f"{d.get('temp_gib')} (+ {d.get('output_gib')} the HF copy) | "
+        f"{d.get('peak_gib_per_chip')} | {'-' if d.get('fits') is None else ('yes' if d['fits'] else 'no')} |"
+    )
+    print(
+        f"export host memory (estimate): {ex['host_gib_estimate']} GiB at a time (safetensors "
+        f"files of 2 GB, one at a time) of a {ex['checkpoint_gib']} GiB checkpoint"
+    )
+    summary["export"] = {
+        "peak_gib_per_chip": d.get("peak_gib_per_chip"),
+        "fits": d.get("fits"),
+        "host_gib": ex["host_gib_estimate"],
+    }
+    if r.get("label"):
+        print(
+            f"{r['label']}: MFU {r['mfu_assumed']:.0%}, HBM bandwidth {r['bandwidth_fraction_assumed']:.0%}"
+        )
+        for name, p in r.get("phases_projection", {}).items():
+            print(
+                f"  {name}: {p['flops_per_chip']:.3e} FLOPs, {p['hbm_bytes_per_chip'] / 1e9:.1f} GB "
+                f"a chip -> roofline {p['roofline_s']} s ({p['bound']} bound), projected {p['projected_s']} s"
+            )
+        print(
+            f"  one LOOP iteration ({h['episodes']} x {h['tokens']}): {r['loop_iteration_s']} s "
+            f"-> {r['projected_tokens_per_s_per_chip']} tokens/s a chip (roofline "
+            f"{r['roofline_tokens_per_s_per_chip']}; rollout and update overlapped "
+            f"{r['overlapped_tokens_per_s_per_chip']}); published: {r['published']}"
+        )
+    for name, p in r.get("phases_projection", {}).items():
+        summary[name]["projected_s"] = p["projected_s"]
+    return {
+        "phases": summary,
+        "projected_tokens_per_s_per_chip": r.get("projected_tokens_per_s_per_chip"),
+    }
+
+
 def main(argv=None) -> None:
+    try:
+        _main(argv)
+    except PlanError as err:
+        print(f"pod_plan: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _main(argv=None) -> None:
     args = _args(argv)
+    if args.phase == "all":
+        r = all_phases(args)
+        summary = print_all(r)
+        print("details: " + json.dumps(r, default=str))  # the full record, one line
+        print(json.dumps(summary))
+        return
     if args.phase == "rollout":
         r = rollout_plan(args)
         print_rollout(r)
         print(json.dumps(r))
         return
-    r = plan(args)
+    r = plan(args, args.phase)
     if "compile_error" in r:
         print(
             f"setup: {r['model']} ({r['recipe']}, {r['param_dtype']} params) on {r['topology']} "
@@ -584,7 +1023,7 @@ def main(argv=None) -> None:
     print(
         f"per chip: arguments {r['argument_gib']} GiB, outputs {r['output_gib']} GiB, "
         f"temporaries {r['temp_gib']} GiB, aliased {r['alias_gib']} GiB -> peak "
-        f"{r['peak_gib_per_chip']} GiB of {r['hbm_gib']} GiB HBM (fits: {r['fits']})"
+        f"{r['peak_gib_per_chip']} GiB {_against(r)}"
     )
     print(
         f"compile: lower {r['lower_s']} s, compile {r['compile_s']} s; FLOPs a step per chip "
