@@ -45,6 +45,7 @@ FLATTEN = {"flatten": True}  # field metadata: the dataclass field's own fields 
 _BUILTIN = {
     "quickstart": "jaxagent.envs.tools.quickstart.suite",
     "bfcl": "jaxagent.envs.tools.bfcl.suite",
+    "bfcl_gen": "jaxagent.envs.tools.bfcl.suite",
     "code": "jaxagent.envs.code.suite",
     "shop": "jaxagent.envs.web.suite",
     "booking": "jaxagent.envs.web.suite",

@@ -182,10 +182,16 @@ def tool_specs(entry: dict, methods: dict[str, Any]) -> dict[str, ToolSpec]:
             order = None
             if method is not None:
                 order = tuple(p for p in inspect.signature(method).parameters)
-            specs[doc["name"]] = ToolSpec.from_json(
-                doc, param_order=order, dangerous=doc["name"] in DANGEROUS_METHODS
-            )
+            specs[doc["name"]] = _spec(class_name, doc["name"], order)
     return specs
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec(class_name: str, name: str, order: tuple[str, ...] | None) -> ToolSpec:
+    # Building a spec validates its JSON Schema (milliseconds): once per function, not per
+    # episode reset or generated task.
+    doc = next(d for d in _class_docs(class_name) if d["name"] == name)
+    return ToolSpec.from_json(doc, param_order=order, dangerous=name in DANGEROUS_METHODS)
 
 
 def format_result(value: Any) -> str:

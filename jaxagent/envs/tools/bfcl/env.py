@@ -8,7 +8,9 @@ live instances, or a message without calls (``Final: ...``, plain text, or empty
 the user turn. At the end of every turn the turn is scored with BFCL's own checker functions
 (``state_checker``: every app instance equals the one reached by the ground truth;
 ``response_checker``: the ground truth's call results are covered by the agent's), then the
-next user turn (and any functions that turn makes available) is shown. As in BFCL's executor,
+next user turn (and any functions that turn makes available) is shown. An entry with
+``answers`` (generated tasks) also needs each turn's answers in the reply that ends it, and
+one with ``shown_functions`` lists only those tools. As in BFCL's executor,
 a documented function of an involved app runs even before the turn that offers it.
 
 Agent text is parsed with ``ast`` and calls go to public methods of the involved instances by
@@ -52,6 +54,7 @@ _CHECK_LABEL = {
     "multi_turn:execution_response_mismatch": FailureMode.WRONG_ANSWER,
     "multi_turn:empty_turn_model_response": FailureMode.GAVE_UP,
     "multi_turn:irrelevance_error:decoder_success": FailureMode.WRONG_STATE,
+    "answer_missing": FailureMode.WRONG_ANSWER,
 }
 
 
@@ -146,6 +149,9 @@ class BFCLEnv:
                 name for names in self._entry.get("missed_function", {}).values() for name in names
             }
             self._tools = {n: s for n, s in self._all_specs.items() if n not in held}
+            if "shown_functions" in self._entry:  # generated tasks list a few tools, in order
+                shown = self._entry["shown_functions"]
+                self._tools = {n: self._tools[n] for n in shown if n in self._tools}
         except Exception as exc:  # bad data or a broken backend: the environment failed
             self._setup_error = f"{type(exc).__name__}: {exc}"
             return f"environment error while loading {task.id}: {self._setup_error}"
@@ -182,7 +188,7 @@ class BFCLEnv:
                 and parsed.kind in (ErrorKind.EMPTY, ErrorKind.NO_ACTION)
             )
             if ends_turn:
-                return self._end_turn()
+                return self._end_turn(parsed.final if isinstance(parsed, ParsedAction) else "")
             self._turn_steps += 1
             if isinstance(parsed, ActionError):
                 obs, mode, process, dangerous = parsed.message, parsed.failure_mode, 0.0, []
@@ -246,8 +252,17 @@ class BFCLEnv:
         return list(self._entry["ground_truth"][self._turn])
 
     # ---------------------------------------------------------------- turn ends and scoring
-    def _end_turn(self) -> StepResult:
+    def _end_turn(self, reply: str) -> StepResult:
         verdict = self._score_turn()
+        answers = self._entry.get("answers", [])
+        missing = [a for a in (answers[self._turn] if answers else []) if a not in reply]
+        if verdict["valid"] and missing:  # a question's answer belongs in the reply
+            verdict = {
+                "valid": False,
+                "error_type": "answer_missing",
+                "error_message": f"the reply ending turn {self._turn} does not contain "
+                f"the answer {missing[0]!r}",
+            }
         self._turn_results.append(verdict)
         turn = self._turn
         if not verdict["valid"] and self.config.stop_at_first_failed_turn:

@@ -6,7 +6,10 @@ calls as a Python list, then a message without calls that ends the turn, so demo
 have exactly the action syntax and turn structure the environment parses. It does not read
 the observations: the ground truth solves the entry from its initial state. With
 ``error_rate`` p, a p fraction of its episodes leave out one call (drawn uniformly among the
-entry's calls), which fails the entry: a mistake RL can remove.
+entry's calls that occur once), which fails the entry: a mistake RL can remove. Generated
+entries (``generated.py``) carry ``steps``: the expert sends each step as one action, so a
+call that needs an earlier result comes after it, and ends a turn with ``Final:`` and the
+turn's answers.
 """
 
 from __future__ import annotations
@@ -31,17 +34,47 @@ def turn_actions(ground_truth: list[list[str]], drop: tuple[int, int] | None = N
     return out
 
 
+def step_actions(
+    steps: list[list[list[str]]], answers: list[list[str]], drop: tuple[int, int] | None = None
+) -> list[str]:
+    """The action texts of a generated entry: each step's calls as one action (a step's
+    calls need results of the step before), then ``Final:`` with the turn's answers."""
+    out = []
+    for turn, turn_steps in enumerate(steps):
+        index = 0
+        for step in turn_steps:
+            kept = [c for i, c in enumerate(step, index) if (turn, i) != drop]
+            index += len(step)
+            if kept:
+                out.append("[" + ", ".join(kept) + "]")
+        given = answers[turn] if turn < len(answers) else []
+        out.append("Final: " + ", ".join(given) if given else END_TURN)
+    return out
+
+
 class GroundTruthExpert:
-    """``act(observation) -> action``: the entry's ground-truth actions in order."""
+    """``act(observation) -> action``: the entry's ground-truth actions in order (by step,
+    with the answers in the reply, when the entry has steps: generated tasks)."""
 
     def __init__(self, task: Task, error_rate: float = 0.0, rng: Any = None):
         truth = task.data["ground_truth"]
         rng = rng if rng is not None else np.random.default_rng(0)
-        calls = [(t, i) for t, turn in enumerate(truth) for i in range(len(turn))]
+        texts = [c for turn in truth for c in turn]
+        # a call repeated elsewhere in the entry (the same lookup in two turns) is not left
+        # out: the repeat's result would cover it, and the mistake would not be one
+        calls = [
+            (t, i)
+            for t, turn in enumerate(truth)
+            for i, c in enumerate(turn)
+            if texts.count(c) == 1
+        ]
         drop = None
         if calls and rng.random() < error_rate:
             drop = calls[int(rng.integers(len(calls)))]
-        self._actions = turn_actions(truth, drop)
+        if "steps" in task.data:
+            self._actions = step_actions(task.data["steps"], task.data.get("answers", []), drop)
+        else:
+            self._actions = turn_actions(truth, drop)
         self._next = 0
 
     def act(self, observation: str) -> str:
