@@ -128,10 +128,45 @@ def test_a_nan_loss_with_a_finite_gradient_is_skipped_too():
     opt = tx.init(params)
     grads = {"w": jnp.full(3, 0.5)}
     sums = {"optim/grad_norm": jnp.float32(0.87), "loss/total": jnp.float32(jnp.nan),
-            "kl/approx_old_new": jnp.float32(0.0)}  # fmt: skip
+            "kl/approx_old_new": jnp.float32(0.0), "optim/loss_tokens": jnp.float32(3.0)}  # fmt: skip
     p1, o1, stopped, m = guarded_step(tx, grads, opt, params, sums, 0.0, jnp.zeros((), bool))
     assert float(m["guard/nonfinite"]) == 1.0 and not bool(stopped)
     assert _leaves_equal(p1, params) and _leaves_equal(o1, opt)
     sums["loss/total"] = jnp.float32(1.0)
     p2, _, _, m = guarded_step(tx, grads, opt, params, sums, 0.0, jnp.zeros((), bool))
     assert float(m["guard/nonfinite"]) == 0.0 and not _leaves_equal(p2, params)
+
+
+@pytest.mark.parametrize("recipe", ["loop", "dapo"])
+def test_an_update_without_loss_tokens_is_skipped_whole_and_counted(recipe):
+    """A minibatch whose rows all carry no loss (dropped groups) has a zero gradient, yet an
+    AdamW step on it would still move every weight (momentum, decay) and advance the
+    schedule: it is skipped, params and optimiser state stay bit-identical, and counted."""
+    apply_fn, params = tiny_model(num_layers=1)
+    batch = on_policy_batch(apply_fn, params, batch_size=8, group=4)
+    cfg = get_recipe(
+        recipe,
+        lora={"rank": 0},
+        optim={"learning_rate": 1e-2, "weight_decay": 0.1},
+        update={"minibatch_size": 4, "num_epochs": 1, "shuffle": False},
+    )
+    step = make_update_step(cfg, apply_fn)
+    # one real step first, so the momentum is nonzero and a stale step would move the weights
+    state, m = step(TrainState.create(copy_tree(params), cfg, jax.random.key(0)), batch)
+    assert float(m["guard/no_tokens"]) == 0.0 and max_abs_diff(state.params, params) > 1e-4
+    before_p = jax.tree.map(np.asarray, state.params)
+    before_o = jax.tree.map(np.asarray, state.opt_state)
+    empty = batch.replace(loss_mask=jnp.zeros_like(batch.loss_mask))
+    state2, m2 = step(state, empty)
+    assert float(m2["guard/no_tokens"]) == 1.0 and float(m2["guard/nonfinite"]) == 0.0
+    assert _leaves_equal(state2.params, before_p)
+    assert _leaves_equal(jax.tree.map(np.asarray, state2.opt_state), before_o)  # count too
+    # half empty: minibatch 1 (rows 4-7) has no loss token, minibatch 0 trains
+    half = batch.replace(loss_mask=batch.loss_mask.at[4:].set(0.0))
+    state3, m3 = step(state2, half)
+    assert float(m3["guard/no_tokens"]) == 0.5
+    assert max_abs_diff(state3.params, before_p) > 1e-4
+    counted = UpdateGuard(GuardSection(max_skipped_updates=0), None, lambda _: None)
+    counted.check(1, dict(m3, **{"optim/steps": 2.0}))
+    counted.stop_if_needed()  # not a fault: the limit 0 is not exceeded
+    assert counted.check(2, {k: float(v) for k, v in m3.items()})["guard/no_token_updates"] == 1

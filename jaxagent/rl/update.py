@@ -424,8 +424,12 @@ def make_update_step(
                 # The first microbatch's gradient is the accumulator (no zero-filled model
                 # copy); the others are added into it as the backward pass produces them.
                 grads, sums = accumulate(micro_grad(first), jax.tree.map(lambda x: x[1:], micro))
-            sums = dict(sums, **{"optim/grad_norm": optax.global_norm(grads)})
-            # a non-finite loss or gradient (or a KL stop) skips the step, counted in guard/*
+            sums = dict(
+                sums,
+                **{"optim/grad_norm": optax.global_norm(grads), "optim/loss_tokens": num_tokens},
+            )
+            # a non-finite loss or gradient, a minibatch without loss tokens (or a KL stop)
+            # skips the step whole, counted in guard/*
             params, opt_state, stopped, guard = guarded_step(
                 tx, grads, opt_state, params, sums, u.kl_stop, stopped
             )
@@ -440,7 +444,8 @@ def make_update_step(
                 sums, grad_norm, params, opt_state = fused_pass(
                     loss_of, fused_tx, plan, params, opt_state, norm, ok
                 )
-                return dict(sums, **{"optim/grad_norm": grad_norm}), params, opt_state
+                extra = {"optim/grad_norm": grad_norm, "optim/loss_tokens": num_tokens}
+                return dict(sums, **extra), params, opt_state
 
             shapes = jax.eval_shape(
                 lambda: one_pass(params, opt_state, jnp.float32(1.0), jnp.bool_(False))[0]
