@@ -1,6 +1,8 @@
 """End of a run: the final table, the learning-curve PNG, ``summary.json`` and one JSON line.
 
-The last line a run prints is ``{"success_before_rl": …, "success_after_rl": …,
+``summary.json`` has a ``health`` list: one sentence per symptom of a run that learned badly
+(``jaxagent.train.guards.learning_health``), empty for a healthy run. The last line a run
+prints is ``{"success_before_rl": …, "success_after_rl": …,
 "avg_steps": …, "wall_s": …}`` (plus a few more keys) for scripts.
 """
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from jaxagent.parallel.distributed import is_writer
+from jaxagent.train.guards import learning_health
 from jaxagent.train.metrics_log import read_jsonl
 
 
@@ -97,6 +100,12 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         "seed": cfg.train.seed,
         "run_dir": str(trainer.run_dir),
     }
+    # the learning-health sentences (empty: no symptom), from the whole run's records
+    records = read_jsonl(trainer.run_dir / "metrics.jsonl") if is_writer() else []
+    evals = [(int(h["iteration"]), float(h["success"])) for h in history]
+    summary["health"] = list(learning_health(records, evals, cfg.guards).values())
+    for sentence in summary["health"]:
+        trainer.echo(f"[health] {sentence}")
     if "sft" in extra:
         summary["expert_success"] = round(float(extra["sft"]["sft/expert_success"]), 4)
     best = extra.get("best_val")
