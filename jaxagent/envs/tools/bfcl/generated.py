@@ -433,6 +433,30 @@ def make_entry(combo, state_seed: int, entry_id: str, distractor_tools: int) -> 
     }
 
 
+@functools.lru_cache(maxsize=None)
+def _class_signatures(class_name: str) -> dict[str, str]:
+    entry = {"involved_classes": [class_name], "initial_config": {}, "category": CATEGORY}
+    specs = D.tool_specs(entry, D.public_methods(D.make_instances(entry)))
+    return {n: s.signature() for n, s in specs.items()}
+
+
+def _signature(classes: tuple[str, ...], name: str) -> str:
+    # the last class documenting the name wins, as in ``data.public_methods``
+    return next(
+        _class_signatures(c)[name] for c in reversed(classes) if name in _class_signatures(c)
+    )
+
+
+def task_prompt(entry: dict) -> str:
+    """The task as text: the tools it lists (compact signatures) and every user request.
+    A tokenizer learned on the train split's prompts (``tokenizer.kind: bpe``) then has
+    merges for the tool names and argument syntax the episodes are made of."""
+    classes = tuple(entry["involved_classes"])
+    tools = [_signature(classes, n) for n in entry["shown_functions"]]
+    requests = [m["content"] for turn in entry["question"] for m in turn]
+    return "\n".join(tools + [f"User: {r}" for r in requests])
+
+
 def state_digest(entry: dict) -> str:
     return hashlib.sha1(
         json.dumps(entry["initial_config"], sort_keys=True, default=sorted).encode()
@@ -519,7 +543,7 @@ class BFCLGenSource:
             combo = combos[int(rng.integers(len(combos)))]
             state_seed = int(rng.integers(2**62))
             entry = make_entry(combo, state_seed, f"gen_{split}_{i}", c.distractor_tools)
-            out.append(D.entry_to_task(entry, split))
+            out.append(Task(id=entry["id"], split=split, prompt=task_prompt(entry), data=entry))
         return out
 
     def check_disjoint(self) -> None:
