@@ -225,13 +225,14 @@ def test_sharded_scanned_sampler_matches_one_device():
 
 @pytest.mark.parametrize(
     "extra, field",
-    [(["rl.lora.rank=8"], "rl.lora.rank"), (["rl.lora.rank=0", "rl.update.fused_optimizer=true"],
-                                             "rl.update.fused_optimizer")],
-)  # fmt: skip
+    [(["rl.lora.rank=0", "rl.update.fused_optimizer=true"], "rl.update.fused_optimizer")],
+)
 def test_features_that_need_unrolled_blocks_are_refused(extra, field):
     from jaxagent.train.config import load_config
 
     assert load_config(None, ["model.scan_layers=true", "rl.lora.rank=0"]).model.scan_layers
+    # LoRA works over the stacked blocks (tests/test_lora_scan.py)
+    assert load_config(None, ["model.scan_layers=true", "rl.lora.rank=8"]).model.scan_layers
     with pytest.raises(ConfigError, match=f"model.scan_layers=true with {field}"):
         load_config(None, ["model.scan_layers=true", *extra])
 

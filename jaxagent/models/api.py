@@ -136,20 +136,24 @@ def token_values(values: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
 
 
+# The stacked blocks of a ``scan_layers`` model (``Transformer.blocks``).
+STACKED_BLOCKS = "blocks"
+
+
 def stack_layers(params: Params, num_layers: int) -> Params:
     """Unrolled params (``layer_0 .. layer_{L-1}``) as a ``scan_layers`` model's: the blocks'
     leaves stacked along a leading axis under ``blocks``; other entries are kept."""
     layers = [params[f"layer_{i}"] for i in range(num_layers)]
     out = {k: v for k, v in params.items() if not _is_layer_key(k)}
-    out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    out[STACKED_BLOCKS] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
     return out
 
 
 def unstack_layers(params: Params) -> Params:
     """The inverse of ``stack_layers``: a ``scan_layers`` model's params as unrolled ones."""
-    blocks = params["blocks"]
+    blocks = params[STACKED_BLOCKS]
     n = jax.tree.leaves(blocks)[0].shape[0]
-    out = {k: v for k, v in params.items() if k != "blocks"}
+    out = {k: v for k, v in params.items() if k != STACKED_BLOCKS}
     for i in range(n):
         out[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], blocks)
     return out
@@ -157,6 +161,29 @@ def unstack_layers(params: Params) -> Params:
 
 def _is_layer_key(key) -> bool:
     return isinstance(key, str) and key.startswith("layer_") and key[6:].isdigit()
+
+
+def layer_of(name: str) -> Optional[str]:
+    """The transformer block a parameter belongs to, from its path name: ``'layer_3'`` for
+    ``'layer_3/attn/q_proj'``, ``'blocks'`` (every layer, stacked) for a ``scan_layers``
+    model's ``'blocks/attn/q_proj'``, None outside the blocks (embedding, final norm, heads).
+    Code that treats the blocks apart (LoRA's per-block merge, the fused optimiser's
+    per-block step) asks this instead of knowing the model's names."""
+    top = name.split("/", 1)[0]
+    return top if _is_layer_key(top) or top == STACKED_BLOCKS else None
+
+
+def layer_index(block: str) -> int:
+    """The position of an unrolled block (``'layer_3'`` -> 3)."""
+    if not _is_layer_key(block):
+        raise ValueError(f"layer_index: {block!r} is not an unrolled block (layer_<i>)")
+    return int(block[6:])
+
+
+def stacked_layer_axes(name: str) -> int:
+    """Leading axes of a parameter that index layers: 1 for the stacked blocks of a
+    ``scan_layers`` model (``[L, ...]``), 0 otherwise."""
+    return 1 if layer_of(name) == STACKED_BLOCKS else 0
 
 
 def param_logical_axes(graphdef: nnx.GraphDef, params: Params) -> Params:

@@ -24,7 +24,8 @@ elementwise over parameters given the norm (``make_optimizer``'s AdamW with
 ``check_elementwise`` refuses others.
 
 Each block goes through ``Transformer.hidden``'s ``remat`` hook (``model_logprob_fn``'s
-``block_wrap``); a block's parameters are the top-level ``layer_<i>`` entries of the params.
+``block_wrap``); the model says which parameters form a block (``jaxagent.models.api.layer_of``:
+the ``layer_<i>`` entries of an unrolled model).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxagent.models.api import STACKED_BLOCKS, layer_index, layer_of
+from jaxagent.rl.lora import path_name
+
 
 class ParamPlan:
     """Which leaves of the params belong to which block, and where the optimiser state keeps
@@ -44,11 +48,13 @@ class ParamPlan:
 
     def __init__(self, params: Any, opt_state: Any):
         flat, self.params_def = jax.tree_util.tree_flatten_with_path(params)
-        top = [getattr(path[0], "key", None) for path, _ in flat]
-        blocks = sorted(
-            {k for k in top if isinstance(k, str) and k.startswith("layer_")},
-            key=lambda k: int(k.split("_", 1)[1]),
-        )
+        top = [layer_of(path_name(path)) for path, _ in flat]
+        if STACKED_BLOCKS in top:
+            raise ValueError(
+                "update.fused_optimizer: the params hold the stacked blocks of a scan_layers "
+                "model; the fused step hooks unrolled blocks (build it with scan_layers=False)"
+            )
+        blocks = sorted({k for k in top if k is not None}, key=layer_index)
         self.blocks = {k: [j for j, t in enumerate(top) if t == k] for k in blocks}
         self.rest = [j for j, t in enumerate(top) if t not in self.blocks]
         is_mirror = lambda x: jax.tree.structure(x) == self.params_def

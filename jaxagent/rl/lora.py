@@ -7,7 +7,10 @@ and rounded once to W's dtype; the adapters are float32 by default over any base
 must train in full while the base is frozen (a critic's value head) ride along as
 ``{"full": leaf}`` entries that replace the base's leaf in the merge.
 Which leading axes are "input" is looked up by kernel name (``o_proj`` of jaxagent's attention
-is ``[heads, head_dim, embed]``: two input axes); everything else has one input axis.
+is ``[heads, head_dim, embed]``: two input axes); everything else has one input axis. The
+stacked blocks of a ``scan_layers`` model (``[L, ...]`` kernels, ``jaxagent.models.api.
+stacked_layer_axes``) get adapters stacked the same way, ``a [L, in, r]``, ``b [L, r, out]``:
+layer l's pair is the unrolled model's ``layer_l`` pair.
 
 References: Hu et al. 2021, LoRA (2106.09685). LOOP 2502.01600 uses r = 16, alpha = 32.
 """
@@ -20,6 +23,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from jaxagent.models.api import stacked_layer_axes
 
 # Number of leading "input" axes of a kernel, by its name (default 1).
 LORA_INPUT_AXES = {"o_proj": 2}
@@ -67,7 +72,8 @@ def init_lora(
         unchanged.
 
     Returns:
-      ``{path_name: {"a": [in, r], "b": [r, out]}}`` for adapted kernels and
+      ``{path_name: {"a": [in, r], "b": [r, out]}}`` for adapted kernels (``[L, in, r]``,
+      ``[L, r, out]`` for a ``scan_layers`` model's stacked kernels) and
       ``{path_name: {"full": leaf}}`` for the leaves trained in full; both in ``dtype``.
 
     Raises:
@@ -85,13 +91,15 @@ def init_lora(
     adapters = {}
     keys = jax.random.split(key, len(leaves))
     for k, (name, w) in zip(keys, leaves):
+        lead = w.shape[: stacked_layer_axes(name)]  # (L,) for stacked blocks, else ()
+        shape = w.shape[len(lead) :]
         n_in = LORA_INPUT_AXES.get(name.split("/")[-1], 1)
-        d_in, d_out = math.prod(w.shape[:n_in]), math.prod(w.shape[n_in:])
+        d_in, d_out = math.prod(shape[:n_in]), math.prod(shape[n_in:])
         bound = 1.0 / math.sqrt(d_in)
         dt = w.dtype if dtype is None else dtype
         adapters[name] = {
-            "a": jax.random.uniform(k, (d_in, rank), dt, -bound, bound),
-            "b": jnp.zeros((rank, d_out), dt),
+            "a": jax.random.uniform(k, (*lead, d_in, rank), dt, -bound, bound),
+            "b": jnp.zeros((*lead, rank, d_out), dt),
         }
     for name, w in flat:
         if name.split("/")[-1] in full:
@@ -121,11 +129,58 @@ def merge_lora(params: Any, adapters: dict, alpha: float, rank: int) -> Any:
             return w
         if "full" in ad:
             return ad["full"].astype(w.dtype)
-        a, b = ad["a"].astype(jnp.float32), ad["b"].astype(jnp.float32)
-        delta = jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST).reshape(w.shape) * scale
-        return (w.astype(jnp.float32) + delta).astype(w.dtype)
+        return _merged(w, ad["a"], ad["b"], scale)
 
     return jax.tree_util.tree_map_with_path(add, params)
+
+
+def _merged(w, a, b, scale):
+    """``w + scale * a @ b`` in float32, rounded once to w's dtype (a batched matmul over
+    the stacked layers of a ``scan_layers`` kernel)."""
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    delta = jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST).reshape(w.shape) * scale
+    return (w.astype(jnp.float32) + delta).astype(w.dtype)
+
+
+@struct.dataclass
+class LoraKernel:
+    """A base kernel and its adapters travelling together as one parameter leaf, unmerged:
+    a lazily merged model (``jaxagent.rl.model_fns``) puts these in place of the adapted
+    kernels of its blocks, so each block's slice, unrolled or cut from the stacked blocks
+    by ``scan_layers``' scan, carries its own adapters into the block, which merges them
+    (``merge_kernels``) inside its rematerialisation."""
+
+    base: Any
+    a: Any
+    b: Any
+
+    def merged(self, scale: float) -> Any:
+        return _merged(self.base, self.a, self.b, scale)
+
+
+def with_lora_kernels(params: Any, adapters: dict) -> Any:
+    """``params`` with every kernel named in ``adapters`` (``{"a", "b"}`` entries) replaced
+    by a ``LoraKernel`` of the kernel and its pair."""
+
+    def attach(path, w):
+        ad = adapters.get(path_name(path))
+        return w if ad is None else LoraKernel(w, ad["a"], ad["b"])
+
+    return jax.tree_util.tree_map_with_path(attach, params)
+
+
+def merge_kernels(tree: Any, scale: float, tie=None) -> Any:
+    """Every ``LoraKernel`` of ``tree`` merged (``tie``: a zero scalar added to the adapters,
+    a data dependence that orders the merge, see ``jaxagent.rl.model_fns``)."""
+
+    def merge(x):
+        if not isinstance(x, LoraKernel):
+            return x
+        if tie is not None:
+            x = x.replace(a=x.a + tie.astype(x.a.dtype), b=x.b + tie.astype(x.b.dtype))
+        return x.merged(scale)
+
+    return jax.tree.map(merge, tree, is_leaf=lambda x: isinstance(x, LoraKernel))
 
 
 def lora_param_count(adapters: dict) -> int:

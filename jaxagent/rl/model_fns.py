@@ -31,7 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxagent.rl.lora import LoraParams, merge_lora, path_name
+from jaxagent.models.api import layer_of
+from jaxagent.rl.lora import LoraParams, merge_kernels, merge_lora, with_lora_kernels
 from jaxagent.models import token_logprobs_and_entropy, token_values
 from jaxagent.models.blockwise import row_axes, row_shards
 from jaxagent.rl.vocab_head import checkpoint_in_backward, chunked_head_logprobs
@@ -246,38 +247,27 @@ def _lazy_lora(params: LoraParams):
     ``checkpoint_in_backward``: the merged kernels are recomputed in the backward pass
     instead of being kept. Adapters outside the blocks (none by default) merge eagerly.
 
-    A block receives its own slice of the base parameters; its adapters are found by the
-    identity of those arrays (the model is built from ``base`` in the same trace)."""
-    in_blocks = {k: v for k, v in params.adapters.items() if k.startswith("layer_")}
+    Each adapted kernel of the blocks travels with its adapters as one ``LoraKernel`` leaf,
+    so a block receives its own adapters with its own slice of the parameters: an unrolled
+    block its ``layer_<i>`` entries, a ``scan_layers`` scan step its layer of the stacked
+    kernels and adapters (``jaxagent.models.api.layer_of`` says which names are blocks)."""
+    in_blocks = {
+        k: v for k, v in params.adapters.items() if layer_of(k) is not None and "full" not in v
+    }
     eager = {k: v for k, v in params.adapters.items() if k not in in_blocks}
     base = merge_lora(params.base, eager, params.alpha, params.rank) if eager else params.base
-    owner = {
-        id(x): path_name(k)
-        for k, x in jax.tree_util.tree_flatten_with_path(base)[0]
-        if path_name(k) in in_blocks
-    }
+    base = with_lora_kernels(base, in_blocks)
+    scale = params.alpha / params.rank
 
     def wrap(block):
         # The merge depends on x through a zero term: otherwise XLA hoists it out of the
         # microbatch loop (it is loop-invariant) and keeps every merged kernel alive, and in
         # the backward pass (where x is tied to the cotangent) it would be merged with the
         # forward's copy.
-        def merged_block(state, x_and_adapters, *consts):
-            x, adapters = x_and_adapters
+        def merged_block(state, x, *consts):
             tie = jnp.ravel(x)[0] * 0
-            adapters = jax.tree.map(lambda a: a + tie.astype(a.dtype), adapters)
-            return block(merge_lora(state, adapters, params.alpha, params.rank), x, *consts)
+            return block(merge_kernels(state, scale, tie), x, *consts)
 
-        lazy = checkpoint_in_backward(merged_block)
-
-        def call(state, x, *consts):
-            adapters = {
-                path_name(k): in_blocks[owner[id(leaf)]]
-                for k, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
-                if id(leaf) in owner
-            }
-            return lazy(state, (x, adapters), *consts)
-
-        return call
+        return checkpoint_in_backward(merged_block)
 
     return base, wrap

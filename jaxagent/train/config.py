@@ -368,19 +368,11 @@ class Config:
             )
 
     def _check_scan_layers(self) -> None:
-        """LoRA addresses each block's kernels by their ``layer_<i>`` path and merges them per
-        block (``jaxagent.rl.lora``, ``model_fns._lazy_lora``), and the fused optimiser hooks
-        each block separately (``jaxagent.rl.fused_step``): neither sees the layers of the
-        one stacked, scanned block of ``model.scan_layers``."""
-        if not self.model.scan_layers:
-            return
-        rl = self.rl_config
-        if rl.lora.rank:
-            raise ConfigError(
-                f"model.scan_layers=true with rl.lora.rank={rl.lora.rank}: LoRA adapts the "
-                "unrolled layer_<i> kernels; set model.scan_layers=false or rl.lora.rank=0"
-            )
-        if rl.update.fused_optimizer:
+        """The fused optimiser hooks each block's backward pass separately, its moments cut
+        per block (``jaxagent.rl.fused_step``); the one stacked, scanned block of
+        ``model.scan_layers`` would need them cut per scan step. (LoRA works with both:
+        its adapters are stacked along the layer axis like the kernels, ``jaxagent.rl.lora``.)"""
+        if self.model.scan_layers and self.rl_config.update.fused_optimizer:
             raise ConfigError(
                 "model.scan_layers=true with rl.update.fused_optimizer=true: the fused step "
                 "hooks each unrolled block; set model.scan_layers=false or fused_optimizer=false"
