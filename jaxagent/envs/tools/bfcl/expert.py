@@ -14,6 +14,7 @@ turn's answers.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -86,3 +87,47 @@ class GroundTruthExpert:
 
 def make_expert(task: Task, error_rate: float, rng: Any) -> GroundTruthExpert:
     return GroundTruthExpert(task, error_rate, rng)
+
+
+class RandomCaller:
+    """The baseline of ``jaxagent check bfcl_gen``: each user turn, 1-3 actions of 1-2 calls
+    to tools the prompt lists, every argument a word or number seen so far (the request, the
+    results) drawn at random, then ``Final:`` with a seen word. It reads nothing else: the
+    floor an agent that calls the right kinds of tools without reading results would reach."""
+
+    def __init__(self, task: Task, rng: Any):
+        self._rng = rng
+        self._tools: dict[str, list[str]] = {}
+        self._seen: list[str] = ["1"]
+        self._left = 0
+
+    def act(self, observation: str) -> str:
+        for line in observation.splitlines():  # "name(a: string, b?: integer)" lines
+            m = re.fullmatch(r"([A-Za-z_]\w*)\((.*)\)", line.strip())
+            if m and ":" in m.group(2) or (m and m.group(2) == ""):
+                args = [a.split(":")[0].strip().rstrip("?") for a in m.group(2).split(",") if a]
+                self._tools[m.group(1)] = args
+        self._seen += re.findall(r"[A-Za-z0-9_.]+", observation)[-200:]
+        if observation.startswith(("Available tools", "User:")) or "\nUser:" in observation:
+            self._left = int(self._rng.integers(1, 4))  # a new request: 1-3 actions
+        if self._left <= 0 or not self._tools:
+            return "Final: " + self._pick(self._seen)
+        self._left -= 1
+        names = sorted(self._tools)
+        calls = []
+        for _ in range(int(self._rng.integers(1, 3))):
+            name = self._pick(names)
+            args = ", ".join(f"{a}={self._value()}" for a in self._tools[name])
+            calls.append(f"{name}({args})")
+        return "[" + ", ".join(calls) + "]"
+
+    def _pick(self, items):
+        return items[int(self._rng.integers(len(items)))]
+
+    def _value(self) -> str:
+        word = self._pick(self._seen)
+        return word if re.fullmatch(r"\d+(\.\d+)?", word) else repr(word)
+
+
+def make_random(task: Task, rng: Any) -> RandomCaller:
+    return RandomCaller(task, rng)

@@ -11,7 +11,7 @@ from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 from jaxagent.envs.tools.bfcl.data import require_bfcl
 from jaxagent.envs.tools.bfcl.replay import drop_check
 from jaxagent.envs.tools.bfcl.env import BFCLEnv, BFCLEnvConfig, system_prompt
-from jaxagent.envs.tools.bfcl.expert import make_expert
+from jaxagent.envs.tools.bfcl.expert import make_expert, make_random
 from jaxagent.envs.tools.bfcl.generated import BFCLGenConfig, cached_source
 from jaxagent.envs.tools.bfcl.source import BFCLSource, BFCLSourceConfig
 
@@ -89,6 +89,7 @@ def build_gen(options: BFCLGenOptions) -> EnvSpec:
         make_env=functools.partial(BFCLEnv, options.env),
         system_prompt=system_prompt(),
         make_expert=make_expert,  # the ground truth step by step, answers in the reply
+        make_random=make_random,  # random calls to the listed tools with seen values
         check_extras=functools.partial(gen_check, options.source),
         task_group=lambda task: f"{len(task.data['question'])} turns",
     )
