@@ -7,7 +7,10 @@ where the policy's samples would be, loss mask on those) and SFT and RL train on
 ``run_sft`` packs them densely (``jaxagent.agents.batch.pack_episodes(dense=True)``) and fits
 the policy through the one LM update step (``jaxagent.rl.update.make_update_step``) with the
 ``sft`` recipe: masked cross-entropy (token mean), AdamW from the one optimiser builder
-(``jaxagent.rl.train_state.make_optimizer``) with a warm-up + stable + decay schedule.
+(``jaxagent.rl.train_state.make_optimizer``) with a warm-up + stable + decay schedule. The step
+(``make_sft_step``) runs the RL update's memory-lean learner pass (``model_fns.model_logprob_fn``:
+rematerialised blocks, a chunked vocabulary head, no ``[B, T, V]`` logits), the run's LoRA
+setting and its device layout, so a warm start fits wherever the update does.
 ``warm_start`` is the trainer's SFT phase: the demonstrations, the fit with a progress bar,
 and its metrics.
 """
@@ -15,6 +18,7 @@ and its metrics.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -27,9 +31,11 @@ from jaxagent.agents.expert import ExpertTurnPolicy, MakeExpert
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import Task
-from jaxagent.rl.model_fns import model_apply_fn
+from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate
+from jaxagent.rl.config import LoraConfig, RLConfig
+from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.rl.recipes import sft_config
-from jaxagent.rl.train_state import TrainState, make_optimizer
+from jaxagent.rl.train_state import TrainState, begin_sampling, make_optimizer
 from jaxagent.rl.update import make_update_step
 from jaxagent.train import progress, sft_cache
 
@@ -76,6 +82,64 @@ def expert_episodes(
     return out
 
 
+def sft_recipe(
+    learning_rate: float,
+    steps: int,
+    batch_size: int,
+    microbatch: int = 0,
+    lora: Optional[LoraConfig] = None,
+    remat: bool = True,
+) -> RLConfig:
+    """The ``sft`` recipe (``jaxagent.rl.recipes.sft_config``) over the run's LoRA setting
+    (``rl.lora``: rank 0 fine-tunes the whole model, rank > 0 trains adapters over a frozen
+    base, as the RL phase does) and its block rematerialisation (``rl.update.remat``)."""
+    config = sft_config(learning_rate, steps, batch_size, microbatch)
+    changes = {"update": {"remat": remat}}
+    if lora is not None:
+        changes["lora"] = lora
+    return config.override(**changes)
+
+
+def make_sft_step(
+    graphdef,
+    config: RLConfig,
+    optimizer,
+    *,
+    activation_sharding: Any = None,
+    **update_kwargs,
+) -> Callable:
+    """The SFT step ``step(state, batch) -> (state, metrics)``: the one LM update step
+    (``make_update_step``, no advantages) over the memory-lean learner pass
+    (``model_logprob_fn``: each block rematerialised when ``config.update.remat``, the
+    vocabulary head chunked and run only over the positions that carry loss), so no
+    ``[B, T, V]`` logits exist; under LoRA (``config.lora.rank``) the adapters merge inside
+    each block. ``update_kwargs`` go to ``make_update_step`` (``mesh``, ``state_sharding``,
+    ``batch_sharding``, ``rules``, ``jit``).
+
+    To plan its memory without weights: build the state abstractly (``sft_state_like``),
+    then ``make_sft_step(...).lower(state_like, TokenBatch.abstract(rows, length))
+    .compile().memory_analysis()``."""
+    lean = model_logprob_fn(
+        graphdef,
+        remat=config.update.remat,
+        skip_unmasked_chunks=True,
+        activation_sharding=activation_sharding,
+    )
+    return make_update_step(
+        config, optimizer=optimizer, logprob_fn=lean, compute_advantages=False, **update_kwargs
+    )
+
+
+def sft_state_like(params_like: Any, config: RLConfig, optimizer, layout=None) -> TrainState:
+    """The SFT train state's shapes, dtypes and (with a ``layout``) shardings from the
+    params' (``jax.ShapeDtypeStruct``s), allocating nothing."""
+    abstract = jax.eval_shape(
+        lambda p: TrainState.create(p, config, jax.random.key(0), optimizer=optimizer),
+        params_like,
+    )
+    return abstract if layout is None else layout.abstract_state(abstract, optimizer)
+
+
 def run_sft(
     graphdef,
     params: Any,
@@ -90,11 +154,16 @@ def run_sft(
     on_step: Optional[Callable[[int, float], None]] = None,
     observation_weight: float = 0.0,
     microbatch: int = 0,
+    lora: Optional[LoraConfig] = None,
+    remat: bool = True,
+    layout: Optional[DeviceLayout] = None,
 ) -> tuple[Any, list[float]]:
     """Fit ``params`` to the demonstrations; returns (params, per-step losses).
 
     ``params`` are handed over: the first step donates them (no second copy of the model; on
-    a mesh they keep their shardings and the step runs sharded).
+    a mesh, ``layout``, the state is born in the update's shardings and the step runs
+    sharded like the RL update). ``lora`` (the run's ``rl.lora``): rank > 0 trains adapters
+    over the frozen base and returns the base with them merged.
 
     ``batch_size`` counts packed rows of ``max_len`` tokens (several episodes each);
     ``microbatch`` rows a forward/backward pass (0: the whole batch), gradients summed over
@@ -109,10 +178,13 @@ def run_sft(
     n = packed.tokens.shape[0]
     if n == 0 or steps == 0:
         return params, []
-    config = sft_config(learning_rate, steps, batch_size, microbatch)
+    config = sft_recipe(learning_rate, steps, batch_size, microbatch, lora, remat)
     tx = make_optimizer(config, "wsd", steps)
-    step_fn = make_update_step(config, model_apply_fn(graphdef), tx, compute_advantages=False)
-    state = TrainState.create(params, config, jax.random.key(seed), optimizer=tx)
+    layout = layout or DeviceLayout(mesh=None, logical_axes=None)
+    step_fn = _sharded_step(
+        layout, functools.partial(make_sft_step, graphdef, config, tx), batch_size
+    )
+    state = _new_state(params, config, tx, jax.random.key(seed), layout)
     rng = np.random.default_rng([seed, 11])
     losses = []
     order = rng.permutation(n)
@@ -129,7 +201,44 @@ def run_sft(
             losses.append(float(metrics["loss/total"]))
             if on_step is not None:
                 on_step(i, losses[-1])
+    if state.uses_lora:  # the SFT model: the base with the fitted adapters merged
+        params, _ = begin_sampling(state)
+        return params, losses
     return state.params, losses
+
+
+def _sharded_step(layout: DeviceLayout, make: Callable, rows: int) -> Callable:
+    """``step(state, batch)`` on the layout: the rows split over the mesh's batch axes as the
+    RL update's (``ShardedUpdate``), or, when ``rows`` does not split evenly over them,
+    the batch replicated and the state kept in its own shardings."""
+    if layout.mesh is None or rows % layout.batch_devices == 0:
+        return ShardedUpdate(
+            layout, functools.partial(make, activation_sharding=layout.activation_sharding())
+        )
+    replicated, compiled = layout.replicated(), {}
+
+    def step(state, batch):
+        if "step" not in compiled:
+            compiled["step"] = make(
+                mesh=layout.mesh,
+                state_sharding=jax.tree.map(lambda x: x.sharding, state),
+                batch_sharding=jax.tree.map(lambda _: replicated, batch),
+                rules=layout.rules,
+            )
+        return compiled["step"](state, jax.device_put(batch, replicated))
+
+    return step
+
+
+def _new_state(params, config: RLConfig, tx, key, layout: DeviceLayout) -> TrainState:
+    """A fresh SFT state; on a mesh made under ``jit`` with the layout's state shardings as
+    ``out_shardings`` and ``params`` donated, so the optimiser moments (or adapters) are
+    born in their shards and the parameters become the state's own buffers."""
+    create = lambda p: TrainState.create(p, config, key, optimizer=tx)
+    if layout.mesh is None:
+        return create(params)
+    shardings = layout.state_shardings(jax.eval_shape(create, params), tx)
+    return jax.jit(create, out_shardings=shardings, donate_argnums=0)(params)
 
 
 def warm_start(
@@ -143,10 +252,14 @@ def warm_start(
     pad_id: int,
     max_len: int,
     echo: Callable[[str], None] = print,
+    layout: Optional[DeviceLayout] = None,
 ) -> tuple[Any, dict]:
     """The trainer's SFT phase (``config.sft``) on ``env``'s scripted expert over ``tasks``;
-    returns (params, ``sft/`` metrics)."""
+    returns (params, ``sft/`` metrics). It trains as the run's update does: the run's LoRA
+    setting (``rl.lora``) and rematerialisation (``rl.update.remat``), the chunked
+    vocabulary head, and on the run's ``layout`` (its mesh) when given."""
     c = config.sft
+    lora = config.rl_config.lora
     tasks = tasks[: c.num_demos]
     t0 = time.perf_counter()
     # The demonstrations run in-process: a scripted expert needs no timeouts, and the
@@ -178,6 +291,8 @@ def warm_start(
     if c.cache_dir and sft_cache.usable():  # the same fit done before: its result
         settings = dataclasses.asdict(c) | {"seed": config.train.seed, "max_len": max_len}
         settings.update(pad_id=pad_id, cache_dir=None)
+        if lora.rank:  # adapters fit another model (full fine-tuning keeps its old keys)
+            settings["lora"] = dataclasses.asdict(lora)
         key = sft_cache.sft_key(params, demos, settings)
         hit = sft_cache.load(c.cache_dir, key, params)
         if hit is not None:
@@ -197,6 +312,9 @@ def warm_start(
             on_step=lambda i, loss: bar.update(1, loss=f"{loss:.3f}"),
             observation_weight=c.observation_weight,
             microbatch=c.microbatch_size,
+            lora=lora,
+            remat=config.rl_config.update.remat,
+            layout=layout,
         )
     metrics = {
         "sft/loss": losses[-1] if losses else float("nan"),

@@ -241,6 +241,7 @@ class Trainer:
             pad_id=self.chat.pad_id,
             max_len=self.max_len,
             echo=self.echo,
+            layout=self.layout,
         )
 
     def iteration(self, state: TrainState, it: int) -> tuple[TrainState, dict]:
