@@ -91,6 +91,8 @@ MODELS = {
     "qwen2.5-7b": (152064, 3584, 28, 28, 4, 128, 18944, True, False, 1e6),
     "qwen2.5-32b": (152064, 5120, 64, 40, 8, 128, 27648, True, False, 1e6),
     "llama-3.1-8b": (128256, 4096, 32, 32, 8, 128, 14336, False, False, 5e5),
+    # ``ModelConfig.test``'s shapes: the planner's own tests
+    "tiny": (128, 64, 2, 4, 2, 16, 96, False, True, 1e4),
 }
 # HBM per chip (GiB), dense bf16 peak (FLOP/s) and HBM bandwidth (bytes/s), from the
 # vendors' data sheets.
@@ -422,6 +424,8 @@ def plan(args, phase: str = "update") -> dict:
         }
     t2 = time.perf_counter()
     mem = compiled.memory_analysis()
+    # Which attention kernel the program runs: cuDNN's fused attention is a custom call.
+    cudnn_calls = compiled.as_text().count('custom_call_target="__cudnn$fmha')
     cost = compiled.cost_analysis()  # empty for XLA:GPU programs
     cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
     gib = 2.0**30
@@ -440,11 +444,19 @@ def plan(args, phase: str = "update") -> dict:
             jax.tree.leaves(state.opt_state)[-1].dtype if jax.tree.leaves(state.opt_state) else ""
         ),
         "params_b": round(n_params / 1e9, 3),
+        "cudnn_attention_calls": cudnn_calls,
         "argument_gib": round(mem.argument_size_in_bytes / gib, 3),
         "output_gib": round(mem.output_size_in_bytes / gib, 3),
         "temp_gib": round(mem.temp_size_in_bytes / gib, 3),
         "alias_gib": round(mem.alias_size_in_bytes / gib, 3),
         "peak_gib_per_chip": round(peak / gib, 3),
+        "bytes": {
+            "argument": mem.argument_size_in_bytes,
+            "output": mem.output_size_in_bytes,
+            "temp": mem.temp_size_in_bytes,
+            "alias": mem.alias_size_in_bytes,
+            "peak": peak,
+        },
         "fits": None if hbm_gib is None else peak / gib <= hbm_gib,
         "compile_s": round(t2 - t1, 1),
         "flops_per_step": hw_flops,

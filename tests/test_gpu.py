@@ -2,8 +2,10 @@
 
 XLA's GPU backend picks other fusions, reduction orders and (for bf16) other matmul kernels
 than the CPU one, so parity that holds on CPU is re-checked here: blockwise attention against
-the reference ``attend``; the sampler's log-probs against the teacher-forced ones; and the
-rollout-vs-learner log-prob mismatch of a bf16 model, measured and printed as a JSON line.
+the reference ``attend``; the sampler's log-probs against the teacher-forced ones; the
+rollout-vs-learner log-prob mismatch of a bf16 model, measured and printed as a JSON line;
+and cuDNN's flash attention (``model.attention: cudnn``, what ``auto`` picks on a GPU)
+against the blockwise tiles, values and gradients.
 
 Run with ``pytest -m gpu`` (tests/conftest.py then leaves the backend alone); without a GPU
 every test here is skipped with the reason.
@@ -93,3 +95,79 @@ def test_bf16_rollout_vs_learner_mismatch_is_measured():
         row[name] = {"mean_abs": float(err.mean()), "max_abs": float(err.max())}
     print("\n" + json.dumps(row))  # its own line amid pytest's progress dots
     assert row["float32"]["max_abs"] < row["bfloat16"]["max_abs"], row
+
+
+# ---- (d) cuDNN flash attention == the blockwise tiles ----------------------------------------
+@pytest.mark.parametrize("t", [256, 1024])
+def test_cudnn_attention_equals_the_blockwise_tiles_on_gpu(t):
+    """``model.attention: cudnn`` (``jax.nn.dot_product_attention(implementation="cudnn")``,
+    the segment mask as its mask): values and q/k/v gradients of bf16 packed rows with
+    padding, against float32 ground truth no worse than the blockwise tiles' own bf16
+    error (doubled, plus one bf16 rounding of the largest entry)."""
+    from jaxagent.models.blockwise import attend_blockwise, attend_cudnn
+
+    (q, k, v), seg = blockwise_cpu._inputs(t, jnp.bfloat16, seed=5)
+    w = jnp.asarray(np.random.default_rng(6).normal(size=q.shape), jnp.float32)
+    w = w * (seg != 0)[:, :, None, None, None]  # padding outputs are ignored by every caller
+    valid = np.asarray(seg != 0)
+
+    def run(fn, *args):
+        def loss(q, k, v):
+            return jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+
+        out = jax.jit(fn)(*args)
+        grads = jax.jit(jax.grad(loss, (0, 1, 2)))(*args)
+        return [np.asarray(x, np.float64) for x in (out, *grads)]
+
+    blockwise = lambda q, k, v: attend_blockwise(q, k, v, seg)  # noqa: E731
+    truth = run(blockwise, *(x.astype(jnp.float32) for x in (q, k, v)))
+    ref = run(blockwise, q, k, v)
+    got = run(lambda q, k, v: attend_cudnn(q, k, v, seg), q, k, v)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for i, (g, r, tr) in enumerate(zip(got, ref, truth)):
+        if i == 0:
+            g, r, tr = g[valid], r[valid], tr[valid]
+        scale = np.abs(tr).max()
+        ref_err, got_err = np.abs(r - tr).max(), np.abs(g - tr).max()
+        assert np.isfinite(g).all(), i
+        assert got_err <= 2 * ref_err + eps * scale, (i, got_err, ref_err)
+
+
+def test_auto_attention_is_cudnn_on_gpu_and_the_model_agrees():
+    """``model.attention: auto`` on a GPU runs cuDNN (its custom call is in the program), and
+    the tiny model's long-row loss and gradients (bf16 compute) are no further from the fp32
+    blockwise model's than the bf16 blockwise model's are (doubled, plus one bf16 rounding)."""
+    from jaxagent.models import apply_model
+
+    t = 1024  # > blockwise.BLOCK: the kernel path
+    tokens = jax.random.randint(jax.random.key(1), (2, t), 1, 8192)
+    half = jnp.ones((2, t // 2), jnp.int32)
+    seg = jnp.concatenate([half, 2 * half], 1)  # two packed episodes a row
+    pos = jnp.concatenate([jnp.arange(t // 2)] * 2)[None].repeat(2, 0)
+    results = {}
+    for name, kernel, dtype in (
+        ("truth", "blockwise", "float32"),
+        ("blockwise", "blockwise", "bfloat16"),
+        ("auto", "auto", "bfloat16"),
+    ):
+        cfg = ModelConfig.tiny(attention=kernel, dtype=dtype)
+        graphdef, params = init_model(cfg, jax.random.key(0))
+
+        def loss(p):
+            logits = apply_model(graphdef, p, tokens, pos, seg).logits
+            return jnp.mean(token_logprobs(logits, tokens))
+
+        fn = jax.jit(jax.value_and_grad(loss))
+        if kernel == "auto":
+            assert "cudnn$fmha" in fn.lower(params).compile().as_text()
+        value, grads = fn(params)
+        leaves = [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
+        results[name] = (float(value), leaves)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    (v_tr, g_tr), (v_ref, g_ref), (v_got, g_got) = (
+        results[k] for k in ("truth", "blockwise", "auto")
+    )
+    assert abs(v_got - v_tr) <= 2 * abs(v_ref - v_tr) + eps * abs(v_tr), (v_got, v_ref, v_tr)
+    for tr, r, g in zip(g_tr, g_ref, g_got):
+        scale = np.abs(tr).max()
+        assert np.abs(g - tr).max() <= 2 * np.abs(r - tr).max() + eps * scale

@@ -16,6 +16,8 @@ values as in ``attend`` — every caller ignores padding outputs, and their cota
 zero, so gradients agree.
 
 Pure JAX: it runs on every backend; accumulation is in float32 whatever the input dtype.
+The same mask also runs through two vendor kernels (``attend_segments``): JAX's Pallas
+splash kernel on TPU and cuDNN's fused flash attention on NVIDIA GPUs.
 """
 
 from __future__ import annotations
@@ -272,7 +274,50 @@ def attend_splash(
     return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).astype(values.dtype)
 
 
-KERNELS = ("blockwise", "splash")
+def attend_cudnn(
+    q: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    segment_ids: jax.Array,
+    implementation: str = "cudnn",
+):
+    """``attend_blockwise`` through cuDNN's fused flash attention
+    (``jax.nn.dot_product_attention(..., implementation="cudnn")``; FlashAttention-2,
+    arXiv 2307.08691, as NVIDIA's cuDNN implements it): no [T, T] scores or probabilities
+    are kept, the backward pass recomputes them. Same arguments and result.
+
+    The public API masks causally and by sequence lengths, not by packed segments, so the
+    segment mask goes in as its ``mask`` (turned into an additive bias [B, 1, T, T] in the
+    compute dtype: 32 MiB a 4,096-token bf16 row, 2 GiB a 32,768-token one). Under a mesh the
+    call is split by JAX's own partitioning rule for it (rows and heads). GPU only: XLA's
+    CPU and TPU backends have no cuDNN; ``implementation="xla"`` runs the same call through
+    XLA's plain attention (how its arguments are checked on CPU)."""
+    b, t, k, g, hd = q.shape
+    seg = segment_ids.astype(jnp.int32)
+    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+    out = jax.nn.dot_product_attention(
+        q.reshape(b, t, k * g, hd),  # query head k * G + g reads KV head k, as ``attend``
+        keys.transpose(0, 2, 1, 3).astype(q.dtype),  # [B, T, K, hd]
+        values.transpose(0, 2, 1, 3).astype(q.dtype),
+        mask=same[:, None],
+        scale=1.0,  # the queries arrive scaled by hd**-0.5
+        is_causal=True,
+        implementation=implementation,
+    )
+    return out.reshape(b, t, k, g, hd).astype(values.dtype)
+
+
+# "auto" picks by the platform the program is compiled for (``kernel_for``).
+KERNELS = ("blockwise", "splash", "cudnn", "auto")
+
+
+def kernel_for(kernel: str, platform: str) -> str:
+    """The kernel ``kernel`` names on ``platform`` (a device's ``platform``: "cpu", "tpu",
+    "gpu" or "cuda"): "auto" is cuDNN on an NVIDIA GPU, splash on TPU, the pure-JAX tiles
+    elsewhere; any other name is itself."""
+    if kernel != "auto":
+        return kernel
+    return {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "blockwise")
 
 
 def row_axes(sharding) -> tuple[str, ...]:
@@ -293,10 +338,19 @@ def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segm
     """The no-cache pass's attention over long rows with ``mask.kernel``: the pure-JAX tiles
     (every backend) or the Pallas splash kernel (TPU; the interpreter elsewhere). Under a
     mesh (``mask.sharding``) the kernel runs per device on its own rows and KV heads
-    (``jax.shard_map``): a Pallas call is not partitioned by XLA."""
-    if mask.kernel == "blockwise":
-        return attend_blockwise(q, keys, values, mask.ids)
+    (``jax.shard_map``): a Pallas call is not partitioned by XLA. cuDNN's flash attention
+    (NVIDIA GPUs) is partitioned by JAX itself. "auto" picks by the platform of the mesh's
+    devices (the target of an ahead-of-time compile), else of JAX's default backend."""
     sharding = mask.sharding
+    if isinstance(sharding, NamedSharding):
+        platform = sharding.mesh.devices.flat[0].platform
+    else:
+        platform = jax.default_backend()
+    kernel = kernel_for(mask.kernel, platform)
+    if kernel == "blockwise":
+        return attend_blockwise(q, keys, values, mask.ids)
+    if kernel == "cudnn":
+        return attend_cudnn(q, keys, values, mask.ids)
     if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
         interpret = jax.default_backend() != "tpu"
         return attend_splash(q, keys, values, mask.ids, interpret=interpret)

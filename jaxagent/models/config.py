@@ -55,7 +55,10 @@ class ModelConfig:
     # Attention over rows longer than ``blockwise.BLOCK`` tokens in the no-cache (training)
     # pass: "blockwise", pure-JAX flash tiles on every backend; "splash", JAX's Pallas
     # splash-attention kernel for TPU (compiled for TPU ahead of time and checked in the
-    # Pallas interpreter here; not yet run on a chip).
+    # Pallas interpreter here; not yet run on a chip); "cudnn", cuDNN's fused flash
+    # attention on NVIDIA GPUs (``jax.nn.dot_product_attention``; compiled for H100 ahead
+    # of time); "auto", cuDNN on GPU, splash on TPU, blockwise elsewhere, by the platform
+    # the program is compiled for.
     attention: str = "blockwise"
     max_seq_len: int = 2048  # longest position the model is meant for (HF max_position_embeddings)
     model_type: str = "llama"  # HF family used when exporting: "llama" or "qwen2"
@@ -85,7 +88,8 @@ class ModelConfig:
         if self.attention not in KERNELS:
             raise ValueError(
                 f"ModelConfig.attention={self.attention!r}; use one of {KERNELS} "
-                "('splash': the Pallas kernel for TPU)"
+                "('splash': the Pallas kernel for TPU; 'cudnn': cuDNN on NVIDIA GPUs; "
+                "'auto': by platform)"
             )
         if self.model_type not in ("llama", "qwen2"):
             raise ValueError(f"ModelConfig.model_type={self.model_type!r}; use 'llama' or 'qwen2'")

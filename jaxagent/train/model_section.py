@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxagent.errors import FROZEN, ConfigError, check_choice, check_positive
+from jaxagent.models.blockwise import KERNELS
 from jaxagent.models.config import ModelConfig
 from jaxagent.sections import derive
 
@@ -41,6 +42,8 @@ def _check_model(section) -> None:
     check_choice("model.param_dtype", section.param_dtype, ("float32", "bfloat16"))
     check_choice("model.dtype", section.dtype, ("float32", "bfloat16"))
     check_choice("model.kv_cache_dtype", section.kv_cache_dtype, ("", "float32", "bfloat16"))
+    # blockwise (every backend), splash (TPU), cudnn (NVIDIA GPU), auto (by platform)
+    check_choice("model.attention", section.attention, KERNELS)
 
 
 ModelSection = derive(
