@@ -21,9 +21,13 @@ fix.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 
 from jaxagent.errors import ConfigError, InputError
 
@@ -59,6 +63,7 @@ def _cmd_train(args) -> int:
     try:
         trainer.run()
     except KeyboardInterrupt:
+        _CTRL_C.caught()
         trainer.close()  # a save in flight completes: the run resumes from it
         from jaxagent.train.checkpoint import complete_steps
 
@@ -179,6 +184,15 @@ def _cmd_export(args) -> int:
             f"--out {args.out!r} is an existing file; pass a directory (new or existing) "
             "for the Hugging Face files"
         )
+    ckpts = _run_checkpoint_dirs(Path(args.checkpoint))
+    target = out.resolve()
+    for ckpt in ckpts:
+        if target == ckpt or ckpt in target.parents:
+            raise InputError(
+                f"--out {args.out!r} is inside the run's checkpoint directory {str(ckpt)!r}, "
+                "where the HF files would mix with (and overwrite) its checkpoints; pass "
+                "another directory, e.g. --out RUN_DIR/hf"
+            )
     policy = load_policy(args.checkpoint, parse_step(args.step))
     out.mkdir(parents=True, exist_ok=True)
     save_hf(str(out), policy.model_config, policy.graphdef, policy.params)
@@ -188,6 +202,23 @@ def _cmd_export(args) -> int:
         "tokenizer with chat template): load it with transformers.AutoModelForCausalLM"
     )
     return 0
+
+
+def _run_checkpoint_dirs(run_dir) -> list:
+    """The run's checkpoint directories, resolved: ``RUN_DIR/checkpoints`` and, when its
+    ``config.yaml`` names another (``train.checkpoint_dir``), that one too."""
+    out = [(run_dir / "checkpoints").resolve()]
+    cfg = run_dir / "config.yaml"
+    if cfg.is_file():
+        from jaxagent.train.config import load_config
+
+        try:
+            own = load_config(cfg).checkpoint_dir(run_dir)
+        except Exception:  # an unreadable config is load_policy's error to report
+            own = ""
+        if own and "://" not in own:
+            out.append(type(run_dir)(own).resolve())
+    return out
 
 
 def _cmd_serve(args) -> int:
@@ -361,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         "serve": _cmd_serve,
     }
     try:
-        return handlers[args.command](args)
+        with _CTRL_C:
+            return handlers[args.command](args)
     except ConfigError as err:
         print(_one_line(f"jaxagent {args.command}: config error: {err}"), file=sys.stderr)
         return 2
@@ -372,20 +404,86 @@ def main(argv: list[str] | None = None) -> int:
         print(_one_line(f"jaxagent {args.command}: {err}"), file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Interrupted) as err:
+        _CTRL_C.caught()
         _quiet_shutdown()
         what = str(err) if isinstance(err, Interrupted) else "interrupted"
         print(_one_line(f"jaxagent {args.command}: {what}"), file=sys.stderr)
+        _exit_now(130)
         return 130
+
+
+class _CtrlCDelivery:
+    """SIGINT raises ``KeyboardInterrupt`` on the main thread, as Python's own handler does,
+    and raises it again every second until a handler has caught it: Python drops an exception
+    raised inside a garbage-collection callback or a ``__del__`` ("Exception ignored in ..."),
+    and JAX runs one on every collection (``_xla_gc_callback``), so a Ctrl-C that lands there
+    would otherwise be lost and the run go on to its end."""
+
+    def __init__(self):
+        self._caught = threading.Event()
+        self._retrying = False
+        self._previous = None
+
+    def __enter__(self):
+        self._caught.clear()
+        self._retrying = False
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            except (ValueError, OSError):  # an embedding that owns its signals
+                self._previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        self._caught.set()  # no re-delivery after the command returned
+        return False
+
+    def caught(self) -> None:
+        self._caught.set()
+
+    def _on_sigint(self, signum, frame):
+        if self._previous is signal.SIG_IGN:  # started with Ctrl-C ignored (nohup, `&`)
+            return
+        if not self._retrying:
+            self._retrying = True
+            threading.Thread(target=self._redeliver, name="ctrl-c", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _redeliver(self):
+        while not self._caught.wait(1.0):
+            _thread.interrupt_main()
+
+
+_CTRL_C = _CtrlCDelivery()
 
 
 def _quiet_shutdown() -> None:
     """After an interrupt, library threads (orbax's savers, the pool's) may still be
     unwinding; their tracebacks would bury the one line that says what happened."""
     import logging
-    import threading
 
     threading.excepthook = lambda *_: None
     logging.getLogger("absl").setLevel(logging.CRITICAL)
+
+
+def _exit_now(status: int) -> None:
+    """End the process with ``status`` without the interpreter's teardown. After an
+    interrupt, threads are still inside native calls: an overlapped rollout's producer or a
+    harness's server in an XLA computation, which CPython ends at exit with
+    ``pthread_exit`` when it next takes the GIL, and a forced unwind through C++ that meets
+    a ``catch (...)`` aborts the process ("FATAL: exception not rethrown", status 134); and
+    with none of those, tearing down the runtime under a computation still running has
+    segfaulted (status 139). Everything worth keeping is written by now (the trainer closed
+    its checkpointer and its logs), so the streams are flushed and the process leaves."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

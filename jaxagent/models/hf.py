@@ -343,6 +343,57 @@ def _parse_size(size) -> int:
     return int(float(m.group(1)) * {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[m.group(2)])
 
 
+# safetensors' dtype names (the format's header, https://github.com/huggingface/safetensors)
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
+
+
+def _host_tensor(params: Params, target, layer, kind: str, hf_shape: tuple, store) -> np.ndarray:
+    """One HF tensor on the host: the parameter (for a ``scan_layers`` model its one layer,
+    sliced on the device), gathered from its shards, laid out as HF's and cast there. Only
+    this tensor exists beside the parameters (on the host; on the device at most one layer
+    of a stacked parameter)."""
+    x = _get(params, target)
+    if layer is not None:
+        x = x[layer]
+    host = np.asarray(jax.device_get(x))
+    if kind in ("transpose",):
+        host = host.T
+    elif kind == "in_proj":  # [D, N, hd] -> [N*hd, D]
+        host = host.reshape(host.shape[0], -1).T
+    elif kind == "out_proj":  # [H, hd, D] -> [D, H*hd]
+        host = host.reshape(-1, host.shape[-1]).T
+    else:
+        host = host.reshape(hf_shape)
+    return np.ascontiguousarray(host.astype(store))
+
+
+def _write_safetensors(path: str, entries: list, metadata: dict, fetch: Callable) -> None:
+    """A safetensors file written tensor by tensor: the header from the shapes alone, then
+    each tensor's bytes as ``fetch(entry)`` makes it (one host copy at a time, never the
+    whole file in memory). ``entries``: (name, shape, dtype) in the order to store."""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name, shape, dtype in entries:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {
+            "dtype": _ST_DTYPES[np.dtype(dtype).name],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes
+    with open(path, "wb") as fh:
+        fh.write(len(text).to_bytes(8, "little"))
+        fh.write(text)
+        for entry in entries:
+            x = fetch(entry)
+            if x.dtype != np.dtype(entry[2]) or x.shape != tuple(entry[1]):
+                raise ValueError(f"save_hf: {entry[0]} came out {x.dtype}{x.shape}, not {entry}")
+            fh.write(x.tobytes())
+            del x
+
+
 def save_hf(
     path: str,
     config: ModelConfig,
@@ -356,6 +407,10 @@ def save_hf(
 
     Shards above ``max_shard_size`` bytes with a ``model.safetensors.index.json``. ``dtype``
     (default: config.param_dtype) is the stored dtype.
+
+    Streams: each tensor is gathered from the (possibly sharded) parameters, laid out and
+    cast on the host and written before the next one is made, so the export holds one
+    tensor beside the model, never a second copy of it (on the device or the host).
     """
     if model_config(graphdef) != config:
         raise ValueError("save_hf: config does not match the graphdef's config")
@@ -366,41 +421,38 @@ def save_hf(
     ]
     hf_config.save_pretrained(path)
     _add_legacy_keys(os.path.join(path, "config.json"))
-    store = jnp.dtype(dtype or config.param_dtype)
+    store = np.dtype(jnp.dtype(dtype or config.param_dtype))
+    layout = _hf_layout(config)
 
-    def tensor(target, layer):
-        x = _get(params, target)
-        return x if layer is None else x[layer]
-
-    tensors = {
-        name: jnp.asarray(_to_hf(tensor(target, layer), kind, shape)).astype(store)
-        for name, (target, shape, kind, layer) in _hf_layout(config).items()
-    }
-    shards, current, size = [], {}, 0
+    shards, current, size = [], [], 0
     limit = _parse_size(max_shard_size)
-    for name, x in tensors.items():
-        if current and size + x.nbytes > limit:
+    for name, (_, shape, _, _) in layout.items():
+        nbytes = int(np.prod(shape, dtype=np.int64)) * store.itemsize
+        if current and size + nbytes > limit:
             shards.append(current)
-            current, size = {}, 0
-        current[name] = x
-        size += x.nbytes
+            current, size = [], 0
+        current.append((name, shape, store))
+        size += nbytes
     shards.append(current)
+    total = sum(int(np.prod(s, dtype=np.int64)) * store.itemsize for _, s, _ in sum(shards, []))
+
+    def fetch(entry):
+        target, shape, kind, layer = layout[entry[0]]
+        return _host_tensor(params, target, layer, kind, shape, store)
+
     for stale in (_SINGLE, _INDEX):
         if os.path.exists(os.path.join(path, stale)):
             os.remove(os.path.join(path, stale))
     meta = {"format": "pt"}
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(path, _SINGLE), metadata=meta)
+        _write_safetensors(os.path.join(path, _SINGLE), shards[0], meta, fetch)
     else:
         weight_map = {}
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.path.join(path, fname), metadata=meta)
-            weight_map.update({name: fname for name in shard})
-        index = {
-            "metadata": {"total_size": int(sum(x.nbytes for x in tensors.values()))},
-            "weight_map": weight_map,
-        }
+            _write_safetensors(os.path.join(path, fname), shard, meta, fetch)
+            weight_map.update({name: fname for name, _, _ in shard})
+        index = {"metadata": {"total_size": int(total)}, "weight_map": weight_map}
         with open(os.path.join(path, _INDEX), "w") as fh:
             json.dump(index, fh, indent=2)
     if config.value_head:
