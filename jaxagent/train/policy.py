@@ -8,9 +8,11 @@ sampler. ``make_logprob_fn`` is the learner's teacher-forced log-prob (and value
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from jaxagent.agents.cached import CachedTurnSampler
@@ -25,6 +27,7 @@ from jaxagent.models import (
     apply_model,
     init_model,
     load_hf,
+    model_config as model_config_of,
     token_logprobs,
     token_values,
 )
@@ -127,6 +130,90 @@ def make_logprob_fn(graphdef) -> Callable:
     return fn
 
 
+# The share of a chip's free memory (when the sampler is built) its KV cache may take: the
+# rest is left to the decode step's own buffers and what the phase after it allocates.
+KV_MEMORY_FRACTION = 0.8
+
+
+def device_free_bytes(devices=None) -> Optional[int]:
+    """The smallest free memory of ``devices`` (default: this process's), from
+    ``Device.memory_stats()`` (``bytes_limit - bytes_in_use``); None where a device does not
+    report it (the CPU backend): no limit."""
+    free = []
+    for d in devices if devices is not None else jax.local_devices():
+        stats = d.memory_stats()
+        if not stats or "bytes_limit" not in stats:
+            return None
+        free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+    return min(free) if free else None
+
+
+def kv_bytes_per_row(config: ModelConfig, capacity: int) -> int:
+    """Bytes of one KV-cache row of ``capacity`` tokens (keys and values of every layer,
+    ``jaxagent.models.cache.init_cache``'s layout)."""
+    item = jnp.dtype(config.jnp_kv_cache_dtype).itemsize
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * capacity * item
+
+
+def sized_engine(
+    engine: EngineConfig,
+    config: ModelConfig,
+    capacity: int,
+    *,
+    streamed: bool,
+    rows: int = 0,
+    free_bytes: Optional[int] = None,
+    row_shards: int = 1,
+) -> EngineConfig:
+    """``engine`` with its KV cache fitted to ``free_bytes`` (a chip's free memory; None: no
+    limit, the engine unchanged): ``slots=0`` (one cache row per episode, every episode at
+    once) becomes the slots that fit ``KV_MEMORY_FRACTION`` of it, and a setting that cannot
+    fit is refused in one line with the computed need and the fix.
+
+    Args:
+      rows: the most episodes one call samples (rollout or evaluation), 0 if unknown;
+        the lockstep engine holds all of them at once.
+      row_shards: devices the rows split over (each chip holds its share of the rows).
+
+    Raises:
+      ConfigError naming ``rollout.slots`` / ``rollout.engine``, the bytes needed and free.
+    """
+    if free_bytes is None:
+        return engine
+    per_row = kv_bytes_per_row(config, capacity)
+    budget = int(free_bytes * KV_MEMORY_FRACTION)
+    fit = budget // per_row * max(1, row_shards)
+    gib = lambda b: f"{b / 2**30:.2f} GiB"
+    each = (
+        f"{gib(per_row)} a row: 2 x {config.num_layers} layers x {config.num_kv_heads} kv heads "
+        f"x {config.head_dim} x {capacity} tokens x "
+        f"{jnp.dtype(config.jnp_kv_cache_dtype).itemsize} B"
+    )
+    room = f"{gib(budget)} ({KV_MEMORY_FRACTION:.0%} of the chip's {gib(free_bytes)} free)"
+    if fit < 1:
+        raise ConfigError(
+            f"rollout: one episode's KV cache ({each}) exceeds {room}; lower "
+            "rollout.max_total_tokens or set model.kv_cache_dtype=bfloat16"
+        )
+    share = lambda n: -(-n // max(1, row_shards))
+    if engine.resolved(streamed) == "slots":
+        if engine.slots == 0:
+            return dataclasses.replace(engine, slots=fit if not rows else min(fit, rows))
+        if engine.slots > fit:
+            raise ConfigError(
+                f"rollout.slots={engine.slots} needs {gib(share(engine.slots) * per_row)} of KV "
+                f"cache per chip ({each}) but {room} fits {fit}; set rollout.slots={fit} or less"
+            )
+        return engine
+    if rows > fit:
+        raise ConfigError(
+            f"rollout.engine={engine.engine} holds all {rows} episodes' KV caches at once: "
+            f"{gib(share(rows) * per_row)} per chip ({each}) but {room} fits {fit}; set "
+            f"rollout.engine=slots and rollout.slots={fit}, or sample fewer episodes a call"
+        )
+    return engine
+
+
 def make_turn_sampler(
     graphdef,
     sampling: SamplingConfig,
@@ -135,15 +222,26 @@ def make_turn_sampler(
     pad_id: int = 0,
     engine: Optional[EngineConfig] = None,
     streamed: bool = False,
+    rows: int = 0,
+    free_bytes: Optional[int] = None,
 ) -> TurnPolicy:
     """The multi-turn LM sampler: "cached" (KV cache with ragged continuation), "reference"
     (re-encodes each row for every token) or "auto" (cached). A cached sampler runs its
     episodes through ``engine`` (``EngineConfig.resolved(streamed)``: ``streamed`` says the
-    environments answer asynchronously, from a pool)."""
+    environments answer asynchronously, from a pool), its KV cache fitted to the chip's free
+    memory (``sized_engine``; ``rows``: the most episodes a call samples; ``free_bytes``:
+    default ``device_free_bytes()``, None on CPU)."""
     if kind not in ("auto", "cached", "reference"):
         raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
     if kind in ("auto", "cached"):
-        engine = engine or EngineConfig()
+        engine = sized_engine(
+            engine or EngineConfig(),
+            model_config_of(graphdef),
+            max_len,
+            streamed=streamed,
+            rows=rows,
+            free_bytes=device_free_bytes() if free_bytes is None else free_bytes,
+        )
         if engine.resolved(streamed) == "slots":
             return SlotEngine(
                 graphdef,

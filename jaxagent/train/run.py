@@ -288,6 +288,11 @@ def build_run(
             engine=build(r, EngineConfig),
             # make_runner's pool streams its answers; inline (and rendering) runners do not
             streamed=render_dir is None and config.env.pool.backend != "inline",
+            # the KV cache is fitted to the chip for the largest call: rollout or evaluation
+            rows=max(
+                r.tasks_per_iteration * config.group_size,
+                config.eval.num_tasks * config.eval.samples_per_task,
+            ),
         )
         if grammar is not None:
             made.grammar = grammar
