@@ -601,7 +601,7 @@ def rollout_plan(args) -> dict:
         "decode_weight_bytes_per_step": weights_b - embed_b,
         "decode_kv_bytes_per_step": kv_b,
         "hbm_bytes_per_s": bandwidth,
-        "decode_step_ms_at_hbm_bw": None if not bandwidth else round(step_b / bandwidth * 1e3, 3),
+        "decode_step_ms_at_hbm_bw": None if not bandwidth else round(step_b / bandwidth * 1e3, 6),
         "init_compile_s": round(init_s, 1),
         "programs": {},
     }
@@ -621,7 +621,9 @@ def rollout_plan(args) -> dict:
     resident = (weights_b + fused_b + kv_b) / gib
     out["resident_gib_per_chip"] = round(resident, 3)
     out["peak_with_resident_gib"] = {
-        k: round(resident + v["temp_gib"], 3) for k, v in out["programs"].items() if "temp_gib" in v
+        k: round(resident + v["temp_gib"], 3)
+        for k, v in out["programs"].items()
+        if v.get("temp_gib") is not None
     }
     fits = [v["fits"] for v in out["programs"].values()]
     if hbm_gib:
@@ -658,6 +660,7 @@ def _memory(lowered, hbm_gib) -> dict:
         - mem.alias_size_in_bytes
     )
     return {
+        "cudnn_attention_calls": compiled.as_text().count('custom_call_target="__cudnn$fmha'),
         "argument_gib": round(mem.argument_size_in_bytes / gib, 3),
         "output_gib": round(mem.output_size_in_bytes / gib, 3),
         "temp_gib": round(mem.temp_size_in_bytes / gib, 3),
@@ -698,7 +701,8 @@ def print_rollout(r: dict) -> None:
     )
     for name, m in r["programs"].items():
         if "compile_error" in m:
-            print(f"{name}: DOES NOT FIT: {m['compile_error']} (compile {m['compile_s']} s)")
+            what = "DOES NOT FIT" if m["temp_gib"] is not None else "DID NOT COMPILE"
+            print(f"{name}: {what}: {m['compile_error']} (compile {m['compile_s']} s)")
             continue
         print(
             f"{name}: arguments {m['argument_gib']} GiB, outputs {m['output_gib']} GiB, "

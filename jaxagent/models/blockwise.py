@@ -288,8 +288,8 @@ def attend_cudnn(
 
     The public API masks causally and by sequence lengths, not by packed segments, so the
     segment mask goes in as its ``mask`` (turned into an additive bias [B, 1, T, T] in the
-    compute dtype: 32 MiB a 4,096-token bf16 row, 2 GiB a 32,768-token one). Under a mesh the
-    call is split by JAX's own partitioning rule for it (rows and heads). GPU only: XLA's
+    compute dtype: 32 MiB a 4,096-token bf16 row, 2 GiB a 32,768-token one). Under a mesh
+    ``attend_segments`` runs it per device. GPU only: XLA's
     CPU and TPU backends have no cuDNN; ``implementation="xla"`` runs the same call through
     XLA's plain attention (how its arguments are checked on CPU)."""
     b, t, k, g, hd = q.shape
@@ -337,9 +337,8 @@ def row_shards(sharding) -> int:
 def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segments):
     """The no-cache pass's attention over long rows with ``mask.kernel``: the pure-JAX tiles
     (every backend) or the Pallas splash kernel (TPU; the interpreter elsewhere). Under a
-    mesh (``mask.sharding``) the kernel runs per device on its own rows and KV heads
-    (``jax.shard_map``): a Pallas call is not partitioned by XLA. cuDNN's flash attention
-    (NVIDIA GPUs) is partitioned by JAX itself. "auto" picks by the platform of the mesh's
+    mesh (``mask.sharding``) either kernel runs per device on its own rows and KV heads
+    (``jax.shard_map``). "auto" picks by the platform of the mesh's
     devices (the target of an ahead-of-time compile), else of JAX's default backend."""
     sharding = mask.sharding
     if isinstance(sharding, NamedSharding):
@@ -350,18 +349,21 @@ def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segm
     if kernel == "blockwise":
         return attend_blockwise(q, keys, values, mask.ids)
     if kernel == "cudnn":
-        return attend_cudnn(q, keys, values, mask.ids)
+        fn = attend_cudnn
+    else:
+        interpret = platform != "tpu"
+        fn = functools.partial(attend_splash, interpret=interpret)
     if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
-        interpret = jax.default_backend() != "tpu"
-        return attend_splash(q, keys, values, mask.ids, interpret=interpret)
+        return fn(q, keys, values, mask.ids)
+    # Per device: a Pallas call is not partitioned by XLA, and JAX's rule for cuDNN's
+    # attention wants queries, keys and values split alike, which grouped heads are not.
     mesh = sharding.mesh
-    interpret = mesh.devices.flat[0].platform != "tpu"
     axes = row_axes(sharding)
     rows = axes if axes and q.shape[0] % row_shards(sharding) == 0 else None
     tensor = mesh.shape.get("tensor", 1)
     heads = "tensor" if tensor > 1 and q.shape[2] % tensor == 0 else None
     fn = jax.shard_map(
-        functools.partial(attend_splash, interpret=interpret),
+        fn,
         mesh=mesh,
         in_specs=(P(rows, None, heads), P(rows, heads), P(rows, heads), P(rows)),
         out_specs=P(rows, None, heads),
