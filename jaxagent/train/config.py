@@ -267,6 +267,8 @@ class TrainSection:
     checkpoint_dir: str = ""
     resume: bool = True  # continue from the newest checkpoint in out_dir when there is one
     progress: str = "rich"  # live progress display: rich, tqdm or none
+    # "rich" when stderr is not a terminal (a log file, a cluster job): a plain line this often
+    progress_every_s: float = 30.0
     tensorboard: bool = True  # write TensorBoard event files next to metrics.jsonl
     wandb: bool = False  # also log to Weights & Biases (needs `pip install wandb`)
     plot: bool = True  # write learning_curve.png at the end
@@ -279,6 +281,7 @@ class TrainSection:
         check_positive("train.checkpoint_every", self.checkpoint_every, allow_zero=True)
         check_positive("train.keep_checkpoints", self.keep_checkpoints)
         check_choice("train.progress", self.progress, ("rich", "tqdm", "none"))
+        check_positive("train.progress_every_s", self.progress_every_s)
 
 
 # Not slotted: the run's RLConfig is kept beside the fields (``rl_config``), built once.

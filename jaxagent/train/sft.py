@@ -298,7 +298,9 @@ def warm_start(
         if hit is not None:
             echo(f"[sft] the fit of these inputs is in sft.cache_dir ({key[:12]}); reused")
             return hit[0], {**hit[1], "sft/cached": 1.0}
-    with progress.Progress(config.train.progress, "sft", c.steps) as bar:
+    with progress.Progress(
+        config.train.progress, "sft", c.steps, every_s=config.train.progress_every_s
+    ) as bar:
         params, losses = run_sft(
             graphdef,
             params,

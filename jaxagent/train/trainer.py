@@ -525,7 +525,11 @@ class Trainer:
         self._resumed_buffer = {}
         try:
             with progress.Progress(
-                cfg.train.progress if is_writer() else "none", "rl", cfg.train.iterations, start
+                cfg.train.progress if is_writer() else "none",
+                "rl",
+                cfg.train.iterations,
+                start,
+                every_s=cfg.train.progress_every_s,
             ) as bar:
                 for it in range(start, cfg.train.iterations):
                     if pipeline is None:
