@@ -47,9 +47,9 @@ above, and the bytes a decode step reads per chip (the weights, plus the KV cach
 slot's whole capacity, which attention reads today) with the step time that implies at the
 chip's HBM bandwidth.
 
-``--phase sft`` compiles an SFT step: ``make_update_step`` with the ``sft`` recipe's loss
-through the same lean learner pass (remat, chunked head, ``--lora``), the warm start's step
-in the update's layout. ``--phase all`` compiles, one after another, the SFT step, the
+``--phase sft`` compiles the warm start's step (``train.sft.make_sft_step`` over
+``sft_recipe``: the sft loss through the update's lean learner pass, remat, the chunked
+head, ``--lora``), in the update's layout. ``--phase all`` compiles, one after another, the SFT step, the
 update, the rollout's admit and decode, evaluation sampling (the rollout's programs at
 ``--eval-rows``; the same programs when that is the rollout's row count) and ``save_hf``'s
 device copy for export (host bytes estimated), and prints one table (arguments,
@@ -311,10 +311,9 @@ def _placed(tree, shardings):
 
 
 def plan(args, phase: str = "update") -> dict:
-    """The trainer's update step (``phase`` "update"), or an SFT step ("sft"): the same
-    ``make_update_step`` with the ``sft`` recipe's loss (mean negative log-likelihood of the
-    masked tokens, no advantages), through the same lean learner pass (remat, the chunked
-    vocabulary head, the run's LoRA setting), born sharded in the same layout."""
+    """The trainer's update step (``phase`` "update"), or the warm start's SFT step ("sft":
+    ``train.sft.make_sft_step`` over ``sft_recipe``, the run's LoRA and remat), born sharded
+    in the same layout."""
     import jax
 
     from jaxagent.models import abstract_graphdef, init_model, param_logical_axes
@@ -353,7 +352,19 @@ def plan(args, phase: str = "update") -> dict:
             "shuffle": False,
         },
     )
-    optimizer = make_optimizer(rl)
+    if phase == "sft":
+        # The warm start's own recipe (``train.sft.sft_recipe``: the sft loss, the run's LoRA
+        # and remat) with its optimiser schedule (warm-up, then decay over its steps).
+        from jaxagent.rl.config import LoraConfig
+        from jaxagent.train.sft import sft_recipe
+
+        lora = LoraConfig(rank=args.lora, dtype=args.lora_dtype) if args.lora else None
+        rl = sft_recipe(1e-5, 100, args.episodes, rows_per_step, lora, remat=True).override(
+            optim={"moments_dtype": args.moments_dtype}
+        )
+        optimizer = make_optimizer(rl, "wsd", 100)
+    else:
+        optimizer = make_optimizer(rl)
     graphdef = abstract_graphdef(cfg)
     params = jax.eval_shape(lambda key: init_model(cfg, key)[1], jax.random.key(0))
     layout = DeviceLayout(mesh, param_logical_axes(graphdef, params), "train", mesh_cfg.rules)
@@ -375,16 +386,20 @@ def plan(args, phase: str = "update") -> dict:
         skip_unmasked_chunks=True,
         activation_sharding=layout.activation_sharding(),
     )
-    step = make_update_step(
-        rl,
-        optimizer=optimizer,
-        logprob_fn=logprob_fn,
-        compute_advantages=phase != "sft",
+    placement = dict(
         mesh=mesh,
         state_sharding=jax.tree.map(lambda x: x.sharding, state),
         batch_sharding=b_sh,
         rules=layout.rules,
     )
+    if phase == "sft":  # the trainer's SFT step itself (train/sft.py)
+        from jaxagent.train.sft import make_sft_step
+
+        step = make_sft_step(
+            graphdef, rl, optimizer, activation_sharding=layout.activation_sharding(), **placement
+        )
+    else:
+        step = make_update_step(rl, optimizer=optimizer, logprob_fn=logprob_fn, **placement)
     t0 = time.perf_counter()
     lowered = step.lower(state, batch)
     t1 = time.perf_counter()
@@ -727,52 +742,38 @@ def print_rollout(r: dict) -> None:
 
 
 def export_plan(args) -> dict:
-    """``jaxagent export`` (``models.hf.save_hf``) at this scale: its device copy, compiled
-    (the HF tensors in the stored dtype, built from the training layout's parameters as
-    ``save_hf`` builds them, all at once), and its host bytes (estimated: safetensors files
-    of ``max_shard_size`` = 2 GB written one at a time, or the largest tensor if larger)."""
-    import jax
+    """``jaxagent export`` (``models.hf.save_hf``) at this scale, from its own tensor layout
+    (``_hf_layout``); nothing to compile: it streams, each HF tensor fetched from the
+    (sharded) parameters with ``jax.device_get``, laid out and cast on the host and written
+    before the next. Host: the largest tensor as fetched plus its stored-dtype copy. Device:
+    nothing beside the state, except with ``scan_layers`` one layer sliced from a stacked
+    parameter (split as the parameter is: its bytes over the chips, at most)."""
     import numpy as np
 
-    from jaxagent.models import abstract_graphdef, init_model, param_logical_axes
-    from jaxagent.models.hf import _get, _hf_layout, _to_hf
-    from jaxagent.parallel.mesh import MeshConfig, make_mesh, param_shardings
+    from jaxagent.models.hf import _hf_layout
 
-    devices, where = _devices(args)
-    n = len(devices)
-    hbm_gib = CHIPS.get(devices[0].device_kind, (None,))[0]
     param_dtype = args.param_dtype or ("bfloat16" if args.lora else "float32")
     cfg = _model_config(args, param_dtype)
-    mesh_cfg = MeshConfig(data=1, fsdp=n, tensor=1)
-    mesh = make_mesh(mesh_cfg, devices=devices)
-    graphdef = abstract_graphdef(cfg)
-    params = jax.eval_shape(lambda key: init_model(cfg, key)[1], jax.random.key(0))
-    sh = param_shardings(params, param_logical_axes(graphdef, params), mesh, mesh_cfg.rules)
-    params = _placed(params, sh)
-    layout = _hf_layout(cfg)
-    store = cfg.jnp_param_dtype
-
-    def tensors(p):
-        out = {}
-        for name, (target, shape, kind, layer) in layout.items():
-            x = _get(p, target)
-            out[name] = _to_hf(x if layer is None else x[layer], kind, shape).astype(store)
-        return out
-
-    lowered = jax.jit(tensors).lower(params)
-    device = _memory(lowered, hbm_gib)
-    sizes = [int(np.prod(shape)) * np.dtype(store).itemsize for _, shape, _, _ in layout.values()]
-    host_b = min(sum(sizes), max(2e9, max(sizes)))
+    store = np.dtype(cfg.jnp_param_dtype)  # save_hf's default stored dtype
+    fetched = np.dtype(cfg.jnp_param_dtype)
+    sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape, _, _ in _hf_layout(cfg).values()]
+    layer_sizes = [
+        int(np.prod(shape, dtype=np.int64))
+        for _, shape, _, layer in _hf_layout(cfg).values()
+        if layer is not None
+    ]
+    devices, where = _devices(args)
     gib = 2.0**30
-    device["train_params_gib_per_chip"] = round(_per_chip_bytes(params) / gib, 3)
+    host = max(sizes) * (fetched.itemsize + store.itemsize)
+    device = max(layer_sizes, default=0) * fetched.itemsize / len(devices)
     return {
         "phase": "export",
         "stored_dtype": cfg.param_dtype,
-        "checkpoint_gib": round(sum(sizes) / gib, 3),
-        "device": device,
-        "device_extra_gib_per_chip": device.get("output_gib"),
-        "host_gib_estimate": round(host_b / gib, 3),
+        "checkpoint_gib": round(sum(sizes) * store.itemsize / gib, 3),
+        "host_gib": round(host / gib, 3),
+        "device_extra_gib_per_chip": round(device / gib, 4),
         "topology": where,
+        "how": "save_hf streams tensor by tensor (counted from its layout, not compiled)",
     }
 
 
@@ -962,20 +963,18 @@ def print_all(r: dict) -> dict:
                 ok = None if ok is None else ok and summary["eval"]["fits"]
             summary[key] = {"peak_gib_per_chip": res, "fits": ok}
     ex = ph["export"]
-    d = ex["device"]
     print(
-        f"| export (save_hf, {ex['stored_dtype']}) | {d.get('argument_gib')} | "
-        f"{d.get('temp_gib')} (+ {d.get('output_gib')} the HF copy) | "
-        f"{d.get('peak_gib_per_chip')} | {'-' if d.get('fits') is None else ('yes' if d['fits'] else 'no')} |"
+        f"| export (save_hf, {ex['stored_dtype']}, streamed) | - | "
+        f"+{ex['device_extra_gib_per_chip']} beside the state | - | - |"
     )
     print(
-        f"export host memory (estimate): {ex['host_gib_estimate']} GiB at a time (safetensors "
-        f"files of 2 GB, one at a time) of a {ex['checkpoint_gib']} GiB checkpoint"
+        f"export: host {ex['host_gib']} GiB at most (the largest tensor fetched and cast) of "
+        f"a {ex['checkpoint_gib']} GiB checkpoint; device +{ex['device_extra_gib_per_chip']} "
+        "GiB a chip (counted from save_hf's layout)"
     )
     summary["export"] = {
-        "peak_gib_per_chip": d.get("peak_gib_per_chip"),
-        "fits": d.get("fits"),
-        "host_gib": ex["host_gib_estimate"],
+        "host_gib": ex["host_gib"],
+        "device_extra_gib_per_chip": ex["device_extra_gib_per_chip"],
     }
     if r.get("label"):
         print(
