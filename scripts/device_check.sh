@@ -10,14 +10,21 @@
 #                nvidia-smi finds a GPU that JAX does not see; the install's output is kept in
 #                the step's log, its tail shown on failure)
 #   deps         the test / benchmark imports (pip install -e '.[test]' only when one fails)
-#   gpu_tests    pytest -m gpu -s: tests/test_gpu.py (blockwise attention vs reference in
-#                fp32/bf16, sampled vs teacher-forced log-probs, the bf16 rollout-vs-learner
-#                mismatch, whose JSON line is repeated as its own result line)
+#   cudnn        pytest -m gpu -k cudnn: cuDNN flash attention (model.attention: cudnn, what
+#                auto picks on a GPU) against the blockwise tiles, values and gradients, and
+#                the tiny model's loss and gradients through it (tests/test_gpu.py)
+#   gpu_tests    pytest -m gpu -s, the rest of tests/test_gpu.py (blockwise attention vs
+#                reference in fp32/bf16, sampled vs teacher-forced log-probs, the bf16
+#                rollout-vs-learner mismatch, whose JSON line is repeated as its own result line)
 #   cpu_tests    tests/test_gpu.py without -m gpu: tests/conftest.py keeps an ordinary run on 8
 #                simulated CPU devices even on a GPU machine (the gpu tests skip, saying why)
 #   gpu_update   benchmarks/gpu_update.py: one LOOP update of a 1.24B model (tok/s, MFU, peak
 #                memory)
 #   matmul_mfu   a bf16 8192^3 matmul against the chip's table peak
+#   rollout_engine  benchmarks/rollout_engine.py: the continuous-batching engine against
+#                lock-step rounds, 100 ms environment latency, one repeat
+#   async        benchmarks/async_training.py: synchronous vs overlapped training
+#                (staleness 1), 100 ms latency, 4 iterations
 #   compile_times, generate, rl_step   the benchmarks, each ending with one JSON line
 #                (compile_times at 8 layers: compile time grows about linearly with depth);
 #                their torch ratios are null unless torch ran on the same device in the same run
@@ -147,7 +154,8 @@ print(json.dumps({"tflop_s": round(2 * n**3 / s / 1e12, 1), "mfu": round(2 * n**
 # jax[cuda12] is installed only where a GPU is present (nvidia-smi) and JAX does not see it
 INSTALL='if ! python -c "$PROBE_PY" | grep -q "\"backend\": \"gpu\"" && command -v nvidia-smi >/dev/null; then python -m pip install --retries 1 --timeout 20 -U "jax[cuda12]" || { python -c "$PROBE_PY"; exit 3; }; fi; python -c "$PROBE_PY"'
 DEPS="python -c 'import flax, optax, pytest, torch, transformers' || python -m pip install --retries 1 --timeout 20 -e '.[test]'"
-GPU_TESTS="env -u JAX_PLATFORMS python -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/test_gpu.py"
+CUDNN_TESTS="env -u JAX_PLATFORMS python -m pytest -q -rs -m gpu -k cudnn -p no:cacheprovider tests/test_gpu.py"
+GPU_TESTS="env -u JAX_PLATFORMS python -m pytest -q -s -rs -m gpu -k 'not cudnn' -p no:cacheprovider tests/test_gpu.py"
 CPU_TESTS="env -u JAX_PLATFORMS python -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py"
 MATMUL='env -u JAX_PLATFORMS python -c "$MATMUL_PY"'
 
@@ -161,6 +169,7 @@ elif [[ $DRY == 0 ]]; then
   BACKEND=${BACKEND:-unknown}
 fi
 step deps 90 0 "$DEPS"
+step cudnn 60 1 "$CUDNN_TESTS"
 step gpu_tests 120 1 "$GPU_TESTS"
 if [[ $DRY == 0 && -f "$LOGS/gpu_tests.log" ]]; then  # the measured mismatch, as its own line
   line=$(grep -o '{"check": "bf16_mismatch".*}' "$LOGS/gpu_tests.log" | tail -1)
@@ -172,6 +181,8 @@ fi
 step cpu_tests 45 0 "$CPU_TESTS"
 step gpu_update 150 1 "env -u JAX_PLATFORMS python benchmarks/gpu_update.py"
 step matmul_mfu 30 1 "$MATMUL"
+step rollout_engine 90 1 "env -u JAX_PLATFORMS python benchmarks/rollout_engine.py --profiles latency_100ms --tasks 8 --samples 4 --repeats 1"
+step async 120 1 "env -u JAX_PLATFORMS python benchmarks/async_training.py --profiles latency_100ms --modes sync,async_k1 --iterations 4"
 step compile_times 90 0 "env -u JAX_PLATFORMS python benchmarks/compile_times.py --layers 8"
 step generate 90 0 "env -u JAX_PLATFORMS python benchmarks/generate.py --quick --configs tiny_b8,big_b8"
 step rl_step 90 0 "TRL=''; python -c 'import trl' 2>/dev/null && TRL=\"--trl-python \$(command -v python)\"; env -u JAX_PLATFORMS python benchmarks/rl_step.py --steps 3 \$TRL"
