@@ -50,8 +50,9 @@ chip's HBM bandwidth.
 ``--phase sft`` compiles the warm start's step (``train.sft.make_sft_step`` over
 ``sft_recipe``: the sft loss through the update's lean learner pass, remat, the chunked
 head, ``--lora``), in the update's layout. ``--phase all`` compiles, one after another, the SFT step, the
-update, the rollout's admit and decode, evaluation sampling (the rollout's programs at
-``--eval-rows``; the same programs when that is the rollout's row count) and ``save_hf``'s
+update, the rollout's admit and decode (a pool of ``--slots``, default every episode at
+once), evaluation sampling (the rollout's programs at ``--eval-rows``; the same programs
+when that is the pool's size) and ``save_hf``'s
 device copy for export (host bytes estimated), and prints one table (arguments,
 temporaries, peak, fits a chip; a refused program shows the temporaries it asked for),
 then a projection, labelled as one: each phase's FLOPs (6 N T training, 2 N T sampling,
@@ -206,6 +207,13 @@ def _args(argv=None):
         help="all: rows evaluation samples at once (0: --episodes, the rollout's programs)",
     )
     ap.add_argument("--mbu", type=float, default=0.6, help="HBM bandwidth fraction assumed")
+    ap.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        help="rollout: KV slots of the pool (0: --episodes, every episode at once; fewer: "
+        "the episodes sampled in waves of this many)",
+    )
     ap.add_argument(
         "--mesh",
         default="",
@@ -529,7 +537,7 @@ def rollout_plan(args) -> dict:
         params, param_logical_axes(graphdef, params), mesh, replica_rules(DEFAULT_RULES)
     )
     params = _placed(params, p_sh)
-    s, cap = args.episodes, args.tokens
+    s, cap = args.slots or args.episodes, args.tokens
     sampling = SamplingConfig(
         max_new_tokens=args.new_tokens, prefill_chunk=args.prefill_chunk, stop_token_ids=(2,)
     )
@@ -834,15 +842,16 @@ def project(args, phases: dict, chips: int, chip: str) -> dict:
     # admit: the prompts, prefilled in chunks; each chunk reads this chip's weights.
     chunks = -(-prompt // args.prefill_chunk)
     per_shard = ro.get("slots_per_data_shard", b)
-    flops = (2 * n_params / tensor + attn / tensor * prompt / 2) * prompt * per_shard
-    phase("admit", flops, chunks * weights_b, "2NT + attention over the prompt tokens")
+    waves = -(-b // ro.get("slots", b))  # the pool samples the episodes this many times over
+    flops = (2 * n_params / tensor + attn / tensor * prompt / 2) * prompt * per_shard * waves
+    phase("admit", flops, waves * chunks * weights_b, "2NT + attention over the prompt tokens")
     # decode: every generated token of every slot, one step at a time; a step reads the
     # weights and the KV cache of every slot's whole capacity (what attention reads today).
     steps = max(1, t - prompt)
     step_b = ro.get("decode_bytes_per_step", weights_b)
-    flops = (2 * n_params / tensor + attn / tensor * t) * per_shard * steps
-    phase("decode", flops, step_b * steps, f"{steps} steps x (2N + attention over the "
-          "capacity) a slot; weights + whole KV cache a step")  # fmt: skip
+    flops = (2 * n_params / tensor + attn / tensor * t) * per_shard * steps * waves
+    phase("decode", flops, step_b * steps * waves, f"{waves} wave(s) of {steps} steps x (2N "
+          "+ attention over the capacity) a slot; weights + whole KV cache a step")  # fmt: skip
     rollout_s = out["admit"]["projected_s"] + out["decode"]["projected_s"]
     update_s = out["update"]["projected_s"]
     tokens = b * t
@@ -872,8 +881,8 @@ def all_phases(args) -> dict:
     phases["sft"] = plan(args, "sft")
     phases["update"] = plan(args)
     phases["rollout"] = rollout_plan(args)
-    rows = args.eval_rows or args.episodes
-    if rows == args.episodes:
+    rows = args.eval_rows or args.slots or args.episodes
+    if rows == (args.slots or args.episodes):
         phases["eval"] = {
             "rows": rows,
             "same_programs_as": "rollout",
@@ -883,7 +892,7 @@ def all_phases(args) -> dict:
         }
     else:
         ev = copy.copy(args)
-        ev.episodes = rows
+        ev.episodes, ev.slots = rows, 0
         r = rollout_plan(ev)
         phases["eval"] = {"rows": rows} | {
             k: r[k] for k in ("programs", "peak_with_resident_gib", "fits")
