@@ -118,3 +118,33 @@ def test_sft_step_temporaries_do_not_scale_with_the_logits():
     assert new32 < logits(32) / 2, (new32, logits(32))
     # 4x the rows: the lean step's scratch grows by far less than the logits would
     assert new32 - new8 < (logits(32) - logits(8)) / 4, (new8, new32)
+
+
+def test_lora_sft_on_a_mesh_equals_one_device_and_stays_sharded():
+    from jaxagent.parallel.layout import DeviceLayout
+    from jaxagent.parallel.mesh import MeshConfig
+
+    cfg = ModelConfig.test(num_layers=2)
+    graphdef, params = init_model(cfg, jax.random.key(0))
+    losses = {}
+    for name, mesh in (("one", MeshConfig()), ("mesh", MeshConfig(data=2, fsdp=4))):
+        layout = DeviceLayout.build(mesh, graphdef, params)
+        start = layout.params(_copy(params))  # born sharded, as the trainer's
+        out, losses[name] = run_sft(
+            graphdef,
+            start,
+            _episodes(16, cfg.vocab_size),
+            steps=3,
+            batch_size=8,
+            learning_rate=1e-2,
+            seed=0,
+            pad_id=0,
+            max_len=48,
+            lora=LoraConfig(rank=4, alpha=8.0),
+            layout=layout,
+        )
+        if layout.mesh is not None:
+            kernels = [x for x in jax.tree.leaves(out) if x.ndim == 2]
+            assert all(len(x.sharding.device_set) == 8 for x in kernels)
+            assert any(x.addressable_shards[0].data.size < x.size for x in kernels)
+    np.testing.assert_allclose(losses["mesh"], losses["one"], rtol=1e-5)
