@@ -20,6 +20,7 @@ try:  # the HTTP client the openai package depends on (httpx2 in its recent rele
 except ImportError:  # pragma: no cover
     import httpx
 
+from jaxagent.envs.base import Task
 from jaxagent.errors import ConfigError
 from jaxagent.serve.harness import HarnessConfig, collect_harness_episodes
 
@@ -29,7 +30,7 @@ SEEN = []
 def count_reward(messages, task):
     """A reward function entry point: the number of answers, plus the task's bonus."""
     SEEN.append((messages, task))
-    bonus = task.get("bonus", 0) if isinstance(task, dict) else 0
+    bonus = task.data.get("bonus", 0) if task is not None else 0
     return sum(m["role"] == "assistant" for m in messages) + bonus
 
 
@@ -61,11 +62,13 @@ def test_the_configured_function_scores_an_ended_session(server, store):  # noqa
     assert store.reward_fn is count_reward
     SEEN.clear()
     sent = _converse(server, "scored")
-    r = httpx.post(f"{server.base_url}/sessions/scored/end", json={"task": {"bonus": 0.5}})
+    task = {"id": "t1", "prompt": "look", "data": {"bonus": 0.5}}
+    r = httpx.post(f"{server.base_url}/sessions/scored/end", json={"task": task})
     assert r.status_code == 200, r.text
     assert r.json()["reward"] == 2.5 and r.json()["turns"] == 2
     ((messages, task),) = SEEN
-    assert task == {"bonus": 0.5}
+    # the Task the function receives in training, not the JSON
+    assert task == Task(id="t1", split="serve", prompt="look", data={"bonus": 0.5})
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
     assert [m["content"] for m in messages] == [m["content"] for m in sent]
     (ep,) = store.pop_episodes()

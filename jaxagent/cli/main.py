@@ -11,6 +11,7 @@
   jaxagent check SUITE [--faults] [--tasks N] [--seeds N]   check a suite through the pool
   jaxagent serve CONFIG [--checkpoint RUN_DIR] [--host H] [--port P]
       [--slots S] [--decode-steps D]                        an OpenAI-compatible endpoint
+      [--episodes FILE] [--keep-episodes N]                 (ended sessions' episodes out)
 
 Configs are YAML overlays on ``jaxagent.train.config.Config``; ``key=value`` overrides use
 dotted keys (``rl.optim.learning_rate=3e-4``, ``train.seed=1``). Every input error (a
@@ -224,6 +225,7 @@ def _run_checkpoint_dirs(run_dir) -> list:
 def _cmd_serve(args) -> int:
     try:
         from jaxagent.serve.server import serve, state_for_run
+        from jaxagent.serve.sessions import EpisodeFile, SessionStore
     except ImportError as err:
         raise InputError(
             f"serve needs the serve extra ({err.name} is missing): pip install 'jaxagent[serve]'"
@@ -234,6 +236,8 @@ def _cmd_serve(args) -> int:
         )
     if not 0 <= args.port < 65536:
         raise InputError(f"--port {args.port} must be in 0..65535")
+    if args.keep_episodes < 1:
+        raise InputError(f"--keep-episodes {args.keep_episodes} must be >= 1")
     config, policy, run = _run_for(args)
     run.close()  # the server needs no environments: the harness runs them
     name = args.model_name or config.name
@@ -245,14 +249,24 @@ def _cmd_serve(args) -> int:
         decode_steps=args.decode_steps,
         seed=config.train.seed,
     )
-    state.store.reward_fn = config.harness.reward_fn()  # POST .../end without a reward
+    episodes = args.episodes if args.episodes is not None else config.harness.episodes_out
+    state.store = SessionStore(
+        reward_fn=config.harness.reward_fn(),  # POST .../end without a reward
+        keep=args.keep_episodes,
+        out=EpisodeFile(episodes) if episodes else None,
+    )
     print(
         f"jaxagent serve: model {name!r} on http://{args.host}:{args.port}/v1 "
-        f"({args.slots} KV slots of {state.backend.capacity} tokens)",
+        f"({args.slots} KV slots of {state.backend.capacity} tokens)"
+        + (f"; episodes to {episodes}" if episodes else ""),
         file=sys.stderr,
         flush=True,
     )
-    serve(state, args.host, args.port)
+    try:
+        serve(state, args.host, args.port)
+    finally:
+        if state.store.out is not None:
+            state.store.out.close()
     return 0
 
 
@@ -332,6 +346,19 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--slots", type=int, default=16, help="KV-cache rows (conversations kept)")
     sv.add_argument("--decode-steps", type=int, default=8, help="decode steps per device call")
+    sv.add_argument(
+        "--episodes",
+        default=None,
+        metavar="FILE",
+        help="append every ended session's episode to FILE as a JSON line "
+        "(default: harness.episodes_out)",
+    )
+    sv.add_argument(
+        "--keep-episodes",
+        type=int,
+        default=1024,
+        help="ended sessions kept for GET /v1/sessions/{id}/episode (the oldest evicted)",
+    )
     sv.add_argument(
         "--model-name", default=None, help="the model id clients name (default: the config's name)"
     )

@@ -12,6 +12,9 @@ Routes:
   (``harness.reward``); 400 ``missing_reward`` when there is neither;
 - ``GET /v1/sessions/{id}``: the session's stored trajectory (token ids, loss mask, log-probs,
   policy versions, divergences), for a harness or a test to inspect;
+- ``GET /v1/sessions/{id}/episode``: an ended session's episode (``sessions.episode_record``:
+  tokens, loss mask, log-probs, versions, reward, messages), the newest ``store.keep`` kept
+  (``serve --episodes FILE`` writes every one as a JSON line);
 - ``GET /v1/stats``: batching, KV reuse, eviction and divergence counters;
 - ``/s/{id}/v1/...``: the same chat and models routes with the session named in the path.
 
@@ -36,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from jaxagent.envs.base import Task
 from jaxagent.envs.tool_calls import parse_native
 from jaxagent.errors import ConfigError
 from jaxagent.envs.tool_spec import ParsedAction
@@ -51,7 +55,7 @@ from jaxagent.serve.protocol import (
     usage,
 )
 from jaxagent.serve.render import Renderer
-from jaxagent.serve.sessions import DIVERGENCE_HEADER, Sampled, SessionStore
+from jaxagent.serve.sessions import DIVERGENCE_HEADER, Sampled, SessionStore, episode_record
 
 SESSION_HEADER = "x-session-id"
 _MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
@@ -88,6 +92,33 @@ class ServerState:
         if not self.backend.update(params, version).wait(timeout):
             raise TimeoutError(f"the policy update to version {version} did not complete")
         self.policy_version = version
+
+
+_TASK_FIELDS = ("id", "split", "prompt", "data")
+
+
+def task_of(value) -> Task | None:
+    """The ``task`` of ``POST /v1/sessions/{id}/end`` as the ``Task`` a reward function gets
+    in training (``harness.reward``): a JSON object of the Task's fields (``id`` required;
+    ``prompt`` / ``split`` default to "" / "serve", ``data`` to {}), None without one."""
+    if value is None:
+        return None
+    fix = 'send {"task": {"id": ..., "prompt": ..., "data": {...}}} (a Task\'s fields)'
+    if not isinstance(value, dict):
+        raise bad(f"task must be a JSON object; {fix}", "task", "invalid_type")
+    unknown = sorted(set(value) - set(_TASK_FIELDS))
+    if unknown or not isinstance(value.get("id"), str):
+        what = f"unknown field(s) {unknown}" if unknown else "no string id"
+        raise bad(f"task has {what}; {fix}", "task", "invalid_value")
+    data = value.get("data", {})
+    if not isinstance(data, dict):
+        raise bad(f"task.data must be a JSON object; {fix}", "task", "invalid_type")
+    return Task(
+        id=value["id"],
+        split=str(value.get("split", "serve")),
+        prompt=str(value.get("prompt", "")),
+        data=data,
+    )
 
 
 def _error(err: APIError) -> JSONResponse:
@@ -179,7 +210,9 @@ def create_app(state: ServerState) -> Starlette:
                 "errors": state.errors,
                 "disconnects": state.disconnects,
                 "sessions": len(state.store.sessions),
-                "episodes": len(state.store.episodes),
+                "episodes": len(state.store.ended),
+                "episodes_ended": state.store.ended_total,
+                "episodes_evicted": state.store.evicted,
             }
         )
 
@@ -187,7 +220,7 @@ def create_app(state: ServerState) -> Starlette:
         sid = request.path_params["sid"]
         s = state.store.sessions.get(sid)
         if s is None:
-            return _error(APIError(404, f"no session {sid!r}", code="session_not_found"))
+            return _error(_no_session(sid))
         return JSONResponse(
             {
                 "id": sid,
@@ -200,6 +233,28 @@ def create_app(state: ServerState) -> Starlette:
                 "messages": s.messages,
             }
         )
+
+    def _no_session(sid: str) -> APIError:
+        if sid in state.store.ended:
+            msg = f"session {sid!r} has ended; GET /v1/sessions/{sid}/episode returns its episode"
+            return APIError(404, msg, code="session_ended")
+        return APIError(404, f"no session {sid!r}", code="session_not_found")
+
+    async def session_episode(request: Request):
+        """An ended session's episode (``sessions.episode_record``), while it is among the
+        store's newest ``keep``."""
+        sid = request.path_params["sid"]
+        ep = state.store.ended.get(sid)
+        if ep is not None:
+            return JSONResponse(episode_record(ep))
+        if sid in state.store.sessions:
+            msg = f"session {sid!r} has not ended; POST /v1/sessions/{sid}/reward (or /end) first"
+            return _error(APIError(409, msg, code="session_not_ended"))
+        msg = (
+            f"no ended session {sid!r} (the server keeps the newest {state.store.keep} "
+            "episodes; `jaxagent serve --episodes FILE` writes every one)"
+        )
+        return _error(APIError(404, msg, code="episode_not_found"))
 
     async def end_session(request: Request, needs_reward: bool):
         """``/reward`` (a reward is required) and ``/end`` (without one the session is scored
@@ -224,20 +279,24 @@ def create_app(state: ServerState) -> Starlette:
         success = body.get("success")
         if success is not None and not isinstance(success, bool):
             return _error(bad("success must be a boolean", "success", "invalid_type"))
+        try:
+            task = task_of(body.get("task"))
+        except APIError as err:
+            return _error(err)
         s = state.store.sessions.get(sid)
         if s is None:
-            return _error(APIError(404, f"no session {sid!r}", code="session_not_found"))
+            return _error(_no_session(sid))
         async with s.lock:  # after a request of it still in flight
             if sid not in state.store.sessions:
                 return _error(APIError(404, f"no session {sid!r}", code="session_not_found"))
             if r is None:
                 try:  # the user's function, off the event loop; failing, the session stays
-                    r = await asyncio.to_thread(s.score, fn, body.get("task"))
+                    r = await asyncio.to_thread(s.score, fn, task)
                 except Exception as err:  # noqa: BLE001
                     state.errors += 1
                     msg = f"harness.reward failed on session {sid!r}: {type(err).__name__}: {err}"
                     return _error(APIError(500, msg, type="server_error", code="reward_failed"))
-            ep = state.store.end(sid, float(r), success)
+            ep = state.store.end(sid, float(r), success, task=task)
         release = getattr(state.backend, "release", None)
         if release is not None:
             release(sid)
@@ -484,6 +543,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/s/{sid}/v1/models", models, methods=["GET"]),
         Route("/v1/stats", stats, methods=["GET"]),
         Route("/v1/sessions/{sid}", session_info, methods=["GET"]),
+        Route("/v1/sessions/{sid}/episode", session_episode, methods=["GET"]),
         Route("/v1/sessions/{sid}/reward", reward, methods=["POST"]),
         Route("/v1/sessions/{sid}/end", end, methods=["POST"]),
     ]

@@ -54,6 +54,10 @@ class HarnessConfig:
     # "package.module:function(messages, task) -> reward" scoring a session the harness ends
     # without a reward (module docstring); "" = the harness / client reports the reward
     reward: str = ""
+    # a file every harness episode is appended to as a JSON line (``sessions.episode_record``:
+    # tokens, loss mask, log-probs, versions, reward, messages); under ``jaxagent serve``, the
+    # default of ``--episodes``; "" = none
+    episodes_out: str = ""
 
     def __post_init__(self):
         check_positive("harness.timeout_s", self.timeout_s)
@@ -187,4 +191,6 @@ def collect_harness_episodes(
         if error is not None:
             ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=error)
         episodes.append(ep)
+    if state.store.out is not None:  # harness.episodes_out
+        state.store.out.write(episodes)
     return episodes

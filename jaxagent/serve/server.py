@@ -18,6 +18,7 @@ from jaxagent.models.api import model_config
 from jaxagent.serve.app import ServerState, create_app
 from jaxagent.serve.backend import SlotBackend, pool_capacity
 from jaxagent.serve.render import Renderer
+from jaxagent.serve.sessions import EpisodeFile, SessionStore
 
 
 def build_state(
@@ -33,10 +34,12 @@ def build_state(
     slots: int = 16,
     decode_steps: int = 8,
     seed: int = 0,
+    episodes: str = "",
 ) -> ServerState:
     """A server over a policy: ``slots`` KV rows of the episode budget each; a request whose
     context and ``max_tokens`` exceed ``max_total_tokens`` is refused
-    (``context_length_exceeded``), where the rollout driver ends an episode."""
+    (``context_length_exceeded``), where the rollout driver ends an episode; ``episodes``:
+    a file every ended session's episode is appended to (``sessions.EpisodeFile``)."""
     backend = SlotBackend(
         graphdef,
         params,
@@ -58,6 +61,7 @@ def build_state(
         model_id=model_id,
         policy_version=policy_version,
         max_context=max_total_tokens,
+        store=SessionStore(out=EpisodeFile(episodes) if episodes else None),
     )
 
 
@@ -65,7 +69,7 @@ def state_for_run(run, *, model_id: str, params=None, **options) -> ServerState:
     """``build_state`` over a built run (``jaxagent.train.run.build_run``): its chat, model,
     episode budget and the rollout's own sampling settings (``run.sampler.sampling``);
     ``params`` default to the run's; ``options``: ``build_state``'s policy_version, slots,
-    decode_steps, seed."""
+    decode_steps, seed, episodes."""
     return build_state(
         chat=run.chat,
         graphdef=run.graphdef,
@@ -113,6 +117,8 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.state.backend.close()
+        if self.state.store.out is not None:
+            self.state.store.out.close()
 
 
 def serve(state: ServerState, host: str, port: int) -> None:

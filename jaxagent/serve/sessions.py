@@ -24,10 +24,14 @@ its sampled tokens).
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import dataclasses
+import json
+import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.envs.base import Task, Termination
@@ -178,22 +182,86 @@ class Session:
             "session": self.id,
             "divergences": list(self.divergences),
             "policy_versions": list(self.versions),
+            "messages": copy.deepcopy(self.messages),
         }
         ok = bool(success) if success is not None else reward > 0
         ep.finish(Termination.TERMINATED, None if ok else "harness_reward", success=ok)
         return ep
 
 
-class SessionStore:
-    """Live sessions by id, and the episodes of the ended ones (``pop_episodes``);
-    ``reward_fn`` (``harness.reward``) scores a session ended without a reward."""
+def episode_record(ep: Episode) -> dict:
+    """An episode as one JSON object (a line of ``serve --episodes FILE`` /
+    ``harness.episodes_out``, the body of ``GET /v1/sessions/{id}/episode``): the exact token
+    trajectory a trainer needs (``tokens``, ``loss_mask``, the sampler's ``logprobs`` and each
+    token's policy ``versions``; ``turn_ids``: the turn of each sampled token, -1 elsewhere),
+    the outcome, and the conversation's ``messages`` as the server recorded them."""
+    task = ep.task
+    return {
+        "session": ep.info.get("session", task.id),
+        "task": {"id": task.id, "split": task.split, "prompt": task.prompt, "data": task.data},
+        "group": ep.group,
+        "reward": ep.reward,
+        "success": ep.success,
+        "termination": ep.termination.value,
+        "failure_mode": ep.failure_mode,
+        "error": ep.error,
+        "tokens": list(ep.tokens),
+        "loss_mask": list(ep.loss_mask),
+        "logprobs": list(ep.logprobs),
+        "versions": list(ep.versions),
+        "turn_ids": list(ep.turn_ids),
+        "turn_rewards": [t.reward for t in ep.turns],
+        "messages": ep.info.get("messages", []),
+        "divergences": ep.info.get("divergences", []),
+    }
 
-    def __init__(self, reward_fn=None):
+
+class EpisodeFile:
+    """Appends episodes to ``path`` as JSON lines (``episode_record``), each line flushed as
+    it is written: a reader sees whole episodes while the server runs, and a crash loses at
+    most the line being written. A server restarted on the same file appends to it."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed by close()
+        self._lock = threading.Lock()
+
+    def write(self, episodes) -> None:
+        lines = "".join(json.dumps(episode_record(ep)) + "\n" for ep in episodes)
+        with self._lock:
+            self._file.write(lines)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class SessionStore:
+    """Live sessions by id, and the episodes of the ended ones: the newest ``keep`` by
+    session id (``ended``; ``GET /v1/sessions/{id}/episode``), the oldest dropped beyond it
+    (``evicted`` counts them) so a long-running server's memory stays bounded; ``out`` (an
+    ``EpisodeFile``: ``serve --episodes FILE``) keeps every one. ``reward_fn``
+    (``harness.reward``) scores a session ended without a reward."""
+
+    def __init__(self, reward_fn=None, keep: int = 1024, out: EpisodeFile | None = None):
+        if keep < 1:
+            raise ValueError(f"SessionStore keeps at least one ended episode, got keep={keep}")
         self.reward_fn = reward_fn
+        self.keep, self.out = keep, out
         self.sessions: dict[str, Session] = {}
-        self.episodes: list[Episode] = []
+        self.ended: collections.OrderedDict[str, Episode] = collections.OrderedDict()
+        self.evicted = 0
+        self.ended_total = 0
+        self._unpopped: list[str] = []  # ended since the last ``pop_episodes``
         self.divergences = 0
         self.anonymous = 0
+
+    @property
+    def episodes(self) -> list[Episode]:
+        """The kept episodes of ended sessions, oldest first."""
+        return list(self.ended.values())
 
     def get(self, sid: str | None) -> Session:
         if sid is None:  # no id: a one-off session, never continued
@@ -203,12 +271,26 @@ class SessionStore:
             self.sessions[sid] = Session(id=sid)
         return self.sessions[sid]
 
-    def end(self, sid: str, reward: float, success: bool | None = None) -> Episode:
+    def end(self, sid: str, reward: float, success: bool | None = None, task=None) -> Episode:
+        """End session ``sid`` as an episode with ``reward``; ``task`` (a ``Task``) replaces
+        the placeholder made from its first user message."""
         session = self.sessions.pop(sid)
-        ep = session.episode(reward, success=success, group=len(self.episodes))
-        self.episodes.append(ep)
+        ep = session.episode(reward, success=success, group=self.ended_total)
+        if task is not None:
+            ep.task = task
+        self.ended_total += 1
+        self.ended.pop(sid, None)  # a session id used again: its newest episode
+        self.ended[sid] = ep
+        self._unpopped.append(sid)
+        del self._unpopped[: -self.keep]  # never more than the kept ones
+        while len(self.ended) > self.keep:
+            self.ended.popitem(last=False)
+            self.evicted += 1
+        if self.out is not None:
+            self.out.write([ep])
         return ep
 
     def pop_episodes(self) -> list[Episode]:
-        out, self.episodes = self.episodes, []
-        return out
+        """The kept episodes ended since the last call (each once)."""
+        sids, self._unpopped = self._unpopped, []
+        return [self.ended[s] for s in dict.fromkeys(sids) if s in self.ended]

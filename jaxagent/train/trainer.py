@@ -422,6 +422,7 @@ class Trainer:
                 slots=h.slots,
                 decode_steps=self.config.rollout.decode_steps,
                 seed=self.config.train.seed,
+                episodes=h.episodes_out,  # every harness episode as a JSON line
             )
             self._server = ServerThread(state)
         else:

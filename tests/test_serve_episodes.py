@@ -1,0 +1,116 @@
+"""Episodes out of the server: an ended session's episode is served
+(``GET /v1/sessions/{id}/episode``: the tokens, masks and log-probs the session recorded, its
+reward and messages), the newest ``keep`` are kept and the oldest evicted (memory stays
+bounded), every one is appended to the ``--episodes`` file as a JSON line, and the reader in
+docs/serve.md reads that file. The conversations go through the real ``openai`` client."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_serve import BUDGET, SYSTEM, _client, policy  # noqa: F401
+
+try:  # the HTTP client the openai package depends on (httpx2 in its recent releases)
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
+
+from jaxagent.serve.server import ServerThread, build_state
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def served(policy, tmp_path_factory):  # noqa: F811
+    chat, graphdef, params, sampling = policy
+    out = tmp_path_factory.mktemp("episodes") / "episodes.jsonl"
+    state = build_state(
+        chat=chat,
+        graphdef=graphdef,
+        params=params,
+        sampling=sampling,
+        max_total_tokens=BUDGET.max_total_tokens,
+        max_seq_len=256,
+        model_id="tiny",
+        slots=2,
+        decode_steps=3,
+        episodes=str(out),
+    )
+    state.store.keep = 2
+    srv = ServerThread(state)
+    yield srv, out
+    srv.close()
+
+
+def _converse(srv, sid: str, turns: int = 2) -> list[dict]:
+    client, head = _client(srv), {"X-Session-Id": sid}
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "one two"}]
+    for _ in range(turns):
+        r = client.chat.completions.create(
+            model="tiny", messages=messages, seed=1, max_tokens=4, extra_headers=head
+        )
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "user", "content": "two one"})
+    return messages[:-1]
+
+
+def test_ended_sessions_are_served_kept_under_a_bound_and_written(served, tmp_path):
+    srv, out = served
+    url = f"{srv.base_url}/sessions"
+    sent = _converse(srv, "a")
+    live = httpx.get(f"{url}/a").json()
+    r = httpx.get(f"{url}/a/episode")  # still open: not an episode yet
+    assert r.status_code == 409 and r.json()["error"]["code"] == "session_not_ended", r.text
+    assert httpx.post(f"{url}/a/reward", json={"reward": 0.5}).status_code == 200
+    ep = httpx.get(f"{url}/a/episode").json()
+    for field in ("tokens", "loss_mask", "logprobs"):
+        assert ep[field] == live[field], field
+    assert ep["reward"] == 0.5 and ep["success"] and ep["session"] == "a"
+    assert [m["content"] for m in ep["messages"]] == [m["content"] for m in sent]
+    assert sum(ep["loss_mask"]) > 0 and len(ep["versions"]) == len(ep["tokens"])
+    assert {v for v, m in zip(ep["versions"], ep["loss_mask"]) if m} == {0}
+    # The live route now points to the episode.
+    gone = httpx.get(f"{url}/a").json()["error"]
+    assert gone["code"] == "session_ended" and "/episode" in gone["message"]
+
+    # Two more: the store keeps the newest two, the first is evicted (the file keeps all).
+    for sid in ("b", "c"):
+        _converse(srv, sid, turns=1)
+        assert httpx.post(f"{url}/{sid}/end", json={"reward": 0}).status_code == 200
+    r = httpx.get(f"{url}/a/episode")
+    assert r.status_code == 404 and "--episodes" in r.json()["error"]["message"]
+    assert httpx.get(f"{url}/c/episode").json()["reward"] == 0.0
+    stats = httpx.get(f"{srv.base_url}/stats").json()
+    assert (stats["episodes"], stats["episodes_ended"], stats["episodes_evicted"]) == (2, 3, 1)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [e["session"] for e in lines] == ["a", "b", "c"]
+    assert lines[0] == ep
+
+    # The reader in docs/serve.md, run on the file.
+    doc = (ROOT / "docs/serve.md").read_text()
+    (code,) = re.findall(r"A reader:\n\n```python\n(.*?)```", doc, re.S)
+    assert len(code.strip().splitlines()) <= 6  # a five-line reader (and a blank)
+    shown = subprocess.run(
+        [sys.executable, "-c", code.replace('"episodes.jsonl"', repr(str(out)))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert shown[0] == f"a 0.5 {sum(ep['loss_mask'])} sampled tokens", shown
+    assert len(shown) == 3
+
+
+def test_end_takes_a_task_and_rejects_a_malformed_one(served):
+    srv, _ = served
+    url = f"{srv.base_url}/sessions"
+    _converse(srv, "t", turns=1)
+    r = httpx.post(f"{url}/t/end", json={"reward": 1, "task": {"bonus": 1}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "task", r.text
+    assert "'bonus'" in r.json()["error"]["message"]
+    task = {"id": "train-3", "prompt": "p", "data": {"target": 2}}
+    assert httpx.post(f"{url}/t/end", json={"reward": 1, "task": task}).status_code == 200
+    ep = httpx.get(f"{url}/t/episode").json()
+    assert ep["task"] == {**task, "split": "serve"}
