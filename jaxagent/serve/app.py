@@ -324,6 +324,16 @@ def create_app(state: ServerState) -> Starlette:
             except (ValueError, UnicodeDecodeError):
                 raise bad("the request body is not valid JSON", None, "invalid_json") from None
             req = parse_request(body, state.backend.max_new_tokens)
+            if req.tools and not state.renderer.template:
+                raise bad(
+                    "tools: this policy's word tokenizer has no tool format (its prompts and "
+                    "answers are its world's own action text), so the tools would be left out "
+                    "of the prompt and calls come back as plain text; serve a ChatML config "
+                    "for OpenAI tools and tool_calls (configs/quickstart_chatml.yaml, "
+                    "tokenizer.kind: chatml), or send no tools",
+                    "tools",
+                    "tools_unsupported",
+                )
             if req.model != state.model_id:
                 raise APIError(
                     404,

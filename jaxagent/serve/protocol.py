@@ -334,6 +334,23 @@ def parse_request(body: Any, max_new_tokens: int) -> ChatRequest:
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages must be a non-empty list", "messages", "invalid_messages")
     messages = tuple(normal_message(m, i) for i, m in enumerate(msgs))
+    for i, m in enumerate(msgs):
+        # A tool result answers a call: after an assistant turn that made calls it must name
+        # the one it answers (OpenAI answers 400 without it). After a turn without calls the
+        # world's observation in the tool role (the driver's rendering) needs no id.
+        prev = messages[i - 1] if i else None
+        if (
+            m.get("role") == "tool"
+            and prev is not None
+            and prev.get("tool_calls")
+            and "tool_call_id" not in m
+        ):
+            raise bad(
+                f"messages[{i}] (tool) has no tool_call_id: a tool result after "
+                f"messages[{i - 1}]'s tool_calls must name the call it answers",
+                f"messages[{i}].tool_call_id",
+                "missing_tool_call_id",
+            )
     if all(m["role"] == "system" for m in messages):
         raise bad("messages hold no user turn", "messages", "invalid_messages")
     tools = _tools(body.get("tools"))

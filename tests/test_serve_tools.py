@@ -1,0 +1,59 @@
+"""A request the served policy cannot honour is refused, never silently changed: a
+word-tokenizer policy (``configs/quickstart.yaml``'s kind) has no tool format, so OpenAI
+``tools`` / ``tool_choice`` get one 400 that names the ChatML config instead of an answer with
+the tools left out of the prompt. A tool result after an assistant turn that made calls must
+name the call it answers (``tool_call_id``), as OpenAI requires. Through the real ``openai``
+client."""
+
+import openai
+import pytest
+from test_serve import SYSTEM, _client, policy, server  # noqa: F401
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "price",
+            "description": "the price of an item",
+            "parameters": {"type": "object", "properties": {"item": {"type": "string"}}},
+        },
+    }
+]
+ASK = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "one two"}]
+
+
+@pytest.mark.parametrize("choice", [None, "auto", "required", {"name": "price"}])
+def test_word_tokenizer_policy_refuses_tools_naming_the_chatml_config(server, choice):  # noqa: F811
+    extra = {} if choice is None else {"tool_choice": _choice(choice)}
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(server).chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, max_tokens=3, **extra
+        )
+    err = caught.value.body
+    assert err["code"] == "tools_unsupported" and err["param"] == "tools", err
+    assert "configs/quickstart_chatml.yaml" in err["message"] and "\n" not in err["message"]
+    # without tools the same request is served
+    r = _client(server).chat.completions.create(model="tiny", messages=ASK, max_tokens=3)
+    assert r.choices[0].message.tool_calls is None
+
+
+def _choice(choice):
+    if isinstance(choice, dict):
+        return {"type": "function", "function": choice}
+    return choice
+
+
+def test_a_tool_result_after_calls_needs_its_call_id(server):  # noqa: F811
+    call = {"id": "call_1", "type": "function", "function": {"name": "price", "arguments": "{}"}}
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(server).chat.completions.create(
+            model="tiny", messages=[*history, {"role": "tool", "content": "12"}], max_tokens=3
+        )
+    err = caught.value.body
+    assert err["code"] == "missing_tool_call_id" and err["param"] == "messages[3].tool_call_id"
+    answered = {"role": "tool", "tool_call_id": "call_1", "content": "12"}
+    r = _client(server).chat.completions.create(
+        model="tiny", messages=[*history, answered], max_tokens=3
+    )
+    assert r.choices[0].finish_reason in ("stop", "length")
