@@ -1,5 +1,6 @@
 """``save_hf`` streams: each HF tensor is gathered, laid out, cast and written before the
-next one exists, from sharded parameters too; the files equal the whole-model export's."""
+next one exists, from sharded parameters too; the files equal the whole-model export's byte
+for byte."""
 
 import os
 import subprocess
@@ -54,6 +55,8 @@ def test_streamed_export_equals_the_whole_model_export(tmp_path, scan_layers, st
     for k in old:
         assert new[k].dtype == old[k].dtype and new[k].shape == old[k].shape, k
         np.testing.assert_array_equal(new[k].view(np.uint8), old[k].view(np.uint8), err_msg=k)
+    # and byte for byte: the same header, order and padding
+    assert new_path.read_bytes() == (tmp_path / "old.safetensors").read_bytes()
 
 
 def test_export_holds_one_tensor_at_a_time(tmp_path, monkeypatch):

@@ -370,7 +370,10 @@ def _host_tensor(params: Params, target, layer, kind: str, hf_shape: tuple, stor
 def _write_safetensors(path: str, entries: list, metadata: dict, fetch: Callable) -> None:
     """A safetensors file written tensor by tensor: the header from the shapes alone, then
     each tensor's bytes as ``fetch(entry)`` makes it (one host copy at a time, never the
-    whole file in memory). ``entries``: (name, shape, dtype) in the order to store."""
+    whole file in memory). ``entries``: (name, shape, dtype). Stored in the order the
+    safetensors library stores a dict (by dtype, largest first, then by name), so the file
+    is byte for byte the one ``safetensors.flax.save_file`` writes."""
+    entries = sorted(entries, key=lambda e: (-np.dtype(e[2]).itemsize, e[0]))
     header: dict = {"__metadata__": metadata}
     offset = 0
     for name, shape, dtype in entries:
