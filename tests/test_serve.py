@@ -751,6 +751,11 @@ def test_quickstart_harness_equals_the_driver():
     assert not any(ep.env_failed for ep in eps)
     assert [len(ep.turns) for ep in eps] == [len(ep.turns) for ep in ref]
     assert_same_episodes(eps, ref, endings=False)
+    # The harness returns the world's verdict (an Outcome): the episodes keep the world's
+    # failure modes and endings, as the driver records them, not a generic label.
+    assert [(ep.termination, ep.failure_mode, ep.success) for ep in eps] == [
+        (ep.termination, ep.failure_mode, ep.success) for ep in ref
+    ]
 
 
 def test_trainer_trains_through_a_harness(tmp_path):
@@ -771,14 +776,22 @@ def test_trainer_trains_through_a_harness(tmp_path):
         "sft.steps=1",
         "eval.every=0",
         "eval.val_tasks=0",
+        f"harness.episodes_out={tmp_path / 'episodes.jsonl'}",
         "harness.entry=jaxagent.serve.examples:quickstart_harness",
         "harness.slots=4",
     ]
-    Trainer(load_config(qs, settings), echo=lambda s: None).run()
+    said = []
+    Trainer(load_config(qs, settings), echo=said.append).run()
+    assert any(s.startswith("[harness] jaxagent.serve.examples:quickstart_harness") for s in said)
     m = _by_step(tmp_path / "run" / "metrics.jsonl")[1]
     assert m["train/episodes"] == 4 and m["train/env_errors"] == 0
+    # harness.episodes_out: the iteration's episodes, one JSON line each, with their tasks
+    lines = [json.loads(x) for x in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(e["task"]["split"] == "train" for e in lines)
+    assert all(len(e["loss_mask"]) == len(e["tokens"]) > sum(e["loss_mask"]) > 0 for e in lines)
+    assert all(e["failure_mode"] != "harness_reward" for e in lines)
     assert m["tokens/sampled"] > 0 and np.isfinite(m["loss/policy"])
-    bad = [*settings[:-2], f"train.out_dir={tmp_path / 'bad'}", "harness.entry=nope:missing"]
+    bad = [*settings[:-3], f"train.out_dir={tmp_path / 'bad'}", "harness.entry=nope:missing"]
     with pytest.raises(ConfigError, match="harness.entry='nope:missing' cannot be loaded"):
         Trainer(load_config(qs, bad), echo=print)
     assert not (tmp_path / "bad").exists()  # refused before anything was written

@@ -5,7 +5,8 @@ Routes:
 - ``POST /v1/chat/completions``: non-streaming, or streaming as server-sent events in
   OpenAI's ``chat.completion.chunk`` format ending with ``data: [DONE]``;
 - ``GET /v1/models`` (and ``/v1/models/{id}``): the one policy served;
-- ``POST /v1/sessions/{id}/reward`` (``{"reward": r[, "success": bool]}``): ends the session
+- ``POST /v1/sessions/{id}/reward`` (``{"reward": r[, "success": bool, "failure_mode":
+  "wrong_answer" | ...]}``: the world's label of a failed episode): ends the session
   and stores it as a training ``Episode`` (``ServerState.store.pop_episodes()``);
 - ``POST /v1/sessions/{id}/end`` (``{["reward": r, "success": bool, "task": <JSON>]}``, or
   no body): the same, scored without a reward by ``store.reward_fn(messages, task)``
@@ -39,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from jaxagent.envs.base import Task
+from jaxagent.envs.base import FailureMode, Task
 from jaxagent.envs.tool_calls import parse_native
 from jaxagent.errors import ConfigError
 from jaxagent.envs.tool_spec import ParsedAction
@@ -95,6 +96,7 @@ class ServerState:
 
 
 _TASK_FIELDS = ("id", "split", "prompt", "data")
+_FAILURES = {f.value for f in FailureMode} - {"env_error", "prompt_overflow"}
 
 
 def task_of(value) -> Task | None:
@@ -283,6 +285,10 @@ def create_app(state: ServerState) -> Starlette:
             task = task_of(body.get("task"))
         except APIError as err:
             return _error(err)
+        failure = body.get("failure_mode")
+        if failure is not None and failure not in _FAILURES:
+            msg = f"failure_mode={failure!r} is not one of {sorted(_FAILURES)}"
+            return _error(bad(msg, "failure_mode", "invalid_value"))
         s = state.store.sessions.get(sid)
         if s is None:
             return _error(_no_session(sid))
@@ -296,7 +302,7 @@ def create_app(state: ServerState) -> Starlette:
                     state.errors += 1
                     msg = f"harness.reward failed on session {sid!r}: {type(err).__name__}: {err}"
                     return _error(APIError(500, msg, type="server_error", code="reward_failed"))
-            ep = state.store.end(sid, float(r), success, task=task)
+            ep = state.store.end(sid, float(r), success, task=task, failure_mode=failure)
         release = getattr(state.backend, "release", None)
         if release is not None:
             release(sid)

@@ -31,6 +31,7 @@ import json
 from jaxagent.agents.task_tools import bfcl_tools
 from jaxagent.envs.base import Task, truncate_observation
 from jaxagent.envs.registry import get_env_spec
+from jaxagent.serve.harness import Outcome
 
 
 def _action(message) -> str:
@@ -85,23 +86,33 @@ def world_harness(
                     r = client.chat.completions.create(model=model, messages=messages, **extra)
                 except openai.BadRequestError as err:
                     if getattr(err, "code", None) == "context_length_exceeded":
-                        return reward  # the budget is spent: the episode is over
+                        return _budget_spent(reward)  # the episode is over
                     raise
                 msg = r.choices[0].message
                 messages.append(msg.model_dump(exclude_none=True))
                 result = env.step(_action(msg))
                 reward += float(result.reward)
-                if result.done:
-                    return reward
+                if result.done:  # the world's verdict, as the driver records it
+                    info = result.info
+                    return Outcome(
+                        reward,
+                        success=bool(info.get("success", False)),
+                        failure_mode=info.get("failure_mode"),
+                        truncated=bool(info.get("truncated", False)),
+                    )
                 tool = {"role": "tool", "content": cut(result.observation)}
                 if msg.tool_calls:
                     tool["tool_call_id"] = msg.tool_calls[0].id
                 messages.append(tool)
-            return reward
+            return _budget_spent(reward)
         finally:
             env.close()
 
     return harness
+
+
+def _budget_spent(reward: float) -> Outcome:
+    return Outcome(reward, success=False, failure_mode="step_budget", truncated=True)
 
 
 quickstart_harness = world_harness("quickstart", max_turns=6)

@@ -1,6 +1,7 @@
 """Run an agent harness per task against the server and collect its conversations as episodes.
 
-A harness is any function ``harness(task, base_url, api_key) -> reward`` (``load_harness``
+A harness is any function ``harness(task, base_url, api_key) -> reward`` (a number, or an
+``Outcome``: the reward with the world's success and failure mode; ``load_harness``
 reads a ``"module:function"`` entry point) that talks to the policy through an OpenAI client
 pointed at ``base_url``. ``collect_harness_episodes`` runs one call per (task, sample),
 ``concurrency`` at a time, each with its own session URL (``/s/{id}/v1``: the harness needs no
@@ -110,9 +111,23 @@ def _call(
     r = out.get("reward")
     if r is None and scored:
         return None, None
+    if isinstance(r, Outcome):
+        return r, None
     if isinstance(r, bool) or not isinstance(r, (int, float)):
-        return None, f"the harness returned {r!r}, not a reward (a number)"
-    return float(r), None
+        return None, f"the harness returned {r!r}, not a reward (a number) or an Outcome"
+    return Outcome(float(r)), None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a harness may return instead of a bare reward: the world's own verdict, so the
+    episode keeps the world's failure mode (``FailureMode``: wrong_answer, step_budget, ...)
+    as the built-in driver records it, instead of the generic "harness_reward"."""
+
+    reward: float
+    success: bool | None = None  # None: reward > 0
+    failure_mode: str | None = None  # a FailureMode value; None: "harness_reward"
+    truncated: bool = False  # the turn budget ended it (the driver's TRUNCATED)
 
 
 def collect_harness_episodes(
@@ -179,14 +194,21 @@ def collect_harness_episodes(
             error = "the harness made no request to its base_url"
         if error is None and reward is None:
             try:
-                reward = session.score(reward_fn, task)
+                reward = Outcome(session.score(reward_fn, task))
             except Exception as err:  # noqa: BLE001 -- the user's function failing
                 error = f"harness.reward: {type(err).__name__}: {err}"
         group = group_offset + i
         if session is None:
             ep = Episode(task=task, group=group)
         else:
-            ep = session.episode(0.0 if reward is None else reward, group=group)
+            o = reward if reward is not None else Outcome(0.0)
+            ep = session.episode(
+                o.reward,
+                success=o.success,
+                group=group,
+                failure_mode=o.failure_mode,
+                truncated=o.truncated,
+            )
             ep.task = task
         if error is not None:
             ep.finish(Termination.ENV_ERROR, FailureMode.ENV_ERROR, error=error)

@@ -168,9 +168,19 @@ class Session:
             raise TypeError(f"the reward function returned {r!r}, not a reward (a number)")
         return float(r)
 
-    def episode(self, reward: float, *, success: bool | None = None, group: int = 0) -> Episode:
+    def episode(
+        self,
+        reward: float,
+        *,
+        success: bool | None = None,
+        group: int = 0,
+        failure_mode: str | None = None,
+        truncated: bool = False,
+    ) -> Episode:
         """The session as a training episode; ``reward`` is the last turn's (the driver puts a
-        task's final reward on the turn that ended it)."""
+        task's final reward on the turn that ended it). ``failure_mode``: the world's label of
+        a failed episode (``FailureMode``; "harness_reward" when none is reported);
+        ``truncated``: the turn budget ended it (the driver's ``TRUNCATED``)."""
         first_user = next((m["content"] for m in self.messages if m["role"] == "user"), "")
         ep = copy.deepcopy(self.record)
         ep.task, ep.group = Task(id=self.id, split="serve", prompt=first_user), group
@@ -185,7 +195,9 @@ class Session:
             "messages": copy.deepcopy(self.messages),
         }
         ok = bool(success) if success is not None else reward > 0
-        ep.finish(Termination.TERMINATED, None if ok else "harness_reward", success=ok)
+        ending = Termination.TRUNCATED if truncated else Termination.TERMINATED
+        fallback = "step_budget" if truncated else "harness_reward"
+        ep.finish(ending, None if ok else (failure_mode or fallback), success=ok)
         return ep
 
 
@@ -271,11 +283,20 @@ class SessionStore:
             self.sessions[sid] = Session(id=sid)
         return self.sessions[sid]
 
-    def end(self, sid: str, reward: float, success: bool | None = None, task=None) -> Episode:
+    def end(
+        self,
+        sid: str,
+        reward: float,
+        success: bool | None = None,
+        task=None,
+        failure_mode: str | None = None,
+    ) -> Episode:
         """End session ``sid`` as an episode with ``reward``; ``task`` (a ``Task``) replaces
         the placeholder made from its first user message."""
         session = self.sessions.pop(sid)
-        ep = session.episode(reward, success=success, group=self.ended_total)
+        ep = session.episode(
+            reward, success=success, group=self.ended_total, failure_mode=failure_mode
+        )
         if task is not None:
             ep.task = task
         self.ended_total += 1

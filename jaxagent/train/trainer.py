@@ -425,6 +425,11 @@ class Trainer:
                 episodes=h.episodes_out,  # every harness episode as a JSON line
             )
             self._server = ServerThread(state)
+            self.echo(
+                f"[harness] {h.entry} runs every (task, sample) against this run's policy on "
+                f"{self._server.base_url} ({h.concurrency} at once)"
+                + (f"; episodes to {h.episodes_out}" if h.episodes_out else "")
+            )
         else:
             self._server.state.update_policy(params, version)
         return collect_harness_episodes(
