@@ -105,3 +105,29 @@ def test_ratio_bootstrap_is_the_episode_rate_with_tasks_resampled():
     assert stats.ratio_bootstrap_ci(num, den)["value"] == pytest.approx(np.mean(num / den))
     with pytest.raises(ValueError, match="sum\\(den\\) > 0"):
         stats.ratio_bootstrap_ci([0], [0])
+
+
+def test_iqm_is_left_out_with_one_sample_a_task():
+    """A 0.75 success rate with one sample a task: the IQM of 0/1 scores would be 1.000 (the
+    middle half is all successes); the record reports none, and says why. With two samples
+    a task the scores are averages and the IQM is reported."""
+    from jaxagent.agents.episode import Episode
+    from jaxagent.envs.base import Task, Termination
+    from jaxagent.eval.protocol import EvalGroup, build_record
+
+    def ep(task, ok):
+        e = Episode(task=Task(id=task, split="test", prompt=""), group=0)
+        e.finish(Termination.TERMINATED, None if ok else "wrong_answer", success=ok)
+        return e
+
+    one = [ep("a", False), ep("b", True), ep("c", True), ep("d", True)]
+    s = build_record([EvalGroup(one)], reps=50)["success"]
+    assert s["mean"] == 0.75 and s["iqm"] is None and s["iqm_ci_low"] is None
+    assert "samples_per_task >= 2" in s["iqm_note"]
+    two = [
+        ep(t, ok)
+        for t, oks in [("a", (0, 1)), ("b", (1, 1)), ("c", (1, 0)), ("d", (1, 1))]
+        for ok in map(bool, oks)
+    ]
+    s = build_record([EvalGroup(two)], reps=50)["success"]
+    assert s["mean"] == 0.75 and s["iqm"] == pytest.approx(0.75) and "iqm_note" not in s

@@ -6,7 +6,8 @@ them (task order, ``samples_per_task`` consecutive samples of each task). ``buil
 turns a list of groups into the record ``jaxagent eval --out`` writes as ``eval.json``:
 
 - ``success``: ``mean`` (over episodes without an env error, as ``report.summarize``),
-  ``ci_low`` / ``ci_high`` (95% bootstrap), ``iqm`` with its interval, ``ci_method``:
+  ``ci_low`` / ``ci_high`` (95% bootstrap), ``iqm`` with its interval (None, with
+  ``iqm_note``, when every task's score is one episode's 0 or 1), ``ci_method``:
   ``stratified bootstrap over training runs within tasks`` (rliable) when there are >= 2
   training runs, else a bootstrap over tasks (a task is resampled with all its episodes,
   every evaluation seed's, so the interval is that of the episode-level rate; the IQM is
@@ -184,6 +185,12 @@ def success_summary(
             if m.size
             else nan
         )
+    cells = collections.Counter(
+        (g.run, ep.task.id) for g in groups for ep in g.episodes if not ep.env_failed
+    )
+    if cells and not stats.iqm_defined(cells.values()):
+        iq = {"value": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+        out["iqm_note"] = stats.IQM_NEEDS_SAMPLES
     out.update(
         ci_low=_none_if_nan(mean["ci_low"]),
         ci_high=_none_if_nan(mean["ci_high"]),

@@ -29,6 +29,24 @@ import numpy as np
 Stat = Union[str, Callable[[np.ndarray], np.ndarray]]
 
 
+# With one episode a cell (one sample a task, one evaluation seed), every score is 0 or 1,
+# and the middle half of 0/1 scores is a single value: a 0.75 success rate has an IQM of 1.0,
+# 0.25 one of 0.0. rliable's IQM (Agarwal et al. 2021, arXiv 2108.13264) is over scores that
+# average several episodes; the record leaves it out (None) with this reason instead.
+IQM_NEEDS_SAMPLES = (
+    "IQM needs scores averaged over several episodes; with one sample a task every score is "
+    "0 or 1 and the middle half is a single value (evaluate with samples_per_task >= 2 or "
+    "several seeds)"
+)
+
+
+def iqm_defined(episodes_per_cell) -> bool:
+    """Whether an IQM of per-cell mean scores says anything: some cell (a task, or a task in
+    one run) averages more than one episode (``IQM_NEEDS_SAMPLES``)."""
+    sizes = list(episodes_per_cell)
+    return bool(sizes) and max(sizes) > 1
+
+
 def iqm(x, axis: int = -1) -> np.ndarray:
     """Interquartile mean along ``axis``: drop ``floor(n/4)`` scores at each end of the sorted
     values and average the rest (equal to ``scipy.stats.trim_mean(x, 0.25, axis)``)."""
