@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 
-from jaxagent.envs.base import StepResult, Task
-from jaxagent.envs.registry import EnvSpec, env_names, register_env
+# A world of one's own needs only the package's public names.
+from jaxagent.envs import EnvSpec, StepResult, Task, env_names, register_env
 
 WORDS = ["ok", "no", "red", "blue"]
 
