@@ -13,6 +13,7 @@ from jaxagent.train.policy import (
     kv_bytes_per_row,
     make_turn_sampler,
     sized_engine,
+    state_reserve_bytes,
 )
 
 CFG = ModelConfig.test(num_layers=2)  # 2 kv heads x 16, float32
@@ -82,3 +83,29 @@ def test_cpu_reports_no_limit():
 
     if jax.devices()[0].platform == "cpu":
         assert device_free_bytes() is None
+
+
+def test_the_train_states_moments_are_reserved_before_sizing():
+    import jax
+
+    from jaxagent.models import init_model
+    from jaxagent.rl.recipes import get_recipe
+
+    _, params = init_model(CFG, jax.random.key(0))
+    n = sum(x.size for x in jax.tree.leaves(params))
+    full = get_recipe("loop", lora={"rank": 0})
+    assert state_reserve_bytes(params, full) == 2 * 4 * n  # Adam's two float32 moments
+    assert state_reserve_bytes(params, get_recipe("loop", lora={"rank": 8})) == 0
+    assert state_reserve_bytes(params, full, loaded=False) == 3 * 4 * n  # + the weights
+    # the sampler sizes its slots from what is left
+    free = int(10.5 * ROW / KV_MEMORY_FRACTION)
+    sampler = make_turn_sampler(
+        abstract_graphdef(CFG),
+        SamplingConfig(),
+        CAP,
+        streamed=True,
+        rows=512,
+        free_bytes=free + 2 * 4 * n,
+        reserve_bytes=state_reserve_bytes(params, full),
+    )
+    assert sampler.slots == 10

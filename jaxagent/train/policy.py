@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxagent.agents.cached import CachedTurnSampler
@@ -155,6 +156,24 @@ def kv_bytes_per_row(config: ModelConfig, capacity: int) -> int:
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * capacity * item
 
 
+def state_reserve_bytes(params: Any, rl: RLConfig, loaded: bool = True) -> int:
+    """Per-chip bytes the train state adds after the sampler is built (which measures the
+    chip's free memory then): Adam's two moments of the trained parameters (full
+    fine-tuning; LoRA's adapters are small), in float32 or the parameters' dtype
+    (``rl.optim.moments_dtype``), and with ``loaded=False`` (a resumed run restores its
+    weights later) the parameters themselves. A leaf counts its one shard on a mesh."""
+    total = 0
+    for x in jax.tree.leaves(params):
+        sharding = getattr(x, "sharding", None)
+        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+        n, item = int(np.prod(shape, dtype=np.int64)), jnp.dtype(x.dtype).itemsize
+        if not rl.lora.rank:
+            total += n * 2 * (4 if rl.optim.moments_dtype == "float32" else item)
+        if not loaded:
+            total += n * item
+    return total
+
+
 def sized_engine(
     engine: EngineConfig,
     config: ModelConfig,
@@ -214,6 +233,10 @@ def sized_engine(
     return engine
 
 
+def _less(free: Optional[int], reserve: int) -> Optional[int]:
+    return None if free is None else max(0, free - reserve)
+
+
 def make_turn_sampler(
     graphdef,
     sampling: SamplingConfig,
@@ -224,13 +247,15 @@ def make_turn_sampler(
     streamed: bool = False,
     rows: int = 0,
     free_bytes: Optional[int] = None,
+    reserve_bytes: int = 0,
 ) -> TurnPolicy:
     """The multi-turn LM sampler: "cached" (KV cache with ragged continuation), "reference"
     (re-encodes each row for every token) or "auto" (cached). A cached sampler runs its
     episodes through ``engine`` (``EngineConfig.resolved(streamed)``: ``streamed`` says the
     environments answer asynchronously, from a pool), its KV cache fitted to the chip's free
     memory (``sized_engine``; ``rows``: the most episodes a call samples; ``free_bytes``:
-    default ``device_free_bytes()``, None on CPU)."""
+    default ``device_free_bytes()``, None on CPU; ``reserve_bytes``: what the run allocates
+    later, ``state_reserve_bytes``)."""
     if kind not in ("auto", "cached", "reference"):
         raise ValueError(f"sampler kind={kind!r}; choose auto, cached or reference")
     if kind in ("auto", "cached"):
@@ -240,7 +265,9 @@ def make_turn_sampler(
             max_len,
             streamed=streamed,
             rows=rows,
-            free_bytes=device_free_bytes() if free_bytes is None else free_bytes,
+            free_bytes=_less(
+                device_free_bytes() if free_bytes is None else free_bytes, reserve_bytes
+            ),
         )
         if engine.resolved(streamed) == "slots":
             return SlotEngine(

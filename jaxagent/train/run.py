@@ -34,7 +34,7 @@ from jaxagent.models import ModelConfig, load_tokenizer
 from jaxagent.sections import build
 from jaxagent.train.config import Config, sampling_fields
 from jaxagent.errors import ConfigError
-from jaxagent.train.policy import build_model, hf_input, make_turn_sampler
+from jaxagent.train.policy import build_model, hf_input, make_turn_sampler, state_reserve_bytes
 from jaxagent.train.tokenizer import build_chatml_tokenizer, build_tokenizer, build_word_tokenizer
 
 
@@ -272,6 +272,11 @@ def build_run(
     if r.constrained_tool_calls:
         grammar = run_grammar(config, env, chat, model_config.vocab_size)
 
+    # what a training run's state adds once the sampler has measured the chip's free memory
+    reserve = 0
+    if policy is None:
+        reserve = state_reserve_bytes(params, config.rl_config, loaded=not abstract_params)
+
     def sampler(temperature: float, **changes) -> TurnPolicy:
         sampling = build(
             r,
@@ -293,6 +298,7 @@ def build_run(
                 r.tasks_per_iteration * config.group_size,
                 config.eval.num_tasks * config.eval.samples_per_task,
             ),
+            reserve_bytes=reserve,
         )
         if grammar is not None:
             made.grammar = grammar
