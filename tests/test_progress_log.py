@@ -79,3 +79,16 @@ def test_a_log_file_gets_periodic_progress_lines(tmp_path):
     assert steps == sorted(steps) and steps[-1] == 40, steps
     assert rl and rl[-1] == "1", text[-3000:]
     assert "━" not in text and "\x1b[" not in text  # no bar drawing, no escape codes
+
+
+def test_a_low_start_is_called_out_with_the_fix():
+    from jaxagent.train.config import load_config
+    from jaxagent.train.sft import low_start_note
+
+    on = load_config(QS, ["sft.enabled=true", "sft.steps=300"])
+    note = low_start_note(on, 0.01, has_expert=True)
+    assert "0.010 before RL" in note and "raise sft.steps (now 300, e.g. sft.steps=900)" in note
+    assert low_start_note(on, 0.3, has_expert=True) is None
+    off = load_config(QS, ["sft.enabled=false"])
+    assert "sft.enabled=true" in low_start_note(off, 0.0, has_expert=True)
+    assert low_start_note(off, 0.0, has_expert=False) is None

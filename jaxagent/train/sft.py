@@ -327,3 +327,30 @@ def warm_start(
     if key is not None:
         sft_cache.save(c.cache_dir, key, params, metrics)
     return params, metrics
+
+
+# Below this held-out success at the start of RL, a group of samples rarely holds a success:
+# group-relative advantages are then zero for almost every group and RL learns nothing (a new
+# world at the default sft.steps started at 0.01 and stayed there).
+LOW_START = 0.05
+
+
+def low_start_note(config, success: float, has_expert: bool) -> str | None:
+    """The console's note when RL starts from a success rate too low to learn from, with the
+    fix: more SFT steps (or SFT at all, when the world has a scripted expert); None else."""
+    if success >= LOW_START:
+        return None
+    start = f"[note] held-out success {success:.3f} before RL (< {LOW_START}): "
+    why = "few groups will hold a success for RL to learn from; "
+    if config.sft.enabled:
+        return (
+            start
+            + why
+            + (
+                f"raise sft.steps (now {config.sft.steps}, e.g. sft.steps={config.sft.steps * 3}) "
+                "or check the expert's success in the [sft] line"
+            )
+        )
+    if has_expert:
+        return start + why + "warm-start with sft.enabled=true (the world has a scripted expert)"
+    return None

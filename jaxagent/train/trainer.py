@@ -53,7 +53,7 @@ from jaxagent.train.run import build_run, iteration_tasks, rows_multiple
 from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_atomic
 from jaxagent.train.overlap import BUFFER_KEY, Pipeline, Produced, decode_buffer, encode_buffer
 from jaxagent.train.overlap import staleness_metrics
-from jaxagent.train.sft import warm_start
+from jaxagent.train.sft import low_start_note, warm_start
 from jaxagent.serve.harness import collect_harness_episodes, load_harness
 from jaxagent.agents.rollout import RolloutStats
 
@@ -612,6 +612,9 @@ class Trainer:
             self.logger.log(0, sft_m)
             extra["sft"] = sft_m
         m0, best, history = self.evaluation.at_start(params, extra)
+        note = low_start_note(cfg, m0["eval/success"], self.env.make_expert is not None)
+        if note is not None:
+            self.echo(note)
         self.logger.log(0, m0)
         state = self._new_state(params)
         self.checkpointer.save(0, state, self._meta(0, history, extra), best)
