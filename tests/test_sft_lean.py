@@ -148,3 +148,37 @@ def test_lora_sft_on_a_mesh_equals_one_device_and_stays_sharded():
             assert all(len(x.sharding.device_set) == 8 for x in kernels)
             assert any(x.addressable_shards[0].data.size < x.size for x in kernels)
     np.testing.assert_allclose(losses["mesh"], losses["one"], rtol=1e-5)
+
+
+def test_sft_step_plans_without_weights_on_a_mesh():
+    # How a planner asks for the SFT step's memory on a mesh, allocating no weight: the
+    # abstract state in the layout's shardings, the batch's rows over the batch axes
+    # (LoRA over a scan_layers model here: adapters stacked along the layers).
+    from jaxagent.models import abstract_graphdef, abstract_params
+    from jaxagent.parallel.layout import DeviceLayout
+    from jaxagent.parallel.mesh import MeshConfig
+
+    cfg = ModelConfig.test(num_layers=2, scan_layers=True)
+    graphdef, like = abstract_graphdef(cfg), abstract_params(cfg)
+    layout = DeviceLayout.build(MeshConfig(fsdp=8), graphdef, like)
+    config = sft_recipe(1e-4, 10, 8, lora=LoraConfig(rank=8))
+    tx = make_optimizer(config)
+    state = sft_state_like(like, config, tx, layout)
+    assert all(k.startswith("blocks/") for k in state.params)
+    batch = TokenBatch.abstract(8, 64)
+    b_sh = layout.batch_sharding(batch)
+    batch = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), batch, b_sh
+    )
+    step = make_sft_step(
+        graphdef,
+        config,
+        tx,
+        activation_sharding=layout.activation_sharding(),
+        mesh=layout.mesh,
+        state_sharding=jax.tree.map(lambda x: x.sharding, state),
+        batch_sharding=b_sh,
+        rules=layout.rules,
+    )
+    plan = step.lower(state, batch).compile().memory_analysis()
+    assert plan.temp_size_in_bytes > 0 and plan.argument_size_in_bytes > 0
