@@ -163,3 +163,20 @@ def test_check_cli():
     assert report["leakage"] == "ok" and report["ok"] and report["tasks"] == 40
     assert 5 <= report["calls_per_task"][0] and report["calls_per_task"][2] <= 15
     assert report["longest_result"] <= 300  # every result a task reads fits the env's cut
+
+
+def test_recipe_shows_every_observation_whole(spec):
+    # The rollout cuts observations at rollout.max_observation_chars: at 400 the recipe's
+    # first run cut the middle of the tool list out of most first prompts (up to ~790 chars).
+    from pathlib import Path
+
+    import yaml
+
+    with open(Path(__file__).parents[1] / "configs" / "loop_bfcl_gen.yaml") as f:
+        recipe = yaml.safe_load(f)
+    limit = recipe["rollout"]["max_observation_chars"]
+    assert recipe["env"]["options"]["max_result_chars"] <= limit
+    source = spec.make_source()
+    for task in source.tasks("train")[:100] + source.tasks("test")[:50]:
+        _, seen = _play(spec, task)
+        assert max(len(o) for o in seen) <= limit, task.id

@@ -111,10 +111,12 @@ CONFIG_SHRINK = {
     # BFCL's first prompt (tool schemas) is ~320 tokens in the shrunken tokenizer: the
     # prompt-budget check refuses a budget that ends every episode before its first turn
     "loop_bfcl": ["model.max_seq_len=512"],
+    "loop_bfcl_gen": ["model.max_seq_len=512"],  # the same prompt: ~350 tokens
 }
 ENV_SHRINK = {
     "quickstart": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "bfcl": ["env.options.limit=6"],
+    "bfcl_gen": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "code": ["env.options.num_train=4"],
     "math": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
     "dialogue": ["env.options.num_train=20", "env.options.num_test=4", "eval.val_tasks=4"],
@@ -142,7 +144,7 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     from jaxagent.train.trainer import Trainer
 
     base = load_config(path)
-    if base.env.name == "bfcl":
+    if base.env.name in ("bfcl", "bfcl_gen"):
         pytest.importorskip("bfcl_eval")
     extra = ENV_SHRINK[base.env.name] + (["rl.lora.rank=2"] if base.rl_config.lora.rank else [])
     extra += CONFIG_SHRINK.get(path.stem, [])
