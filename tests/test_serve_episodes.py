@@ -114,3 +114,27 @@ def test_end_takes_a_task_and_rejects_a_malformed_one(served):
     assert httpx.post(f"{url}/t/end", json={"reward": 1, "task": task}).status_code == 200
     ep = httpx.get(f"{url}/t/episode").json()
     assert ep["task"] == {**task, "split": "serve"}
+
+
+def test_serve_command_wires_the_episodes_file(monkeypatch, tmp_path, capsys):
+    """``jaxagent serve CONFIG --episodes FILE --keep-episodes N`` (and
+    ``harness.episodes_out`` as the default of ``--episodes``)."""
+    import jaxagent.serve.server as server_mod
+    from jaxagent.cli.main import main
+
+    seen = []
+
+    def serve(state, host, port):
+        seen.append((state.store.keep, state.store.out and str(state.store.out.path)))
+        state.backend.close()
+
+    monkeypatch.setattr(server_mod, "serve", serve)
+    config = str(ROOT / "configs/quickstart.yaml")
+    out = tmp_path / "eps.jsonl"
+    argv = ["serve", config, "--slots", "1", "model.num_layers=1"]
+    assert main([*argv, "--episodes", str(out), "--keep-episodes", "5"]) == 0
+    assert main([*argv, f"harness.episodes_out={tmp_path / 'h.jsonl'}"]) == 0
+    assert seen == [(5, str(out)), (1024, str(tmp_path / "h.jsonl"))]
+    assert f"episodes to {out}" in capsys.readouterr().err
+    assert main([*argv, "--keep-episodes", "0"]) == 2
+    assert "--keep-episodes 0 must be >= 1" in capsys.readouterr().err
