@@ -167,7 +167,8 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     assert trainer.checkpointer.all_steps()[-1] == 1
     # The update changed the policy exactly when some sample carried a gradient: kept tokens
     # with a nonzero advantage (LOOP drops groups whose rewards are all equal), or an SFT / RFT
-    # target, or a critic to fit; AdamW's weight decay (DAPO) moves the weights regardless.
+    # target, or a critic to fit; AdamW's weight decay (DAPO) moves the weights whenever a step
+    # is taken. A minibatch without a loss token takes no step at all (rl/guards.py).
     from jaxagent.train.session import load_policy
 
     before = load_policy(tmp_path / "run", step=0).params
@@ -178,7 +179,7 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     signal = (
         rl.loss.policy == "sft" or rl.critic.enabled or rec["adv/max"] != 0 or rec["adv/min"] != 0
     )
-    assert changed == ((rec["tokens/policy"] > 0 and signal) or rl.optim.weight_decay > 0), rec
+    assert changed == (rec["tokens/policy"] > 0 and (signal or rl.optim.weight_decay > 0)), rec
 
 
 def test_recipe_preset_first_then_the_keys_the_user_set():

@@ -92,14 +92,14 @@ DRIVER = textwrap.dedent(
         collect = mod.collect_episodes
         mod.collect_episodes = lambda *a, **k: collect(*a, on_round=lambda *_: fire(), **k)
     elif point == "update":
-        call = T.ShardedUpdate.__call__
+        # the trainer's RL update only: SFT builds its own ShardedUpdate from parallel.layout
+        class FiringUpdate(T.ShardedUpdate):
+            def __call__(self, *a, **k):
+                out = super().__call__(*a, **k)
+                fire()
+                return out
 
-        def update(self, *a, **k):
-            out = call(self, *a, **k)
-            fire()
-            return out
-
-        T.ShardedUpdate.__call__ = update
+        T.ShardedUpdate = FiringUpdate
     elif point == "save":
         save = T.Checkpointer.save
 
