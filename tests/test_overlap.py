@@ -301,26 +301,21 @@ def test_partial_rollouts_train_with_versions_no_older_than_the_bound(tmp_path, 
 def test_partial_rollouts_need_overlap_and_no_harness(tmp_path):
     with pytest.raises(ConfigError, match="overlap.partial_rollouts=true with overlap.staleness"):
         load_config(QS, TINY + ["overlap.partial_rollouts=true"])
-    from jaxagent.train.trainer import Trainer
-
-    cfg = load_config(
-        QS,
-        TINY
-        + [f"train.out_dir={tmp_path}/h", "overlap.staleness=1", "overlap.partial_rollouts=true"]
-        + ["harness.entry=jaxagent.serve.examples:quickstart_harness"],
-    )
     with pytest.raises(ConfigError, match="overlap.partial_rollouts=true with harness.entry"):
-        Trainer(cfg, echo=lambda s: None)
+        load_config(
+            QS,
+            TINY
+            + [f"train.out_dir={tmp_path}/h", "overlap.staleness=1"]
+            + ["overlap.partial_rollouts=true"]
+            + ["harness.entry=jaxagent.serve.examples:quickstart_harness"],
+        )
 
 
 def test_lanes_refuse_a_harness(tmp_path):
-    from jaxagent.train.trainer import Trainer
-
-    cfg = load_config(
-        QS,
-        TINY
-        + [f"train.out_dir={tmp_path}/h", "overlap.staleness=1", "overlap.lanes=2"]
-        + ["harness.entry=jaxagent.serve.examples:quickstart_harness"],
-    )
     with pytest.raises(ConfigError, match="overlap.lanes=2 with harness.entry"):
-        Trainer(cfg, echo=lambda s: None)
+        load_config(
+            QS,
+            TINY
+            + [f"train.out_dir={tmp_path}/h", "overlap.staleness=1", "overlap.lanes=2"]
+            + ["harness.entry=jaxagent.serve.examples:quickstart_harness"],
+        )

@@ -391,7 +391,19 @@ class Config:
                 f"harness.entry={self.harness.entry!r} with rl.data.dynamic_sampling=true: "
                 "refills draw from the built-in driver; set rl.data.dynamic_sampling=false"
             )
-        k = self.overlap.staleness
+        o = self.overlap
+        if o.lanes > 1 and self.harness.entry:
+            raise ConfigError(
+                f"overlap.lanes={o.lanes} with harness.entry: the harness talks to the run's "
+                "one server, which samples one policy version at a time; set overlap.lanes=1"
+            )
+        if o.partial_rollouts and self.harness.entry:
+            raise ConfigError(
+                "overlap.partial_rollouts=true with harness.entry: the harness samples through "
+                "the run's server, whose weights do not change within a collection; set "
+                "overlap.partial_rollouts=false"
+            )
+        k = o.staleness
         if not k:
             return
         if self.train.release_compiled:
@@ -405,6 +417,16 @@ class Config:
                 f"overlap.staleness={k} with distributed.num_processes="
                 f"{self.distributed.num_processes}: the overlapped rollout runs on one process "
                 "for now; set overlap.staleness=0 for a multi-host run"
+            )
+
+    def check_processes(self, count: int) -> None:
+        """The checks that need the process count JAX found at start-up (a pod's processes
+        may be discovered rather than named in ``distributed.num_processes``)."""
+        if self.overlap.staleness and count > 1:
+            raise ConfigError(
+                f"overlap.staleness={self.overlap.staleness} in a run of {count} processes: "
+                "the overlapped rollout runs on one process for now; set overlap.staleness=0 "
+                "for a multi-host run"
             )
 
     @property

@@ -27,7 +27,6 @@ import numpy as np
 
 from jaxagent.agents.batch import RowDrops, pack_episodes
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
-from jaxagent.errors import ConfigError
 from jaxagent.eval.report import summarize
 from jaxagent.models import abstract_graphdef, abstract_params
 from jaxagent.rl.prepare import with_critic_values
@@ -96,24 +95,7 @@ class Trainer:
         saved = saved_config(self.run_dir) if self._resuming else None
         if saved is not None:
             check_resume(config_to_dict(config), saved, self.run_dir)
-        if config.overlap.staleness and jax.process_count() > 1:
-            raise ConfigError(
-                f"overlap.staleness={config.overlap.staleness} in a run of "
-                f"{jax.process_count()} processes: the overlapped rollout runs on one process "
-                "for now; set overlap.staleness=0 for a multi-host run"
-            )
-        if config.overlap.lanes > 1 and config.harness.entry:
-            raise ConfigError(
-                f"overlap.lanes={config.overlap.lanes} with harness.entry: the harness talks "
-                "to the run's one server, which samples one policy version at a time; set "
-                "overlap.lanes=1"
-            )
-        if config.overlap.partial_rollouts and config.harness.entry:
-            raise ConfigError(
-                "overlap.partial_rollouts=true with harness.entry: the harness samples through "
-                "the run's server, whose weights do not change within a collection; set "
-                "overlap.partial_rollouts=false"
-            )
+        config.check_processes(jax.process_count())  # the rest: Config.__post_init__
         self._cache_settings = None  # train.release_compiled: set before the first compilation
         if config.train.release_compiled:
             self._cache_settings = host_memory.compile_cache(self.echo)
