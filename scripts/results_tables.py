@@ -1,0 +1,425 @@
+"""Regenerate the figure tables of docs/results/*.md from their raw records.
+
+    python scripts/results_tables.py            # rewrite every table block
+    python scripts/results_tables.py --check    # exit 1 naming the tables that differ
+
+A table in a results page sits between ``<!-- table:NAME -->`` and ``<!-- /table -->``; the
+prose around it stays hand-written. Each NAME is rendered from the JSON lines of
+``docs/results/*.jsonl`` whose ``table`` field is NAME (or, for the experiment runners'
+files, the records that runner wrote): one line a run, with its command, commit, machine,
+seed and raw figures. Means, gains and 95% Student-t intervals are computed here, so a
+figure edited by hand in the markdown, without its record, no longer matches
+(``tests/test_results_tables.py``). Records reconstructed from an earlier page rather than
+re-run carry ``recovered_from: "<file>@<commit>"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def read_records(name: str) -> list[dict]:
+    path = RESULTS / name
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def table_records(name: str, table: str) -> list[dict]:
+    rs = [r for r in read_records(name) if r.get("table") == table]
+    return sorted(rs, key=lambda r: (str(r.get("seed")),))
+
+
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the 95% Student-t half-width (``eval.report.seed_summary``'s table)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, T95.get(n - 1, 1.96) * std / math.sqrt(n)
+
+
+def rint(x: float) -> int:
+    return int(math.floor(x + 0.5))  # half up, as the pages were written
+
+
+def table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[str]]) -> list:
+    sep = {"r": "---:", "l": "---"}
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(sep[a] for a in align) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def gain_points(r: dict, key: str = "after") -> float:
+    return (r["figures"][key] - r["figures"]["before"]) * 100
+
+
+def mean_gain_line(rs: list[dict], what: str = "Mean gain") -> str:
+    m, ci = interval([gain_points(r) for r in rs])
+    return f"{what} **{m:+.1f} points (95% t-interval ± {ci:.1f})** over {len(rs)} seeds."
+
+
+# ----------------------------------------------------------------------------- renderers
+
+
+def quickstart_seeds_wave0() -> list[str]:
+    rs = table_records("quickstart.jsonl", "quickstart_seeds_wave0")
+    rows = []
+    for r in rs:
+        f = r["figures"]
+        rows.append([str(r["seed"]), f"{f['before']:.3f}", f"{f['after']:.3f}",
+                     f"{gain_points(r):+.1f}", f"{f['best_val']:.3f} ({f['best_val_iter']})",
+                     f"{gain_points(r, 'best_val'):+.1f}", f"{f['wall_s']:,}"])  # fmt: skip
+    last = interval([gain_points(r) for r in rs])
+    best = interval([gain_points(r, "best_val") for r in rs])
+    return [
+        *table(
+            [
+                "seed",
+                "before RL (after SFT)",
+                "after RL (last)",
+                "gain",
+                "best-validation checkpoint (iter)",
+                "gain",
+                "wall s (loaded)",
+            ],
+            "rrrrrrr",
+            rows,
+        ),  # fmt: skip
+        "",
+        f"Mean gain **{last[0]:+.1f} points (95% t-interval ± {last[1]:.1f})** for the last "
+        f"checkpoint, {best[0]:+.1f} (± {best[1]:.1f}) for the best-validation one.",
+    ]
+
+
+def seed_table(name: str, table_name: str, extra: Sequence[tuple[str, Callable]] = ()) -> list:
+    """seed | before | after | gain | best-validation (iter) | extra... | wall s."""
+    rs = table_records(name, table_name)
+    rows = []
+    for r in rs:
+        f = r["figures"]
+        wall = f"{f['wall_s']:,}" + (f" ({f['wall_note']})" if f.get("wall_note") else "")
+        rows.append([str(r["seed"]), f"{f['before']:.3f}", f"{f['after']:.3f}",
+                     f"{gain_points(r):+.1f}", f"{f['best_val']:.3f} ({f['best_val_iter']})",
+                     *(fn(f) for _, fn in extra), wall])  # fmt: skip
+    header = ["seed", "before RL (after SFT)", "after RL (last)", "gain", "best-validation (iter)",
+              *(h for h, _ in extra), "wall s"]  # fmt: skip
+    return [*table(header, "r" * len(header), rows), "", mean_gain_line(rs)]
+
+
+def quickstart_seeds() -> list[str]:
+    return seed_table("quickstart.jsonl", "quickstart_seeds")
+
+
+def engine_quickstart_seeds() -> list[str]:
+    return seed_table("rollout_engine.jsonl", "engine_quickstart_seeds")
+
+
+def harness_quickstart_seeds() -> list[str]:
+    return seed_table(
+        "serve.jsonl",
+        "harness_quickstart_seeds",
+        [
+            ("env errors (train episodes)", lambda f: f"{f['train_env_errors']} ({f['train_episodes']:,})"),
+            ("median s / iteration (generate)", lambda f: f"{f['median_iteration_s']} ({f['median_generate_s']})"),
+        ],
+    )  # fmt: skip
+
+
+def dqn_recipes() -> list[str]:
+    rows = []
+    for r in table_records("dqn_dialogue.jsonl", "dqn_recipes"):
+        f = r["figures"]
+        per = f["dqn_return_per_seed"]
+        m, ci = interval(per)
+        rows.append([r["label"], str(len(per)), f"{m:.3f} [{m - ci:.3f}, {m + ci:.3f}]",
+                     f"{min(per):.3f}", f"{f['dqn_success']:.3f}",
+                     " / ".join(f"{v:.3f}" for v in per), f"{f['wall_s']:,}",
+                     f"`{r['command']}`"])  # fmt: skip
+    return table(["config", "seeds", "DQN return [95% t]", "worst seed", "DQN success",
+                  "per seed", "wall s", "command"], "lrlrrlrl", rows)  # fmt: skip
+
+
+def dqn_select() -> list[str]:
+    """Validation per candidate (mean [95% t] over the seeds every candidate has), the
+    selected one, and its held-out cells."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from dqn_select import CANDIDATES, selected
+
+    rs = read_records("dqn_select.jsonl")
+    val = [r for r in rs if r["stage"] == "val"]
+    if not val:
+        return ["(no records yet)"]
+    common = set.intersection(
+        *({r["seed"] for r in val if r["candidate"] == n} for n in CANDIDATES)
+    )
+    pick = selected(rs)
+    rows = []
+    for n in CANDIDATES:
+        cells = sorted((r for r in val if r["candidate"] == n and r["seed"] in common),
+                       key=lambda r: r["seed"])  # fmt: skip
+        per = [r["dqn_return"] for r in cells]
+        m, ci = interval(per)
+        succ = sum(r["dqn_success"] for r in cells) / len(cells)
+        rows.append([f"**{n}** (selected)" if n == pick else n, str(len(per)),
+                     f"{m:.3f} [{m - ci:.3f}, {m + ci:.3f}]", f"{min(per):.3f}", f"{succ:.3f}",
+                     " / ".join(f"{v:.3f}" for v in per), f"{cells[0]['rule_return']:.4f}",
+                     " ".join(cells[0]["overrides"]) or "(none)"])  # fmt: skip
+    out = table(["candidate", "seeds", "validation return [95% t]", "worst seed", "success",
+                 "per seed", "rule policy", "overrides of configs/dqn_dialogue.yaml"],
+                "lrlrrlrl", rows)  # fmt: skip
+    ho = sorted((r for r in rs if r["stage"] == "heldout"), key=lambda r: r["seed"])
+    out.append("")
+    if ho:
+        per = [r["dqn_return"] for r in ho]
+        m, ci = interval(per)
+        above = sum(v > ho[0]["rule_return"] for v in per)
+        out.append(
+            f"Held-out, once, for the selected `{ho[0]['candidate']}` (whole training split, "
+            f"{len(per)} seeds): **{m:.3f} [{m - ci:.3f}, {m + ci:.3f}]** against the rule "
+            f"policy's {ho[0]['rule_return']:.4f}; worst seed {min(per):.3f}, {above} of "
+            f"{len(per)} seeds above the rule policy; per seed "
+            + " / ".join(f"{v:.3f}" for v in per)
+            + "."
+        )
+    else:
+        out.append(f"Selected on validation: `{pick}`; its held-out cells are not measured yet.")
+    machines = sorted({r["machine"]["cpu"] for r in rs})
+    commits = sorted({r["commit"] for r in rs})
+    out.append(f"Machine: {'; '.join(machines)}; commit(s) {', '.join(commits)}.")
+    return out
+
+
+def async_speedup_quiet() -> list[str]:
+    rows = []
+    for r in table_records("async_training.jsonl", "async_speedup_quiet"):
+        f, x = r["figures"], r["figures"]["ratio"]
+        rows.append([f["profile"], f"{f['sync_s']:.2f} s (collect {f['collect_s']:.2f}, update {f['update_s']:.2f})",
+                     *(f"{x[k]:.2f}x" for k in ("async_k1", "async_k2", "disagg_k1", "disagg_k2", "ceiling"))])  # fmt: skip
+    return table(["profile", "sync (anchor)", "async k=1", "async k=2", "disaggregated k=1",
+                  "disaggregated k=2", '"ceiling"'], "lllllll", rows)  # fmt: skip
+
+
+def async_lanes() -> list[str]:
+    rows = []
+    for r in read_records("async_training.jsonl"):
+        if r.get("table") != "async_lanes":
+            continue
+        f, x = r["figures"], r["figures"]["ratio"]
+        rows.append([f"`{r['command']}`", f"{f['sync_s']:.2f} s", f"{x['async_k1']:.2f}x",
+                     f"**{x['async_k1_lanes2']:.2f}x**",
+                     f"{x['ceiling']:.2f}x / {x['ceiling_lanes2']:.2f}x"])  # fmt: skip
+    return table(["command", "sync (anchor)", "async k = 1, one lane", "async k = 1, two lanes",
+                  "ceiling one lane / two lanes"], "lllll", rows)  # fmt: skip
+
+
+def async_speedup_full() -> list[str]:
+    rows = []
+    for r in table_records("async_training.jsonl", "async_speedup_full"):
+        f, x = r["figures"], r["figures"]["ratio"]
+        rows.append([f["profile"], f"{f['sync_s']:.2f} s (collect {f['collect_s']:.2f}, update {f['update_s']:.2f})",
+                     *(f"{x[k]:.2f}x" for k in ("async_k1", "async_k1_lanes2", "async_k2", "disagg_k1", "disagg_k2")),
+                     f"{x['ceiling']:.2f}x / {x['ceiling_lanes2']:.2f}x"])  # fmt: skip
+    return table(["profile", "sync (anchor)", "async k=1", "async k=1, 2 lanes", "async k=2",
+                  "disaggregated k=1", "disaggregated k=2", "ceiling (1 lane / 2 lanes)"],
+                 "llllllll", rows)  # fmt: skip
+
+
+def async_learning() -> list[str]:
+    def slash(values, fmt="{:.3f}"):
+        return " / ".join(fmt.format(v) for v in values)
+
+    sync = table_records("quickstart.jsonl", "quickstart_seeds")
+    m, ci = interval([gain_points(r) for r in sync])
+    rows = [["synchronous, 3 seeds ([quickstart.md](quickstart.md))",
+             "`jaxagent train configs/quickstart.yaml train.seed=S`",
+             slash(r["figures"]["before"] for r in sync), slash(r["figures"]["after"] for r in sync),
+             f"{m:+.1f} ± {ci:.1f} (95%)", "float rounding only (fp32)", "—"]]  # fmt: skip
+    recs = [r for r in read_records("async_training.jsonl") if r.get("table") == "async_learning"]
+    for run in dict.fromkeys(r["run"] for r in recs):
+        rs = sorted((r for r in recs if r["run"] == run), key=lambda r: r["seed"])
+        gains = [gain_points(r) for r in rs]
+        m, ci = interval(gains)
+        mism = [r["figures"].get("mismatch_mean_abs_median") for r in rs]
+        mism_s = (slash(mism) if all(v is not None for v in mism)
+                  else f"{mism[0]} (seed 0)")  # fmt: skip
+        weights = [r["figures"].get("offpolicy_weight_mean") for r in rs]
+        extra = rs[0]["command"].split("quickstart.yaml ", 1)[1].rsplit(" train.seed", 1)[0]
+        rows.append([f"{run}, seeds {' / '.join(str(r['seed']) for r in rs)}",
+                     f"`... {extra} train.seed=S`",
+                     slash(r["figures"]["before"] for r in rs),
+                     slash(r["figures"]["after"] for r in rs),
+                     f"**{m:+.1f} ± {ci:.1f}** (95%; {slash(gains, '{:+.1f}')})", mism_s,
+                     slash(weights) if all(w is not None for w in weights) else "—"])  # fmt: skip
+    return table(["run", "command", "before", "after", "gain", "median `mismatch/mean_abs`",
+                  "`offpolicy/weight_mean`"], "lllllll", rows)  # fmt: skip
+
+
+def web_rl_5seeds() -> list[str]:
+    """configs.jsonl's web_quickstart runs joined with their SFT figures (web.jsonl)."""
+    sft = {r["seed"]: r["figures"] for r in table_records("web.jsonl", "web_rl_5seeds_sft")}
+    rs = sorted((r for r in read_records("configs.jsonl") if r["config"] == "web_quickstart"),
+                key=lambda r: r["seed"])  # fmt: skip
+    rows, gains = [], []
+    for r in rs:
+        s, f = r["summary"], sft[r["seed"]]
+        gain = (s["success_after_rl"] - s["success_before_rl"]) * 100
+        gains.append(gain)
+        val = " / ".join(f"{v:.2f}" for _, v in r["curves"]["val"])
+        rows.append([str(r["seed"]), f"{f['sft_loss']:.3f}", str(f["sft_s"]),
+                     f"{s['success_before_rl']:.2f}", f"{s['success_after_rl']:.2f}",
+                     f"{rint(gain):+d}", val, str(rint(s["wall_s"]))])  # fmt: skip
+    m, ci = interval(gains)
+    return [
+        *table(
+            [
+                "seed",
+                "SFT loss",
+                "SFT s",
+                "before RL",
+                "after RL",
+                "gain",
+                "validation 0 / 10 / 20 / 30 / 32",
+                "wall s",
+            ],
+            "rrrrrrlr",
+            rows,
+        ),  # fmt: skip
+        "",
+        f"Mean gain **{m:+.1f} points (95% t ± {ci:.1f})** over {len(rs)} seeds, every seed "
+        f"{min(gains):+.0f} to {max(gains):+.0f}.",
+    ]
+
+
+def web_sft_starts() -> list[str]:
+    rs = table_records("web.jsonl", "web_sft_starts")
+    by = {(r["seed"], r["figures"]["microbatch_size"]): r["figures"]["start"] for r in rs}
+    rows = [[str(s), f"{by[s, 2]:.2f}", f"{by[s, 4]:.2f}"] for s in sorted({k[0] for k in by})]
+    return table(["seed", "start, microbatch 2 (shipped)", "start, microbatch 4"], "rrr", rows)
+
+
+def web_sft_select() -> list[str]:
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from web_sft_select import CANDIDATES, selected
+
+    rs = read_records("web_sft_select.jsonl")
+    if not rs:
+        return ["(no records yet)"]
+    seeds = sorted(
+        set.intersection(
+            *({r["seed"] for r in rs if r["learning_rate"] == lr} for lr in CANDIDATES)
+        )
+    )
+    if not seeds:
+        return ["(no seed has every candidate yet)"]
+    pick = selected(rs)
+    rows = []
+    for lr in CANDIDATES:
+        cells = {r["seed"]: r for r in rs if r["learning_rate"] == lr}
+        vals = [cells[s]["val_success"] for s in seeds]
+        m, _ = interval(vals)
+        held = (" / ".join(f"{cells[s]['heldout_success']:.2f}" for s in seeds)
+                if lr == pick else "(not read)")  # fmt: skip
+        rows.append([f"**{lr:g}** (selected)" if lr == pick else f"{lr:g}",
+                     " / ".join(f"{v:.2f}" for v in vals), f"{m:.3f}", held])  # fmt: skip
+    out = table(["sft.learning_rate", f"validation start, seeds {' / '.join(map(str, seeds))}",
+                 "mean", "held-out start (selected rate only)"], "lllr", rows)  # fmt: skip
+    machines = sorted({r["machine"]["cpu"] for r in rs})
+    out += [
+        "",
+        f"Machine: {'; '.join(machines)}; commit(s) {', '.join(sorted({r['commit'] for r in rs}))}.",
+    ]
+    return out
+
+
+TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
+    "quickstart_seeds_wave0": ("quickstart.md", quickstart_seeds_wave0),
+    "quickstart_seeds": ("quickstart.md", quickstart_seeds),
+    "engine_quickstart_seeds": ("rollout_engine.md", engine_quickstart_seeds),
+    "harness_quickstart_seeds": ("serve.md", harness_quickstart_seeds),
+    "dqn_recipes": ("dqn_dialogue.md", dqn_recipes),
+    "async_speedup_quiet": ("async_training.md", async_speedup_quiet),
+    "async_lanes": ("async_training.md", async_lanes),
+    "async_speedup_full": ("async_training.md", async_speedup_full),
+    "async_learning": ("async_training.md", async_learning),
+    "web_rl_5seeds": ("web.md", web_rl_5seeds),
+    "web_sft_starts": ("web.md", web_sft_starts),
+}
+
+
+# ----------------------------------------------------------------------------- pages
+
+
+def render_page(text: str) -> tuple[str, list[str]]:
+    """The page with every table block regenerated; and the names of unknown blocks."""
+    unknown = []
+
+    def sub(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in TABLES:
+            unknown.append(name)
+            return m.group(0)
+        return m.group(1) + "\n".join(TABLES[name][1]()) + "\n" + m.group(4)
+
+    return BLOCK.sub(sub, text), unknown
+
+
+def blocks(text: str) -> dict[str, str]:
+    return {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
+
+
+def check() -> list[str]:
+    """Problems: a table whose page lacks its block, an unknown block, a block that differs."""
+    problems = []
+    for page in sorted({p for p, _ in TABLES.values()}):
+        text = (RESULTS / page).read_text()
+        have = blocks(text)
+        for name, (p, render) in TABLES.items():
+            if p != page:
+                continue
+            if name not in have:
+                problems.append(f"{page}: no <!-- table:{name} --> block")
+            elif have[name] != "\n".join(render()) + "\n":
+                problems.append(f"{page}: table {name} differs from its records")
+        problems += [f"{page}: unknown table {n}" for n in have if n not in TABLES]
+    return problems
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="compare only; exit 1 on a difference")
+    args = p.parse_args(argv)
+    if args.check:
+        problems = check()
+        for line in problems:
+            print(line)
+        return 1 if problems else 0
+    for page in sorted({p for p, _ in TABLES.values()}):
+        path = RESULTS / page
+        text, unknown = render_page(path.read_text())
+        if unknown:
+            print(f"{page}: unknown tables {unknown}", file=sys.stderr)
+            return 2
+        path.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
