@@ -143,6 +143,59 @@ def harness_quickstart_seeds() -> list[str]:
     )  # fmt: skip
 
 
+def plain_seed_table(
+    name: str, table_name: str, extra: Sequence[tuple[str, Callable]] = ()
+) -> list:
+    """seed | before | after | gain | extra... | wall s, and the mean gain."""
+    rs = table_records(name, table_name)
+    rows = [[str(r["seed"]), f"{r['figures']['before']:.3f}", f"{r['figures']['after']:.3f}",
+             f"{gain_points(r):+.1f}", *(fn(r["figures"]) for _, fn in extra),
+             f"{r['figures']['wall_s']:,}"] for r in rs]  # fmt: skip
+    header = ["seed", "before RL", "after RL", "gain", *(h for h, _ in extra), "wall s"]
+    return [*table(header, "r" * len(header), rows), "", mean_gain_line(rs)]
+
+
+def quickstart_chatml_seeds() -> list[str]:
+    return plain_seed_table("quickstart_chatml.jsonl", "quickstart_chatml_seeds")
+
+
+def grpo_math_seeds() -> list[str]:
+    return plain_seed_table("math.jsonl", "grpo_math_seeds")
+
+
+def robot_loop_seeds() -> list[str]:
+    val = ("validation before -> after", lambda f: f"{f['val_before']:.2f} -> {f['val_after']:.2f}")
+    return plain_seed_table("robot.jsonl", "robot_loop_seeds", [val])
+
+
+def halfcheetah_ppo_seeds() -> list[str]:
+    rs = table_records("robot.jsonl", "halfcheetah_ppo_seeds")
+    rows = []
+    for r in rs:
+        f = r["figures"]
+        last10 = f"{f['train_return_last10']:,}" if "train_return_last10" in f else "—"
+        rows.append([str(r["seed"]), f"{f['return_mean']:,.1f}", last10, str(f["wall_s"]),
+                     f"{f['env_steps_per_s']:,}", f["load"]])  # fmt: skip
+    returns = [r["figures"]["return_mean"] for r in rs]
+    return [
+        *table(
+            [
+                "seed",
+                "return, 10 evaluation episodes",
+                "training episodes, last 10",
+                "wall s",
+                "env steps/s",
+                "load average",
+            ],
+            "rrrrrr",
+            rows,
+        ),  # fmt: skip
+        "",
+        f"Mean return **{sum(returns) / len(returns):,.1f}** over {len(rs)} seeds, lowest "
+        f"{min(returns):,.1f} (target 1,500).",
+    ]
+
+
 def dqn_recipes() -> list[str]:
     rows = []
     for r in table_records("dqn_dialogue.jsonl", "dqn_recipes"):
@@ -354,6 +407,10 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "quickstart_seeds": ("quickstart.md", quickstart_seeds),
     "engine_quickstart_seeds": ("rollout_engine.md", engine_quickstart_seeds),
     "harness_quickstart_seeds": ("serve.md", harness_quickstart_seeds),
+    "quickstart_chatml_seeds": ("quickstart_chatml.md", quickstart_chatml_seeds),
+    "grpo_math_seeds": ("math.md", grpo_math_seeds),
+    "robot_loop_seeds": ("robot.md", robot_loop_seeds),
+    "halfcheetah_ppo_seeds": ("robot.md", halfcheetah_ppo_seeds),
     "dqn_recipes": ("dqn_dialogue.md", dqn_recipes),
     "async_speedup_quiet": ("async_training.md", async_speedup_quiet),
     "async_lanes": ("async_training.md", async_lanes),
