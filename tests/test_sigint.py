@@ -8,6 +8,7 @@ has its server's and the harness's threads too. The real ``jaxagent`` command ru
 goes to its process group as a terminal sends it, once the RL loop has started.
 """
 
+import json
 import os
 import re
 import signal
@@ -129,3 +130,70 @@ def test_ctrl_c_exits_130_with_one_line_and_resumes(mode, compile_cache, tmp_pat
     done = subprocess.run(again, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"[resume] from checkpoint {step}" in done.stdout, done.stdout[-2000:]
+
+
+def test_serve_ctrl_c_exits_130_with_one_line_and_the_episodes_kept(tmp_path):
+    """``jaxagent serve --episodes FILE``, Ctrl-C after two sessions ended and one left open:
+    status 130, one line naming what was kept (uvicorn's shutdown lines quiet), and both
+    ended sessions' episodes in the file, whole."""
+    import openai
+
+    try:  # the HTTP client the openai package depends on (httpx2 in its recent releases)
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover
+        import httpx
+
+    from jaxagent.serve.server import free_port
+
+    port, out = free_port(), tmp_path / "episodes.jsonl"
+    cmd = [*JAXAGENT, "serve", QS, *TINY[:6], "--slots", "2", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, "--episodes", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
+    )
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # up once the policy's programs compiled
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(err)[-3000:]
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        for sid in ("a", "b", "open"):
+            client.chat.completions.create(
+                model="quickstart",
+                messages=[{"role": "user", "content": "look at the box"}],
+                max_tokens=4,
+                extra_headers={"X-Session-Id": sid},
+            )
+            if sid != "open":
+                r = httpx.post(f"{url}/sessions/{sid}/reward", json={"reward": 1.0})
+                assert r.status_code == 200, r.text
+        time.sleep(0.3)  # the start-up lines are read
+        before = len(err)
+        os.killpg(proc.pid, signal.SIGINT)
+        status = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(10)
+    after = [line.strip() for line in err[before:] if line.strip()]
+    assert status == 130, f"status {status}\n{''.join(err)[-3000:]}"
+    assert after == [
+        f"jaxagent serve: interrupted; the episodes of 2 ended sessions are in {out}; "
+        "1 open session never ended (not kept)"
+    ], err
+    episodes = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [e["session"] for e in episodes] == ["a", "b"]
+    assert all(e["reward"] == 1.0 and sum(e["loss_mask"]) > 0 for e in episodes)

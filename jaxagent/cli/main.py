@@ -264,10 +264,30 @@ def _cmd_serve(args) -> int:
     )
     try:
         serve(state, args.host, args.port)
+    except KeyboardInterrupt:
+        _CTRL_C.caught()
+        raise Interrupted(_serve_kept(state.store, episodes)) from None
     finally:
         if state.store.out is not None:
-            state.store.out.close()
+            state.store.out.close()  # every line is flushed as written: nothing is lost
     return 0
+
+
+def _serve_kept(store, episodes: str) -> str:
+    """What an interrupted server kept: the ended sessions' episodes (in the file, when
+    there is one) and the open sessions that were never ended (their turns are dropped)."""
+    n, left = store.ended_total, len(store.sessions)
+    if episodes:
+        kept = f"the episodes of {_count(n, 'ended session')} are in {episodes}"
+    else:
+        kept = f"{_count(n, 'session')} ended; no episodes written (--episodes FILE keeps them)"
+    if left:
+        kept += f"; {_count(left, 'open session')} never ended (not kept)"
+    return f"interrupted; {kept}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _cmd_check(args) -> int:

@@ -122,11 +122,27 @@ class ServerThread:
 
 
 def serve(state: ServerState, host: str, port: int) -> None:
-    """Serve in the foreground until interrupted."""
+    """Serve in the foreground until interrupted. Ctrl-C (SIGINT) or SIGTERM stops taking
+    connections, lets the requests under way finish (a second Ctrl-C cuts them off) and then
+    raises the signal again, as uvicorn's own ``Server`` does: SIGINT reaches the caller as
+    ``KeyboardInterrupt`` (``jaxagent serve`` exits 130 with one line; ``uvicorn.run`` would
+    swallow it and return as if the server had ended normally)."""
+    import logging
+
     import uvicorn
 
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # uvicorn's shutdown lines ("Shutting down", "Finished server process") would
+            # bury the one line the command prints about what was kept
+            logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+            super().handle_exit(sig, frame)
+
     state.backend.wait_ready()
+    config = uvicorn.Config(
+        create_app(state), host=host, port=port, log_level="info", lifespan="off"
+    )
     try:
-        uvicorn.run(create_app(state), host=host, port=port, log_level="info", lifespan="off")
+        _Server(config).run()
     finally:
         state.backend.close()
