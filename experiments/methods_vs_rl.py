@@ -167,6 +167,27 @@ def arm_row(name: str, out: Path) -> dict:
     return row
 
 
+def table_lines(rows: list[dict]) -> list[str]:
+    """The arms' table (``scripts/results_tables.py`` renders it from methods_vs_rl.json)."""
+    lines = [
+        "| arm | held-out success [95% CI] | avg steps | tokens / episode | generated / "
+        "episode | cost / 1k episodes (USD) | eval wall (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "success" not in r:
+            why = r.get("skipped") or f"failed (exit {r.get('rc')}): {r.get('error', '?')}"
+            lines.append(f"| {r['label']} | not run: {why} | | | | | |")
+            continue
+        lines.append(
+            f"| {r['label']} | {r['success']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | "
+            f"{r['avg_steps']:.2f} | {r['tokens_per_episode']:.0f} | "
+            f"{r['generated_per_episode']:.0f} | {1000 * r['cost_usd_per_episode']:.4f} | "
+            f"{r.get('seconds', float('nan')):.0f} |"
+        )
+    return lines
+
+
 def markdown(rows: list[dict], args, wall_s: float, reading: str) -> str:
     m = C.machine()
     lines = [
@@ -184,21 +205,10 @@ def markdown(rows: list[dict], args, wall_s: float, reading: str) -> str:
         "environment steps are in each episode's `info['method']['env_steps']`, which "
         "`eval.json` does not aggregate); their extra interactions show in the tokens column.",
         "",
-        "| arm | held-out success [95% CI] | avg steps | tokens / episode | generated / "
-        "episode | cost / 1k episodes (USD) | eval wall (s) |",
-        "|---|---|---|---|---|---|---|",
+        "<!-- table:methods_vs_rl -->",
+        *table_lines(rows),
+        "<!-- /table -->",
     ]
-    for r in rows:
-        if "success" not in r:
-            why = r.get("skipped") or f"failed (exit {r.get('rc')}): {r.get('error', '?')}"
-            lines.append(f"| {r['label']} | not run: {why} | | | | | |")
-            continue
-        lines.append(
-            f"| {r['label']} | {r['success']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | "
-            f"{r['avg_steps']:.2f} | {r['tokens_per_episode']:.0f} | "
-            f"{r['generated_per_episode']:.0f} | {1000 * r['cost_usd_per_episode']:.4f} | "
-            f"{r.get('seconds', float('nan')):.0f} |"
-        )
     lines += [
         "",
         "![success and tokens per arm](methods_vs_rl.png)",

@@ -402,7 +402,41 @@ def web_sft_select() -> list[str]:
     return out
 
 
+def methods_vs_rl() -> list[str]:
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from methods_vs_rl import table_lines
+
+    return table_lines(json.loads((RESULTS / "methods_vs_rl.json").read_text()))
+
+
+def configs_page() -> str:
+    """configs.md, written whole by ``experiments/config_seeds.py --report``."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import cells
+    from config_seeds import markdown
+
+    return markdown(cells.read_cells(RESULTS / "configs.jsonl"))
+
+
+def loop_ablation_page() -> str:
+    """loop_ablation.md, written whole by ``experiments/loop_ablation.py --report``."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import cells
+    import loop_ablation as la
+
+    records = cells.read_cells(RESULTS / "loop_ablation.jsonl")
+    worlds = [w for w in la.WORLDS if any(r["world"] == w for r in records)]
+    return la.markdown({w: la.summarise_world(records, w) for w in worlds}, records)
+
+
+# Pages an experiment runner writes whole from its records.
+PAGES: dict[str, Callable[[], str]] = {
+    "configs.md": configs_page,
+    "loop_ablation.md": loop_ablation_page,
+}
+
 TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
+    "methods_vs_rl": ("methods_vs_rl.md", methods_vs_rl),
     "quickstart_seeds_wave0": ("quickstart.md", quickstart_seeds_wave0),
     "quickstart_seeds": ("quickstart.md", quickstart_seeds),
     "engine_quickstart_seeds": ("rollout_engine.md", engine_quickstart_seeds),
@@ -456,6 +490,9 @@ def check() -> list[str]:
             elif have[name] != "\n".join(render()) + "\n":
                 problems.append(f"{page}: table {name} differs from its records")
         problems += [f"{page}: unknown table {n}" for n in have if n not in TABLES]
+    for page, render in PAGES.items():
+        if (RESULTS / page).read_text() != render():
+            problems.append(f"{page} differs from its records (its runner's --report)")
     return problems
 
 
@@ -475,6 +512,8 @@ def main(argv=None) -> int:
             print(f"{page}: unknown tables {unknown}", file=sys.stderr)
             return 2
         path.write_text(text)
+    for page, render in PAGES.items():
+        (RESULTS / page).write_text(render())
     return 0
 
 

@@ -78,3 +78,14 @@ def test_tabled_records_carry_command_commit_machine_and_seed(name):
         assert r["command"] and r["machine"]
         if "recovered_from" in r:  # reconstructed from a published page, not re-run
             assert re.fullmatch(r"[\w./-]+\.(md|jsonl)@[0-9a-f]{7,40}", r["recovered_from"])
+
+
+def test_a_page_written_whole_by_its_runner_is_checked_too(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "docs" / "results", results)
+    monkeypatch.setattr(T, "RESULTS", results)
+    page = results / "configs.md"
+    text = page.read_text()
+    assert "+26.0 ± 16.5" in text
+    page.write_text(text.replace("+26.0 ± 16.5", "+27.0 ± 16.5"))
+    assert T.check() == ["configs.md differs from its records (its runner's --report)"]
