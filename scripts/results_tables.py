@@ -196,6 +196,59 @@ def halfcheetah_ppo_seeds() -> list[str]:
     ]
 
 
+def web_health() -> list[str]:
+    mw = table_records("web.jsonl", "web_health_miniwob")[0]["figures"]
+    sites = table_records("web.jsonl", "web_health_sites")
+    rows = [[f"`jaxagent check miniwob num_test={mw['tasks_per_solver']}`",
+             f"{mw['solvers']} solvers {mw['solved_per_solver']}/{mw['tasks_per_solver']} "
+             f"({mw['episodes']} episodes, {mw['env_errors']} env errors, "
+             f"{mw['browser_restarts']} browser restarts)",
+             f"{mw['episodes_per_s']} episodes/s, {mw['env_steps_per_s']} env steps/s through "
+             f"{mw['browsers']} browsers; a browser step p50 {mw['step_p50_ms']} ms, p95 "
+             f"{mw['step_p95_ms']} ms"]]  # fmt: skip
+    for r in sites:
+        f = r["figures"]
+        rows.append([f"`{r['command']}`", f"expert {f['expert']:.3f}, random {f['random']:.3f}",
+                     f"no-scroll oracle {f['no_scroll']:.3f} under its bound 1 - "
+                     f"{f['off_viewport_frac']:.3f} (tasks whose target is off-viewport at reset)"])  # fmt: skip
+    return table(["command", "success", "other figures"], "lll", rows)
+
+
+def soak_default() -> list[str]:
+    rows = []
+    for r in sorted(table_records("pool_and_faults.jsonl", "soak_default"), key=lambda r: r["run"]):
+        f = r["figures"]
+        assert (
+            f["episodes_in"] == f["episodes_out"] and f["faults_injected"] == f["faults_recovered"]
+        )
+        rows.append([str(r["run"]), str(f["iterations"]), f"{f['episodes_in']:,}",
+                     f"{f['faults_injected']:,}", str(f["skipped_updates"]),
+                     f"{f['rss_slope_mb_h']:+g} ± {f['rss_slope_ci_mb_h']:g} MB/h",
+                     f"{f['peak_slope_mb_h']:+g} ± {f['peak_slope_ci_mb_h']:g} MB/h"])  # fmt: skip
+    return table(["run", "iterations", "episodes in = out", "faults injected = recovered",
+                  "skipped updates", "RSS slope after the warm-up", "per-iteration peak slope"],
+                 "lllllll", rows)  # fmt: skip
+
+
+def dqn_shipped_summary() -> list[str]:
+    r = table_records("dqn_dialogue.jsonl", "dqn_recipes")[0]
+    f, per = r["figures"], r["figures"]["dqn_return_per_seed"]
+    m, ci = interval(per)
+    above = (
+        "every seed"
+        if min(per) > f["rule_return"]
+        else f"{sum(v > f['rule_return'] for v in per)} seeds"
+    )
+    return [
+        f"The shipped recipe (100k env steps, 4 updates a step, lr 5e-4, target copy every 1000, "
+        f"epsilon decay 30k), {len(per)} seeds on {r['machine']}, {f['wall_s']} s for all "
+        f"{len(per)}: DQN return {m:.3f}, 95% interval [{m - ci:.3f}, {m + ci:.3f}], {above} "
+        f"above the rule policy's {f['rule_return']} (worst {min(per):.3f}; success "
+        f"{f['dqn_success']:.3f}); the table of the three recipes over ten seeds each is in "
+        "[dqn_dialogue.md](dqn_dialogue.md)."
+    ]
+
+
 def dqn_recipes() -> list[str]:
     rows = []
     for r in table_records("dqn_dialogue.jsonl", "dqn_recipes"):
@@ -446,6 +499,9 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "robot_loop_seeds": ("robot.md", robot_loop_seeds),
     "halfcheetah_ppo_seeds": ("robot.md", halfcheetah_ppo_seeds),
     "dqn_recipes": ("dqn_dialogue.md", dqn_recipes),
+    "dqn_shipped_summary": ("dialogue.md", dqn_shipped_summary),
+    "web_health": ("web.md", web_health),
+    "soak_default": ("pool_and_faults.md", soak_default),
     "async_speedup_quiet": ("async_training.md", async_speedup_quiet),
     "async_lanes": ("async_training.md", async_lanes),
     "async_speedup_full": ("async_training.md", async_speedup_full),
