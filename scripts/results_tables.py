@@ -378,6 +378,47 @@ def async_learning() -> list[str]:
                   "`offpolicy/weight_mean`"], "lllllll", rows)  # fmt: skip
 
 
+def _partial(table_name: str, first: str) -> list[str]:
+    rs = [r for r in read_records("async_training.jsonl") if r.get("table") == table_name]
+    anchor = rs[0]["figures"]["s_per_iteration"]
+    rows = []
+    for r in rs:
+        f = r["figures"]
+        waited = "" if f["learner_waited_s"] is None else f"{f['learner_waited_s']:g} s"
+        stale = f"{f['mean_staleness']:.2f}" if f["mean_staleness"] else "0"
+        if 0 < f["mean_staleness"] < 1:
+            stale = f"**{stale}**"
+        rows.append([r["mode"], f"{f['s_per_iteration']:.2f}",
+                     f"{f['s_per_iteration'] / anchor:.2f}x", waited, stale])  # fmt: skip
+    return table([first, "s / iteration", "vs synchronous", "learner waited",
+                  "mean staleness of the trained tokens"], "lllll", rows)  # fmt: skip
+
+
+def async_partial_lockstep() -> list[str]:
+    return _partial("async_partial_lockstep", "mode")
+
+
+def async_partial_slots() -> list[str]:
+    return _partial("async_partial_slots", "mode (slot engine)")
+
+
+def async_k16() -> list[str]:
+    rows = []
+    for r in [r for r in read_records("async_training.jsonl") if r.get("table") == "async_k16"]:
+        f = r["figures"]
+        gain = f"**{gain_points(r):+.1f}**"
+        if "best_val" in f:
+            gain += f" (best validation {f['best_val']:.3f} at iteration {f['best_val_iter']})"
+        extra = r["command"].split("quickstart.yaml", 1)[1].strip()
+        mism = f.get("mismatch_note") or f"{f['mismatch_mean_abs_median']:.3f}"
+        rows.append([r["run"], f"`... {extra}`" if extra else f"`{r['command']}`",
+                     f"{f['before']:.3f}", f"{f['after']:.3f}", gain,
+                     " / ".join(f"{v:.2f}" for v in f.get("val_every_10", [])), mism,
+                     f"{f['offpolicy_weight_mean']:.3f}" if "offpolicy_weight_mean" in f else "—"])  # fmt: skip
+    return table(["run", "command", "before", "after", "gain", "validation every 10 iterations",
+                  "median `mismatch/mean_abs`", "`offpolicy/weight_mean`"], "llllllll", rows)  # fmt: skip
+
+
 def web_rl_5seeds() -> list[str]:
     """configs.jsonl's web_quickstart runs joined with their SFT figures (web.jsonl)."""
     sft = {r["seed"]: r["figures"] for r in table_records("web.jsonl", "web_rl_5seeds_sft")}
@@ -506,6 +547,9 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "async_lanes": ("async_training.md", async_lanes),
     "async_speedup_full": ("async_training.md", async_speedup_full),
     "async_learning": ("async_training.md", async_learning),
+    "async_partial_lockstep": ("async_training.md", async_partial_lockstep),
+    "async_partial_slots": ("async_training.md", async_partial_slots),
+    "async_k16": ("async_training.md", async_k16),
     "web_rl_5seeds": ("web.md", web_rl_5seeds),
     "web_sft_starts": ("web.md", web_sft_starts),
 }
