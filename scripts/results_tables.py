@@ -249,6 +249,25 @@ def dqn_shipped_summary() -> list[str]:
     ]
 
 
+def serve_throughput() -> list[str]:
+    rs = sorted(table_records("serve.jsonl", "serve_throughput"), key=lambda r: r["run"])
+    heads = [f"run {r['run']} ({r['machine'].split(', ')[-1]}"
+             + (f", {r['run_note']})" if r["run_note"] else ")") for r in rs]  # fmt: skip
+    f = [r["figures"] for r in rs]
+    rows = [
+        ["requests/s", *(f"{x['requests_per_s']}" for x in f)],
+        ["completion tokens/s", *(f"{x['completion_tokens_per_s']}" for x in f)],
+        ["latency p50 / p95", *(f"{x['latency_p50_s']:.2f} s / {x['latency_p95_s']:.2f} s" for x in f)],
+        ["KV reuse (context tokens already cached)",
+         *(f"{x['kv_reuse']:.2f} (own turns {x['kv_reuse_own_turns']:.2f})" for x in f)],
+        ["mean decode batch", *(f"{x['mean_decode_batch']} rows" for x in f)],
+        ["evictions, compiles in the timed pass", *(f"{x['evictions']}, {x['compiles_timed']}" for x in f)],
+        ["built-in driver (engine), same work", *(f"{x['driver_tokens_per_s']} tokens/s" for x in f)],
+        ["server / driver", *(f"{x['completion_tokens_per_s'] / x['driver_tokens_per_s']:.2f}" for x in f)],
+    ]  # fmt: skip
+    return table(["", *heads], "l" * (1 + len(rs)), rows)
+
+
 def dqn_recipes() -> list[str]:
     rows = []
     for r in table_records("dqn_dialogue.jsonl", "dqn_recipes"):
@@ -535,6 +554,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "quickstart_seeds": ("quickstart.md", quickstart_seeds),
     "engine_quickstart_seeds": ("rollout_engine.md", engine_quickstart_seeds),
     "harness_quickstart_seeds": ("serve.md", harness_quickstart_seeds),
+    "serve_throughput": ("serve.md", serve_throughput),
     "quickstart_chatml_seeds": ("quickstart_chatml.md", quickstart_chatml_seeds),
     "grpo_math_seeds": ("math.md", grpo_math_seeds),
     "robot_loop_seeds": ("robot.md", robot_loop_seeds),
