@@ -268,6 +268,19 @@ def serve_throughput() -> list[str]:
     return table(["", *heads], "l" * (1 + len(rs)), rows)
 
 
+def engine_web_seed0() -> list[str]:
+    rows = []
+    for r in [
+        r for r in read_records("rollout_engine.jsonl") if r.get("table") == "engine_web_seed0"
+    ]:
+        f = r["figures"]
+        best = f"{f['best_val']:.2f} ({f['best_val_iter']})" if "best_val" in f else ""
+        rows.append([r["run"], f"{f['before']:.2f}", f"{f['after']:.2f}", f"{rint(gain_points(r)):+d}",
+                     " / ".join(f"{v:.2f}" for v in f["val"]), best])  # fmt: skip
+    return table(["run", "before RL (after SFT)", "after RL (last)", "gain",
+                  "validation 0 / 10 / 20 / 30 / 32", "best-validation (iter)"], "lrrrlr", rows)  # fmt: skip
+
+
 def dqn_recipes() -> list[str]:
     rows = []
     for r in table_records("dqn_dialogue.jsonl", "dqn_recipes"):
@@ -553,6 +566,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "quickstart_seeds_wave0": ("quickstart.md", quickstart_seeds_wave0),
     "quickstart_seeds": ("quickstart.md", quickstart_seeds),
     "engine_quickstart_seeds": ("rollout_engine.md", engine_quickstart_seeds),
+    "engine_web_seed0": ("rollout_engine.md", engine_web_seed0),
     "harness_quickstart_seeds": ("serve.md", harness_quickstart_seeds),
     "serve_throughput": ("serve.md", serve_throughput),
     "quickstart_chatml_seeds": ("quickstart_chatml.md", quickstart_chatml_seeds),
