@@ -75,7 +75,7 @@ def test_train_dispatches_on_learner_and_refuses_an_unknown_one(tmp_path, capsys
         seen["args"] = (path, overrides)
         return {"return": 1.5}
 
-    monkeypatch.setitem(classic.LEARNERS, "fake", f"{__name__}:_FAKE")
+    monkeypatch.setitem(classic.LEARNERS, "fake", classic.LearnerSpec(f"{__name__}:_FAKE"))
     import sys
 
     monkeypatch.setattr(sys.modules[__name__], "_FAKE", fake, raising=False)
@@ -83,3 +83,15 @@ def test_train_dispatches_on_learner_and_refuses_an_unknown_one(tmp_path, capsys
     assert main(["train", str(cfg), "a.b=1"]) == 0
     assert seen["args"] == (str(cfg), ["a.b=1"])
     assert capsys.readouterr().out.strip().splitlines()[-1] == '{"return": 1.5}'
+
+
+def test_one_learner_table_names_trainer_evaluator_and_example(tmp_path, capsys):
+    """``LEARNERS`` holds each learner's trainer, evaluator and example config in one
+    ``LearnerSpec``: a learner without an evaluator is refused by ``jaxagent eval`` with the
+    ones that have one."""
+    assert all(spec.example.endswith(".yaml") for spec in classic.LEARNERS.values())
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("learner: dqn_dialogue\n")
+    assert main(["eval", str(cfg), "--checkpoint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no evaluator" in err[0] and "ppo_continuous" in err[0], err

@@ -1,15 +1,17 @@
 """``jaxagent train`` for non-LLM learners (``jaxagent/learners``): dispatch on the config's ``learner``.
 
 A YAML config whose top level has ``learner: NAME`` is not an LM config: ``jaxagent train``
-hands it to ``LEARNERS[NAME]``, a ``"module:function"`` whose function takes
-``(config_path, overrides)`` (the same ``key=value`` list as the LM trainer), loads and
-validates its own typed config (raising ``ConfigError`` with the field, the value and the
-fix), trains, writes its outputs (curves, summary, checkpoint) and returns the summary dict
-that the command prints as its last line (one JSON object).
+hands it to ``LEARNERS[NAME]`` (one ``LearnerSpec`` a learner: its trainer, its evaluator,
+an example config). The trainer, a ``"module:function"``, takes ``(config_path, overrides)``
+(the same ``key=value`` list as the LM trainer), loads and validates its own typed config
+(raising ``ConfigError`` with the field, the value and the fix), trains, writes its outputs
+(curves, summary, checkpoint) and returns the summary dict that the command prints as its
+last line (one JSON object).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,24 +21,32 @@ import yaml
 from jaxagent.errors import ConfigError
 from jaxagent.sections import load_typed
 
-# name -> "module:function"; the modules import JAX lazily through their own learner.
-LEARNERS: dict[str, str] = {
-    "dqn_dialogue": "jaxagent.learners.dqn_dialogue.train:train",
-    "ppo_continuous": "jaxagent.learners.ppo_continuous.train:train",
-}
+
+@dataclasses.dataclass(frozen=True)
+class LearnerSpec:
+    """One non-LLM learner: where its trainer (and evaluator) live, and a working config.
+
+    ``train``: ``"module:function"`` taking ``(config_path, overrides)`` and returning the
+    summary dict; ``evaluate``: ``"module:function"`` taking ``(config_path, checkpoint,
+    overrides)`` for ``jaxagent eval CONFIG --checkpoint DIR`` ("": none); ``example``: a
+    config named in the loader's messages. The modules import JAX lazily.
+    """
+
+    train: str
+    evaluate: str = ""
+    example: str = "configs/"
 
 
-# name -> "module:function" with (config_path, checkpoint, overrides) -> summary dict, for
-# `jaxagent eval CONFIG --checkpoint DIR` on a `learner:` config.
-EVALUATORS: dict[str, str] = {
-    "ppo_continuous": "jaxagent.learners.ppo_continuous.train:evaluate",
-}
-
-
-# A working config of each learner, named in the loader's messages.
-EXAMPLES: dict[str, str] = {
-    "dqn_dialogue": "configs/dqn_dialogue.yaml",
-    "ppo_continuous": "configs/ppo_halfcheetah.yaml",
+LEARNERS: dict[str, LearnerSpec] = {
+    "dqn_dialogue": LearnerSpec(
+        train="jaxagent.learners.dqn_dialogue.train:train",
+        example="configs/dqn_dialogue.yaml",
+    ),
+    "ppo_continuous": LearnerSpec(
+        train="jaxagent.learners.ppo_continuous.train:train",
+        evaluate="jaxagent.learners.ppo_continuous.train:evaluate",
+        example="configs/ppo_halfcheetah.yaml",
+    ),
 }
 
 
@@ -44,19 +54,21 @@ def run_evaluator(
     name: str, config_path: str, checkpoint: str, overrides: list[str]
 ) -> dict[str, Any]:
     """Evaluate a checkpoint of learner ``name``; raises ConfigError if it has no evaluator."""
-    if name not in EVALUATORS:
+    target = LEARNERS[name].evaluate
+    if not target:
         raise ConfigError(
             f"learner={name!r} has no evaluator for `jaxagent eval`; learners with one: "
-            f"{sorted(EVALUATORS)}"
+            f"{sorted(n for n, spec in LEARNERS.items() if spec.evaluate)}"
         )
-    return _resolve(EVALUATORS[name])(config_path, checkpoint, list(overrides))
+    return _resolve(target)(config_path, checkpoint, list(overrides))
 
 
-def register_learner(name: str, target: str) -> None:
-    """Add a learner (``target`` = ``"module:function"``) under ``name``."""
-    if ":" not in target:
-        raise ValueError(f"learner target {target!r} must be 'module:function'")
-    LEARNERS[name] = target
+def register_learner(name: str, spec: LearnerSpec) -> None:
+    """Add a learner under ``name``."""
+    for target in (spec.train, spec.evaluate):
+        if target and ":" not in target:
+            raise ValueError(f"learner target {target!r} must be 'module:function'")
+    LEARNERS[name] = spec
 
 
 def learner_of(config_path: str) -> str | None:
@@ -85,9 +97,13 @@ def _resolve(target: str) -> Callable[..., dict[str, Any]]:
     return getattr(importlib.import_module(module), attr)
 
 
+def _example(name: str) -> str:
+    return LEARNERS[name].example if name in LEARNERS else "configs/"
+
+
 def run_learner(name: str, config_path: str, overrides: list[str]) -> dict[str, Any]:
     """Train with learner ``name``; returns the summary it reports."""
-    summary = _resolve(LEARNERS[name])(config_path, list(overrides))
+    summary = _resolve(LEARNERS[name].train)(config_path, list(overrides))
     if not isinstance(summary, dict):
         raise TypeError(f"learner {name!r} returned {type(summary).__name__}, not a summary dict")
     return summary
@@ -109,7 +125,7 @@ def load_learner_config(
     An unknown key is refused with the keys allowed where it was written (``load_typed``).
     """
     try:
-        config = load_typed(schema, path, overrides, example=EXAMPLES.get(learner, "configs/"))
+        config = load_typed(schema, path, overrides, example=_example(learner))
     except ConfigError as err:
         raise ConfigError(f"{learner}: {err}") from None
     except ValueError as err:  # a section's own check that is not yet a ConfigError
