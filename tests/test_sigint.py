@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.util import find_spec
 
 import pytest
 
@@ -35,10 +36,12 @@ def compile_cache(tmp_path_factory):
     }
 
 
-def _interrupt_once_training(cmd, env, after_s: float):
+def _interrupt_once_training(cmd, env, after_s: float, group_s: float = 0.0):
     """Start ``cmd`` in its own process group with Ctrl-C delivered as a terminal does
     (Python's handler, even when this test runs in the background), send SIGINT ``after_s``
-    seconds after the first RL iteration began; (status, stdout, stderr)."""
+    seconds after the first RL iteration began; (status, stdout, stderr, the stderr lines
+    written after the signal). ``group_s``: wait that long for the whole process group (what
+    the command started: Ray's daemons) to be gone after the command ended, else fail."""
     proc = subprocess.Popen(
         cmd,
         env=env,
@@ -67,15 +70,40 @@ def _interrupt_once_training(cmd, env, after_s: float):
     try:
         assert started.wait(420), "".join(out)[-2000:] + "".join(err)[-2000:]
         time.sleep(after_s)
+        before = len(err)
         os.killpg(proc.pid, signal.SIGINT)
         status = proc.wait(180)
+        left = _group_left(proc.pid, group_s) if group_s else []
     finally:
-        if proc.poll() is None:
+        try:  # anything of the group still there (the command, what it started)
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except ProcessLookupError:
+            pass
+        proc.wait()
     for t in readers:
         t.join(10)
-    return status, "".join(out), "".join(err)
+    assert not left, f"still running after the command ended: {left}"
+    return status, "".join(out), "".join(err), [x for x in err[before:] if x.strip()]
+
+
+def _group_left(pgid: int, timeout_s: float) -> list[str]:
+    """The commands of the processes still in group ``pgid`` after ``timeout_s`` ([]: none)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        if time.monotonic() > deadline:
+            ps = subprocess.run(
+                ["ps", "-o", "pid=,stat=,args=", "-g", str(pgid)], capture_output=True, text=True
+            )
+            # zombies (stat Z) are gone, only not yet reaped by their new parent
+            left = [x for x in ps.stdout.splitlines() if x.split()[1:2] != ["Z"]]
+            if not left:
+                return []
+            return left
+        time.sleep(0.2)
 
 
 def _settings(run, *extra):
@@ -109,7 +137,7 @@ def test_ctrl_c_exits_130_with_one_line_and_resumes(mode, compile_cache, tmp_pat
     run = tmp_path / "run"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", **compile_cache}
     cmd = [*JAXAGENT, "train", QS, *_settings(run, *MODES[mode])]
-    status, out, err = _interrupt_once_training(cmd, env, after_s=3.0)
+    status, out, err, _ = _interrupt_once_training(cmd, env, after_s=3.0)
     assert status == 130, f"status {status}\n{err[-3000:]}"
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err[-3000:]
@@ -197,3 +225,31 @@ def test_serve_ctrl_c_exits_130_with_one_line_and_the_episodes_kept(tmp_path):
     episodes = [json.loads(line) for line in out.read_text().splitlines()]
     assert [e["session"] for e in episodes] == ["a", "b"]
     assert all(e["reward"] == 1.0 and sum(e["loss_mask"]) > 0 for e in episodes)
+
+
+@pytest.mark.slow  # ~40 s to the first iteration with Ray's start, ~40 s more for the resume
+@pytest.mark.skipif(find_spec("ray") is None, reason="the ray pool backend needs Ray installed")
+def test_ctrl_c_under_the_ray_backend_exits_130_stops_ray_and_resumes(compile_cache, tmp_path):
+    """The env pool in Ray actors on a local instance the run started itself: Ctrl-C exits
+    130 with the one line, nothing the run started (Ray's daemons and agents, its actors)
+    outlives it, and the same command resumes from the checkpoint."""
+    run = tmp_path / "run"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **compile_cache}
+    ray = ["env.pool.backend=ray", "env.pool.ray_address=local", "env.pool.num_envs=2"]
+    cmd = [*JAXAGENT, "train", QS, *_settings(run, *ray)]
+    status, _, err, after = _interrupt_once_training(cmd, env, after_s=3.0, group_s=15.0)
+    assert status == 130, f"status {status}\n{err[-3000:]}"
+    # Ray's start-up notes come before the signal; after it, the command's one line only
+    assert len(after) == 1, err[-3000:]
+    m = re.fullmatch(
+        r"jaxagent train: interrupted; (.*) resumes from checkpoint (\d+) when you run the "
+        r"same command again",
+        after[0].strip(),
+    )
+    assert m and m.group(1) == str(run), after
+    step = int(m.group(2))
+    again = [*JAXAGENT, "train", QS, *_settings(run, *ray)]
+    again[again.index("train.iterations=200")] = f"train.iterations={step + 1}"
+    done = subprocess.run(again, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"[resume] from checkpoint {step}" in done.stdout, done.stdout[-2000:]

@@ -453,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Interrupted) as err:
         _CTRL_C.caught()
         _quiet_shutdown()
+        _stop_ray()
         what = str(err) if isinstance(err, Interrupted) else "interrupted"
         print(_one_line(f"jaxagent {args.command}: {what}"), file=sys.stderr)
         _exit_now(130)
@@ -514,6 +515,17 @@ def _quiet_shutdown() -> None:
 
     threading.excepthook = lambda *_: None
     logging.getLogger("absl").setLevel(logging.CRITICAL)
+
+
+def _stop_ray() -> None:
+    """A run whose pool started its own Ray instance stops it: the ``os._exit`` below skips
+    Ray's exit hook, and the instance's agents would outlive the command."""
+    from jaxagent.pool.ray_backend import shutdown
+
+    try:
+        shutdown()
+    except Exception:  # noqa: BLE001 -- already half torn down by the signal: exit anyway
+        pass
 
 
 def _exit_now(status: int) -> None:

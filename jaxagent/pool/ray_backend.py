@@ -81,7 +81,26 @@ def connect(address: str):
     if not ray.is_initialized():
         # no dashboard: its web server costs seconds and memory that a pool does not use
         ray.init(address=address or None, include_dashboard=False)
+        _initialised.set()
     return ray
+
+
+_initialised = threading.Event()  # ``connect`` called ray.init in this process
+
+
+def shutdown() -> None:
+    """Leave the Ray that ``connect`` initialised in this process, stopping the local
+    instance it started (its daemons and agents, the env actors with them); nothing when
+    Ray was never initialised here. Ray does this itself at interpreter exit (an ``atexit``
+    hook); a command that ends with ``os._exit`` after Ctrl-C (``jaxagent.cli``) calls it
+    first, or the instance's agent processes outlive the run."""
+    if not _initialised.is_set():
+        return
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _initialised.clear()
 
 
 class _EnvActor:
