@@ -1,9 +1,10 @@
 """A request the served policy cannot honour is refused, never silently changed: a
 word-tokenizer policy (``configs/quickstart.yaml``'s kind) has no tool format, so OpenAI
 ``tools`` / ``tool_choice`` get one 400 that names the ChatML config instead of an answer with
-the tools left out of the prompt. A tool result after an assistant turn that made calls must
-name the call it answers (``tool_call_id``), as OpenAI requires. Through the real ``openai``
-client."""
+the tools left out of the prompt. A tool message answers a call, as OpenAI requires: it names
+the call (``tool_call_id``, one of the previous assistant message's call ids) and follows an
+assistant message with ``tool_calls``; an observation after a plain answer is a user
+message. Through the real ``openai`` client."""
 
 import openai
 import pytest
@@ -55,5 +56,35 @@ def test_a_tool_result_after_calls_needs_its_call_id(server):  # noqa: F811
     answered = {"role": "tool", "tool_call_id": "call_1", "content": "12"}
     r = _client(server).chat.completions.create(
         model="tiny", messages=[*history, answered], max_tokens=3
+    )
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_tool_message_answers_a_call_or_is_refused(server):  # noqa: F811
+    """After an answer without calls a tool message is refused (400, OpenAI's rule), with or
+    without an id; after calls, an id that is not one of theirs is refused too. The same
+    observation as a user message is served."""
+    plain = [*ASK, {"role": "assistant", "content": "one"}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "price", "arguments": "{}"}}
+    called = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    refused = [
+        (plain, {}, "missing_tool_call_id", "messages[3].tool_call_id"),
+        (plain, {"tool_call_id": "call_1"}, "invalid_tool_message", "messages[3].role"),
+        (called, {"tool_call_id": "call_9"}, "invalid_tool_call_id", "messages[3].tool_call_id"),
+    ]
+    for history, extra, code, param in refused:
+        with pytest.raises(openai.BadRequestError) as caught:
+            _client(server).chat.completions.create(
+                model="tiny",
+                messages=[*history, {"role": "tool", "content": "12", **extra}],
+                max_tokens=3,
+            )
+        err = caught.value.body
+        assert (err["code"], err["param"]) == (code, param), err
+        assert "\n" not in err["message"]
+        fix = "user message" if history is plain else "'call_1'"  # the way out, named
+        assert fix in err["message"], err
+    r = _client(server).chat.completions.create(
+        model="tiny", messages=[*plain, {"role": "user", "content": "12"}], max_tokens=3
     )
     assert r.choices[0].finish_reason in ("stop", "length")

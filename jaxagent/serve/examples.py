@@ -2,9 +2,11 @@
 
 ``world_harness(env_name, max_turns)`` builds ``harness(task, base_url, api_key) -> reward``
 for one of jaxagent's text worlds: the world's system prompt and first observation as the
-first messages, each answer as the world's action, each observation sent back as a ``tool``
-message, until the world ends the episode, ``max_turns`` answers, or the server refuses a
-context over the budget (``context_length_exceeded``: where the rollout driver truncates).
+first messages, each answer as the world's action, each observation sent back (after an
+answer with calls a ``tool`` message answering its call, else a ``user`` message: OpenAI's
+rule, which the server enforces), until the world ends the episode, ``max_turns`` answers,
+or the server refuses a context over the budget (``context_length_exceeded``: where the
+rollout driver truncates).
 
 - ``quickstart_harness``: the quickstart world (``configs/quickstart.yaml``'s 6 turns), the
   entry point ``jaxagent.serve.examples:quickstart_harness``; each answer's text is the action.
@@ -16,7 +18,9 @@ context over the budget (``context_length_exceeded``: where the rollout driver t
   step, and the step's results go back as one ``tool`` message (answering the first call's
   id): the world reports an answer's calls together, and this is the message the built-in
   driver renders for the same step. An answer without calls ends the user's request, and the
-  next request comes back the same way.
+  next request comes back as a ``user`` message (the built-in driver renders every
+  observation in the template's tool role, so over a ChatML template the two streams differ
+  there; over a word tokenizer both are user turns).
 
 Through ``collect_harness_episodes`` the quickstart loop gives exactly the built-in driver's
 episodes for the same key (``tests/test_serve.py``): the harness path trains on what the
@@ -100,15 +104,22 @@ def world_harness(
                         failure_mode=info.get("failure_mode"),
                         truncated=bool(info.get("truncated", False)),
                     )
-                tool = {"role": "tool", "content": cut(result.observation)}
-                if msg.tool_calls:
-                    tool["tool_call_id"] = msg.tool_calls[0].id
-                messages.append(tool)
+                messages.append(_observation(msg, cut(result.observation)))
             return _budget_spent(reward)
         finally:
             env.close()
 
     return harness
+
+
+def _observation(message, text: str) -> dict:
+    """The world's observation after ``message``, the OpenAI way: the result of its calls as
+    a ``tool`` message answering its first call (the world runs an answer's calls as one
+    step and reports them together: the one observation the driver renders), else the
+    world's next words to the model as a ``user`` message (a tool message answers a call)."""
+    if message.tool_calls:
+        return {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": text}
+    return {"role": "user", "content": text}
 
 
 def _budget_spent(reward: float) -> Outcome:

@@ -240,6 +240,44 @@ def normal_message(m: Any, i: int) -> dict:
     return out
 
 
+def _check_tool_results(raw: list, messages: Sequence[dict]) -> None:
+    """OpenAI's rules for a ``tool`` message (it answers 400 to each): it names the call it
+    answers (``tool_call_id``), it follows an assistant message with ``tool_calls`` (other
+    tool results between them), and its id is one of that message's call ids when they carry
+    ids. A world's observation after an answer without calls goes back as a ``user``
+    message."""
+    calls_at = None  # the index of the assistant message whose calls are being answered
+    for i, m in enumerate(messages):
+        if m["role"] != "tool":
+            calls_at = i if m["role"] == "assistant" and m.get("tool_calls") else None
+            continue
+        param = f"messages[{i}]"
+        if "tool_call_id" not in raw[i]:
+            raise bad(
+                f"{param} (tool) has no tool_call_id: a tool message names the call it "
+                "answers (the id of a call of the assistant message before it); after an "
+                "answer without calls, send the observation as a user message",
+                f"{param}.tool_call_id",
+                "missing_tool_call_id",
+            )
+        if calls_at is None:
+            raise bad(
+                f"{param} (tool) does not answer a tool call: a tool message must follow an "
+                "assistant message with tool_calls; send the world's observation after an "
+                "answer without calls as a user message",
+                f"{param}.role",
+                "invalid_tool_message",
+            )
+        ids = [c.get("id") for c in raw[calls_at]["tool_calls"] if isinstance(c, dict)]
+        if all(isinstance(x, str) for x in ids) and raw[i]["tool_call_id"] not in ids:
+            raise bad(
+                f"{param}.tool_call_id={raw[i]['tool_call_id']!r} is not the id of a call of "
+                f"messages[{calls_at}].tool_calls ({ids}); answer one of those calls",
+                f"{param}.tool_call_id",
+                "invalid_tool_call_id",
+            )
+
+
 def _tools(raw: Any) -> tuple[dict, ...] | None:
     if raw is None:
         return None
@@ -334,23 +372,7 @@ def parse_request(body: Any, max_new_tokens: int) -> ChatRequest:
     if not isinstance(msgs, list) or not msgs:
         raise bad("messages must be a non-empty list", "messages", "invalid_messages")
     messages = tuple(normal_message(m, i) for i, m in enumerate(msgs))
-    for i, m in enumerate(msgs):
-        # A tool result answers a call: after an assistant turn that made calls it must name
-        # the one it answers (OpenAI answers 400 without it). After a turn without calls the
-        # world's observation in the tool role (the driver's rendering) needs no id.
-        prev = messages[i - 1] if i else None
-        if (
-            m.get("role") == "tool"
-            and prev is not None
-            and prev.get("tool_calls")
-            and "tool_call_id" not in m
-        ):
-            raise bad(
-                f"messages[{i}] (tool) has no tool_call_id: a tool result after "
-                f"messages[{i - 1}]'s tool_calls must name the call it answers",
-                f"messages[{i}].tool_call_id",
-                "missing_tool_call_id",
-            )
+    _check_tool_results(msgs, messages)
     if all(m["role"] == "system" for m in messages):
         raise bad("messages hold no user turn", "messages", "invalid_messages")
     tools = _tools(body.get("tools"))
