@@ -629,12 +629,12 @@ def rollout_plan(args) -> dict:
         "programs": {},
     }
     programs = (
-        ("admit", sampler._admit, admit_args),
-        ("decode", sampler._decode, (None,)),
+        ("admit", sampler._admit, admit_args, sampler.admit_static(params)),
+        ("decode", sampler._decode, (None,), {}),
     )  # every slot
-    for name, fn, extra in programs:
+    for name, fn, extra, static in programs:
         t0 = time.perf_counter()
-        lowered = fn.lower(params, fused, state, *extra)
+        lowered = fn.lower(params, fused, state, *extra, **static)
         t1 = time.perf_counter()
         out["programs"][name] = _memory(lowered, hbm_gib) | {"lower_s": round(t1 - t0, 1)}
     out["peak_gib"] = {k: v["peak_gib_per_chip"] for k, v in out["programs"].items()}

@@ -155,7 +155,7 @@ class Sampler:
         self.prefilled_tokens = 0  # real tokens fed through prefills (host-side count)
         self._jit = jax.jit(
             self._generate,
-            static_argnames=("sampling", "capacity", "rows_sharding"),
+            static_argnames=("sampling", "capacity", "rows_sharding", "attention_sharding"),
             donate_argnames=("cache",),
         )
         self._prepare = jax.jit(self._fused_weights, static_argnames=("output_major",))
@@ -348,6 +348,7 @@ class Sampler:
             sampling=sampling,
             capacity=None if cache is not None else capacity,
             rows_sharding=rows_sh,
+            attention_sharding=attention_sharding(params, rows_sh),
         )
         return args, kwargs, int(segs.sum())
 
@@ -369,6 +370,7 @@ class Sampler:
         sampling,
         capacity,
         rows_sharding,
+        attention_sharding=None,
     ):
         self.num_compiles += 1
         cfg, n = self.config, sampling.max_new_tokens
@@ -389,7 +391,15 @@ class Sampler:
         # Decided on the sampled rows and chunk width, so sharing prompts keeps the kernels.
         width = min(t, sampling.prefill_chunk or t)
         chunk_fused = fused if b * width <= _DECODE_ROWS else None
-        h, cache = _prefill(model, tokens, segment_ids, cache, chunk_fused, sampling.prefill_chunk)
+        h, cache = _prefill(
+            model,
+            tokens,
+            segment_ids,
+            cache,
+            chunk_fused,
+            sampling.prefill_chunk,
+            attention_sharding,
+        )
         logits = model.logits(h, chunk_fused)  # [B, V]: last token only
         valid = segment_ids != 0
         if expand is not None:
@@ -494,9 +504,13 @@ def decode_step(model, fused, sampling, stop, s, u, window: int | None = None, t
     )
 
 
-def _prefill(model, tokens, segment_ids, cache, fused, chunk: int):
+def _prefill(model, tokens, segment_ids, cache, fused, chunk: int, attention_sharding=None):
     """Write ``tokens`` [B, T] into ``cache``; returns each row's last real token's hidden
     state [B, D] and the cache.
+
+    ``attention_sharding`` (static, ``attention_sharding``): the rows' sharding, whose mesh
+    a fused prefill kernel (cuDNN's, ``model.attention: cudnn|auto`` on a GPU) runs per
+    device on and whose platform "auto" picks by (``Transformer.hidden``).
 
     ``chunk`` > 0 and < T: ``T / chunk`` slices (T is a multiple of ``chunk``, see
     ``Sampler._inputs``), each run through ``Transformer.hidden``'s cache path, so a slice's
@@ -511,7 +525,9 @@ def _prefill(model, tokens, segment_ids, cache, fused, chunk: int):
     rows = jnp.arange(b)
     if not chunk or t <= chunk:
         positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
-        h, cache = model.hidden(tokens, positions, segment_ids, cache, fused)
+        h, cache = model.hidden(
+            tokens, positions, segment_ids, cache, fused, attention_sharding=attention_sharding
+        )
         return h[rows, last_index], cache
     tok_c = tokens.reshape(b, t // chunk, chunk)
     seg_c = segment_ids.reshape(b, t // chunk, chunk)
@@ -522,7 +538,9 @@ def _prefill(model, tokens, segment_ids, cache, fused, chunk: int):
         tok = jax.lax.dynamic_index_in_dim(tok_c, i, axis=1, keepdims=False)
         seg = jax.lax.dynamic_index_in_dim(seg_c, i, axis=1, keepdims=False)
         positions = cache.lengths[:, None] + jnp.maximum(jnp.cumsum(seg != 0, axis=1) - 1, 0)
-        h, cache = model.hidden(tok, positions, seg, cache, fused)
+        h, cache = model.hidden(
+            tok, positions, seg, cache, fused, attention_sharding=attention_sharding
+        )
         local = last_index - i * chunk
         here = (local >= 0) & (local < chunk)
         h_last = jnp.where(here[:, None], h[rows, jnp.clip(local, 0, chunk - 1)], h_last)
@@ -557,6 +575,19 @@ def _row_sharding(params, batch_size: int) -> Optional[NamedSharding]:
     if not axes or batch_size % n:
         return NamedSharding(mesh, P())
     return NamedSharding(mesh, P(axes if len(axes) > 1 else axes[0]))
+
+
+def attention_sharding(params, rows: Optional[NamedSharding]) -> Optional[NamedSharding]:
+    """The sharding a prefill's fused attention kernel runs on (``_prefill``): the rows' own
+    (``_row_sharding``), or, for rows that are not split, the parameters' mesh with the rows
+    whole (a one-device mesh included: its platform is the compile's target), or None for
+    parameters without a mesh (JAX's default backend)."""
+    if rows is not None:
+        return rows
+    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if not isinstance(sharding, NamedSharding):
+        return None
+    return NamedSharding(sharding.mesh, P())
 
 
 def _kv_head_axis(rows: NamedSharding, num_kv_heads: int) -> Optional[str]:

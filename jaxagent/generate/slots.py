@@ -35,6 +35,7 @@ from jaxagent.buckets import bucket
 from jaxagent.generate.sampler import (
     _DECODE_ROWS,
     _prefill,
+    attention_sharding,
     decode_step,
     _row_sharding,
     _shard_cache_rows,
@@ -133,7 +134,9 @@ class SlotSampler:
         self.prefilled_tokens = 0
         self._init = jax.jit(self._init_state, static_argnames=("rows_sharding",))
         self._prepare = jax.jit(lambda params: nnx.merge(graphdef, params).fused_weights())
-        self._admit = jax.jit(self._admit_rows, donate_argnames=("state",))
+        self._admit = jax.jit(
+            self._admit_rows, donate_argnames=("state",), static_argnames=("attention_sharding",)
+        )
         self._decode = jax.jit(
             self._decode_steps, donate_argnames=("state",), static_argnames=("window",)
         )
@@ -230,7 +233,16 @@ class SlotSampler:
                 (inputs, (rid, tid, gst)), NamedSharding(rows_sh.mesh, P(rows_sh.spec[0]))
             )
         table = None if grammar is None else grammar[0]
-        return self._admit(params, fused, state, *inputs, key, rid, tid, table, gst)
+        return self._admit(
+            params, fused, state, *inputs, key, rid, tid, table, gst, **self.admit_static(params)
+        )
+
+    def admit_static(self, params) -> dict:
+        """The static keyword arguments of the jitted admit program for ``params``' mesh:
+        ``attention_sharding``, the prefill rows' sharding a fused attention kernel (cuDNN's,
+        ``model.attention: cudnn|auto`` on a GPU) runs per device on (``Transformer.hidden``).
+        What an ahead-of-time ``_admit.lower`` passes too."""
+        return {"attention_sharding": attention_sharding(params, _row_sharding(params, self.slots))}
 
     def shards(self, params) -> int:
         """How many data shards the pool's rows are split over with ``params``' mesh (1:
@@ -325,6 +337,8 @@ class SlotSampler:
         turn_ids,
         table=None,
         gstart=None,
+        *,
+        attention_sharding=None,
     ):
         self.num_compiles += 1
         sampling, n = self.sampling, self.sampling.max_new_tokens
@@ -337,7 +351,9 @@ class SlotSampler:
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # [shards, r, ...] -> [shards * r, ...]
         sub = _take_slots(state.cache, src)
         sub = sub.replace(lengths=jnp.where(flat(fresh), 0, sub.lengths))
-        h, sub = _prefill(model, flat(tokens), flat(segs), sub, fused, sampling.prefill_chunk)
+        h, sub = _prefill(
+            model, flat(tokens), flat(segs), sub, fused, sampling.prefill_chunk, attention_sharding
+        )
         # prefill row -> the slots of its shard that share it
         logits = _grouped_take(model.logits(h, fused), take, 0)
         sub = _take_slots(sub, take)

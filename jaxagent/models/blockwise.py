@@ -334,6 +334,14 @@ def row_shards(sharding) -> int:
     return n
 
 
+def platform_of(sharding) -> str:
+    """The platform a program runs on: of a ``NamedSharding``'s mesh devices (the target of
+    an ahead-of-time compile), else JAX's default backend."""
+    if isinstance(sharding, NamedSharding):
+        return sharding.mesh.devices.flat[0].platform
+    return jax.default_backend()
+
+
 def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segments):
     """The no-cache pass's attention over long rows with ``mask.kernel``: the pure-JAX tiles
     (every backend) or the Pallas splash kernel (TPU; the interpreter elsewhere). Under a
@@ -341,10 +349,7 @@ def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segm
     (``jax.shard_map``). "auto" picks by the platform of the mesh's
     devices (the target of an ahead-of-time compile), else of JAX's default backend."""
     sharding = mask.sharding
-    if isinstance(sharding, NamedSharding):
-        platform = sharding.mesh.devices.flat[0].platform
-    else:
-        platform = jax.default_backend()
+    platform = platform_of(sharding)
     kernel = kernel_for(mask.kernel, platform)
     if kernel == "blockwise":
         return attend_blockwise(q, keys, values, mask.ids)
@@ -370,3 +375,86 @@ def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segm
         check_vma=False,
     )
     return fn(q, keys, values, mask.ids)
+
+
+@struct.dataclass
+class CachedQueries:
+    """The attention mask of a chunk written into a KV cache (a prefill) when it runs through a
+    fused kernel: query t of row b sees the cache slots ``0 .. slots[b, t]`` (``cache.
+    write_slots``' query slots) of the first ``width`` slots, instead of a [B, T, width]
+    boolean mask. Static: ``kernel`` (``prefill_kernel``'s "cudnn"), ``sharding`` (of the
+    rows [B, ...], whose mesh the kernel runs per device on; None: one device)."""
+
+    slots: jax.Array
+    width: int = struct.field(pytree_node=False, default=0)
+    kernel: str = struct.field(pytree_node=False, default="cudnn")
+    sharding: Any = struct.field(pytree_node=False, default=None)
+
+
+def prefill_kernel(kernel: str, platform: str, dtype) -> str:
+    """The kernel a cached chunk of several tokens (a prefill) attends with: "cudnn" when
+    ``kernel`` names it (or "auto" on an NVIDIA GPU with 16-bit activations, cuDNN's flash
+    attention takes no float32), else "plain" (``transformer.attend_cache``). The splash
+    kernel has no cache form; the blockwise tiles are for the no-cache pass."""
+    if kernel == "cudnn":
+        return "cudnn"
+    if kernel_for(kernel, platform) == "cudnn" and jnp.dtype(dtype).itemsize == 2:
+        return "cudnn"
+    return "plain"
+
+
+def attend_cache_cudnn(q, keys, values, slots, implementation: str = "cudnn"):
+    """``transformer.attend_cache`` through cuDNN's flash attention
+    (``jax.nn.dot_product_attention(implementation="cudnn")``): no [B, H, T, S] float32
+    scores or probabilities in memory. The keys and values are the cache's own, as written
+    for this layer (the write is unchanged); query t of row b sees slots ``<= slots[b, t]``,
+    which goes in as the API's ``mask`` (an additive bias [B, 1, T, S] in the compute dtype,
+    H times smaller than the scores): the chunk's causal mask is offset by each row's own
+    cache length, which the API's ``is_causal`` (aligned at slot 0) cannot say.
+
+    Args:
+      q: [B, T, K, G, hd] queries, already scaled by hd**-0.5.
+      keys: [B, K, hd, S] and values [B, K, S, hd]: the cache layout (``KVCache``).
+      slots: [B, T] int, the last slot each query sees.
+      implementation: "xla" runs the same call through XLA's plain attention (any backend:
+        how its arguments are checked on CPU).
+
+    Returns:
+      [B, T, K, G, hd] in ``values``' dtype.
+    """
+    b, t, k, g, hd = q.shape
+    s = values.shape[2]
+    mask = jnp.arange(s)[None, None, :] <= slots[:, :, None]  # [B, T, S]
+    out = jax.nn.dot_product_attention(
+        q.reshape(b, t, k * g, hd),  # query head k * G + g reads KV head k, as ``attend``
+        keys.transpose(0, 3, 1, 2).astype(q.dtype),  # [B, S, K, hd]
+        values.transpose(0, 2, 1, 3).astype(q.dtype),
+        mask=mask[:, None],
+        scale=1.0,  # the queries arrive scaled by hd**-0.5
+        implementation=implementation,
+    )
+    return out.reshape(b, t, k, g, hd).astype(values.dtype)
+
+
+def attend_cached(q, keys, values, mask: CachedQueries):
+    """``attend_cache_cudnn`` over the cache layout, per device under a mesh
+    (``mask.sharding``): rows over the rows' axes, KV heads over 'tensor' where they divide,
+    as ``attend_segments`` runs the no-cache kernels (JAX's partitioning rule for cuDNN's
+    attention wants queries, keys and values split alike, which grouped heads are not)."""
+    keys, values = keys[..., : mask.width], values[..., : mask.width, :]
+    sharding = mask.sharding
+    if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
+        return attend_cache_cudnn(q, keys, values, mask.slots)
+    mesh = sharding.mesh
+    axes = row_axes(sharding)
+    rows = axes if axes and q.shape[0] % row_shards(sharding) == 0 else None
+    tensor = mesh.shape.get("tensor", 1)
+    heads = "tensor" if tensor > 1 and q.shape[2] % tensor == 0 else None
+    fn = jax.shard_map(
+        attend_cache_cudnn,
+        mesh=mesh,
+        in_specs=(P(rows, None, heads), P(rows, heads), P(rows, heads), P(rows)),
+        out_specs=P(rows, None, heads),
+        check_vma=False,
+    )
+    return fn(q, keys, values, mask.slots)

@@ -14,7 +14,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxagent.models.blockwise import BLOCK, Segments, attend_segments, row_shards
+from jaxagent.models.blockwise import (
+    BLOCK,
+    CachedQueries,
+    Segments,
+    attend_cached,
+    attend_segments,
+    platform_of,
+    prefill_kernel,
+    row_shards,
+)
 from jaxagent.models.cache import KVCache, write_slots
 from jaxagent.models.config import ModelConfig
 from jaxagent.models.rope import apply_rope, rope_cos_sin
@@ -187,6 +196,9 @@ class Attention(nnx.Module):
                 keys = jax.lax.dynamic_index_in_dim(keys, layer, keepdims=False)
                 values = jax.lax.dynamic_index_in_dim(values, layer, keepdims=False)
         q = q.reshape(b, t, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim)
+        if isinstance(mask, CachedQueries):  # a prefill through a fused kernel
+            out = attend_cached(q, keys.astype(x.dtype), values.astype(x.dtype), mask)
+            return self._output(out, fused), new_kv
         if cache_kv is not None and mask.shape[-1] < keys.shape[-1]:
             # A window narrower than the cache (``hidden``'s ``window``): only the slots in
             # use are read, so a decode step costs what the rows' lengths need.
@@ -197,13 +209,19 @@ class Attention(nnx.Module):
             out = attend_segments(q, keys, values, mask)
         else:
             out = (attend if cache_kv is None else attend_cache)(q, keys, values, mask)
+        return self._output(out, fused), new_kv
+
+    def _output(self, out, fused):
+        """The output projection of the attention output [B, T, K, G, hd]."""
+        cfg = self.config
+        b, t = out.shape[:2]
         # [B, T, H*hd] @ [H*hd, D]: both reshapes are free, so the (large) kernel is read in
         # place every step instead of being transposed to fit a 3-index contraction.
         out = out.reshape(b, t, cfg.num_heads * cfg.head_dim)
         if fused is not None:
-            return dense_fused(out, fused, "o"), new_kv
+            return dense_fused(out, fused, "o")
         o_w = self.o_proj[...].reshape(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
-        return out @ o_w.astype(x.dtype), new_kv
+        return out @ o_w.astype(out.dtype)
 
 
 class MLP(nnx.Module):
@@ -314,6 +332,7 @@ class Transformer(nnx.Module):
         remat=False,
         activation_sharding=None,
         window: int | None = None,
+        attention_sharding=None,
     ):
         """Final-normed hidden states [B, T, D] and the updated cache (or None).
 
@@ -333,6 +352,12 @@ class Transformer(nnx.Module):
         ``window`` (with a cache, static): attention reads only the cache's first ``window``
         slots, which must hold every row's tokens, old and new (a length-aware decode step:
         its cost follows the rows' lengths, not the cache's capacity).
+        ``attention_sharding`` (with a cache, static): the rows' ``NamedSharding`` (of [B, ...])
+        a fused prefill kernel runs per device on, and whose devices' platform "auto" picks
+        it for (``blockwise.prefill_kernel``): a chunk of several tokens whose kernel is cuDNN
+        attends through cuDNN's flash attention (``blockwise.attend_cached``) instead of
+        ``attend_cache``'s float32 scores; the cache write is the same. None: JAX's default
+        backend, one device.
         With ``config.scan_layers`` the blocks run as one ``jax.lax.scan`` over the stacked
         parameters (and the stacked cache, ``init_cache``): one block is traced and compiled
         whatever the depth; ``remat`` wraps the scanned block the same way.
@@ -359,7 +384,11 @@ class Transformer(nnx.Module):
         else:
             slots, query_slots = write_slots(cache, segment_ids)
             width = cache.capacity if window is None else min(window, cache.capacity)
-            mask = jnp.arange(width)[None, None, :] <= query_slots[:, :, None]
+            platform = platform_of(attention_sharding)
+            if tokens.shape[1] > 1 and prefill_kernel(cfg.attention, platform, x.dtype) == "cudnn":
+                mask = CachedQueries(query_slots, width, "cudnn", attention_sharding)
+            else:
+                mask = jnp.arange(width)[None, None, :] <= query_slots[:, :, None]
         if cfg.scan_layers:
             return self._scan_blocks(
                 x, cos, sin, mask, slots, cache, fused, remat, pin, segment_ids
