@@ -315,6 +315,21 @@ def loop_dialogue_seeds() -> list[str]:
     ]
 
 
+def strict_tool_calls() -> list[str]:
+    rows = []
+    for r in [
+        r for r in read_records("strict_tool_calls.jsonl") if r.get("table") == "strict_tool_calls"
+    ]:
+        f = r["figures"]
+        rate = f"{100 * f['valid_calls'] / f['calls']:.1f}%".replace(".0%", "%")
+        if f["valid_calls"] == f["calls"]:
+            rate = f"**{rate}**"
+        rows.append([f["decoding"], str(f["calls"]), str(f["valid_calls"]), rate,
+                     f"{100 * f['call_or_answer_frac']:.0f}%", f"{100 * f['held_out_success']:.1f}%"])  # fmt: skip
+    return table(["decoding", "calls", "valid calls", "valid rate",
+                  "turns that are a call or an answer", "held-out success"], "llllll", rows)  # fmt: skip
+
+
 def dqn_recipes() -> list[str]:
     rows = []
     for r in table_records("dqn_dialogue.jsonl", "dqn_recipes"):
@@ -607,6 +622,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "grpo_math_seeds": ("math.md", grpo_math_seeds),
     "robot_loop_seeds": ("robot.md", robot_loop_seeds),
     "halfcheetah_ppo_seeds": ("robot.md", halfcheetah_ppo_seeds),
+    "strict_tool_calls": ("strict_tool_calls.md", strict_tool_calls),
     "dqn_recipes": ("dqn_dialogue.md", dqn_recipes),
     "dqn_shipped_summary": ("dialogue.md", dqn_shipped_summary),
     "loop_dialogue_seeds": ("dialogue.md", loop_dialogue_seeds),
