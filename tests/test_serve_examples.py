@@ -14,6 +14,8 @@ the live BFCL apps, the results sent back as ``tool`` messages.
   scripted test covers the tool calls.
 """
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -126,9 +128,14 @@ def test_bfcl_harness_equals_the_driver_on_a_tiny_run():
     finally:
         srv.close()
     engine = SlotEngine(run.graphdef, run.sampler.sampling, run.max_len, run.chat.pad_id, slots=2)
-    ref, _ = collect_episodes(
-        engine, run.params, [task], samples_per_task=2, spec=run.rollout, key=key
-    )
+    # The harness sends an observation after an answer without calls as a user message
+    # (OpenAI's rule); the driver renders every observation in the template's tool role. The
+    # random policy writes no calls, so the driver with user-role observations renders the
+    # same conversation.
+    chat = copy.copy(run.chat)
+    chat.observation_role = "user"
+    spec = dataclasses.replace(run.rollout, chat=chat)
+    ref, _ = collect_episodes(engine, run.params, [task], samples_per_task=2, spec=spec, key=key)
     run.close()
     for ep in eps:
         assert not ep.env_failed, ep.error

@@ -19,6 +19,9 @@ Routes:
 - ``GET /v1/stats``: batching, KV reuse, eviction and divergence counters;
 - ``/s/{id}/v1/...``: the same chat and models routes with the session named in the path.
 
+The handlers are module-level functions over the app's ``ServerState``
+(``request.app.state``: ``create_app`` makes a ``ServeApp`` whose state it is).
+
 Errors are OpenAI's JSON bodies (``protocol.APIError``) with their status codes; a request
 that fails leaves its session unchanged. A client that goes away mid-stream cancels its turn
 (the slot stops at the next decode call) and its session is left as it was before the request.
@@ -190,383 +193,420 @@ def _token_texts(state: ServerState, ids: list[int]) -> list[str]:
     return [tok.decode([t], skip_special_tokens=False) for t in ids]
 
 
-def create_app(state: ServerState) -> Starlette:
-    def _model() -> dict:
-        return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "jaxagent"}
+class ServeApp(Starlette):
+    """The ASGI app over one policy: ``app.state`` is its ``ServerState``, which every
+    handler reads through its request (``request.app.state``)."""
 
-    async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [_model()]})
+    state: ServerState
 
-    async def model(request: Request):
-        name = request.path_params["model"]
-        if name != state.model_id:
-            msg = f"The model {name!r} does not exist; this server serves {state.model_id!r}"
-            return _error(APIError(404, msg, param="model", code="model_not_found"))
-        return JSONResponse(_model())
 
-    async def stats(request: Request):
-        return JSONResponse(
-            {
-                **state.backend.stats.as_dict(),
-                "divergences": state.divergences,
-                "errors": state.errors,
-                "disconnects": state.disconnects,
-                "sessions": len(state.store.sessions),
-                "episodes": len(state.store.ended),
-                "episodes_ended": state.store.ended_total,
-                "episodes_evicted": state.store.evicted,
-            }
-        )
+def _state(request: Request) -> ServerState:
+    return request.app.state
 
-    async def session_info(request: Request):
-        sid = request.path_params["sid"]
-        s = state.store.sessions.get(sid)
-        if s is None:
-            return _error(_no_session(sid))
-        return JSONResponse(
-            {
-                "id": sid,
-                "tokens": s.record.tokens,
-                "loss_mask": s.record.loss_mask,
-                "logprobs": s.record.logprobs,
-                "turn_ids": s.record.turn_ids,
-                "policy_versions": s.versions,
-                "divergences": s.divergences,
-                "messages": s.messages,
-            }
-        )
 
-    def _no_session(sid: str) -> APIError:
-        if sid in state.store.ended:
-            msg = f"session {sid!r} has ended; GET /v1/sessions/{sid}/episode returns its episode"
-            return APIError(404, msg, code="session_ended")
-        return APIError(404, f"no session {sid!r}", code="session_not_found")
+def _model(state: ServerState) -> dict:
+    return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "jaxagent"}
 
-    async def session_episode(request: Request):
-        """An ended session's episode (``sessions.episode_record``), while it is among the
-        store's newest ``keep``."""
-        sid = request.path_params["sid"]
-        ep = state.store.ended.get(sid)
-        if ep is not None:
-            return JSONResponse(episode_record(ep))
-        if sid in state.store.sessions:
-            msg = f"session {sid!r} has not ended; POST /v1/sessions/{sid}/reward (or /end) first"
-            return _error(APIError(409, msg, code="session_not_ended"))
-        msg = (
-            f"no ended session {sid!r} (the server keeps the newest {state.store.keep} "
-            "episodes; `jaxagent serve --episodes FILE` writes every one)"
-        )
-        return _error(APIError(404, msg, code="episode_not_found"))
 
-    async def end_session(request: Request, needs_reward: bool):
-        """``/reward`` (a reward is required) and ``/end`` (without one the session is scored
-        by ``state.store.reward_fn``, ``harness.reward``, over its messages and ``task``)."""
-        sid = request.path_params["sid"]
-        raw = await request.body()
+async def models(request: Request):
+    return JSONResponse({"object": "list", "data": [_model(_state(request))]})
+
+
+async def model(request: Request):
+    state = _state(request)
+    name = request.path_params["model"]
+    if name != state.model_id:
+        msg = f"The model {name!r} does not exist; this server serves {state.model_id!r}"
+        return _error(APIError(404, msg, param="model", code="model_not_found"))
+    return JSONResponse(_model(state))
+
+
+async def stats(request: Request):
+    state = _state(request)
+    return JSONResponse(
+        {
+            **state.backend.stats.as_dict(),
+            "divergences": state.divergences,
+            "errors": state.errors,
+            "disconnects": state.disconnects,
+            "sessions": len(state.store.sessions),
+            "episodes": len(state.store.ended),
+            "episodes_ended": state.store.ended_total,
+            "episodes_evicted": state.store.evicted,
+        }
+    )
+
+
+async def session_info(request: Request):
+    state = _state(request)
+    sid = request.path_params["sid"]
+    s = state.store.sessions.get(sid)
+    if s is None:
+        return _error(_no_session(state, sid))
+    return JSONResponse(
+        {
+            "id": sid,
+            "tokens": s.record.tokens,
+            "loss_mask": s.record.loss_mask,
+            "logprobs": s.record.logprobs,
+            "turn_ids": s.record.turn_ids,
+            "policy_versions": s.versions,
+            "divergences": s.divergences,
+            "messages": s.messages,
+        }
+    )
+
+
+def _no_session(state: ServerState, sid: str) -> APIError:
+    if sid in state.store.ended:
+        msg = f"session {sid!r} has ended; GET /v1/sessions/{sid}/episode returns its episode"
+        return APIError(404, msg, code="session_ended")
+    return APIError(404, f"no session {sid!r}", code="session_not_found")
+
+
+async def session_episode(request: Request):
+    """An ended session's episode (``sessions.episode_record``), while it is among the
+    store's newest ``keep``."""
+    state = _state(request)
+    sid = request.path_params["sid"]
+    ep = state.store.ended.get(sid)
+    if ep is not None:
+        return JSONResponse(episode_record(ep))
+    if sid in state.store.sessions:
+        msg = f"session {sid!r} has not ended; POST /v1/sessions/{sid}/reward (or /end) first"
+        return _error(APIError(409, msg, code="session_not_ended"))
+    msg = (
+        f"no ended session {sid!r} (the server keeps the newest {state.store.keep} "
+        "episodes; `jaxagent serve --episodes FILE` writes every one)"
+    )
+    return _error(APIError(404, msg, code="episode_not_found"))
+
+
+async def _end_session(request: Request, needs_reward: bool):
+    """``/reward`` (a reward is required) and ``/end`` (without one the session is scored
+    by ``state.store.reward_fn``, ``harness.reward``, over its messages and ``task``)."""
+    state = _state(request)
+    sid = request.path_params["sid"]
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() or needs_reward else {}
+    except ValueError:
+        return _error(bad("the body must be JSON: {'reward': <number>}", None, "invalid_json"))
+    if not isinstance(body, dict):
+        return _error(bad("the body must be a JSON object", None, "invalid_type"))
+    r = body.get("reward")
+    if (needs_reward or r is not None) and (isinstance(r, bool) or not isinstance(r, (int, float))):
+        return _error(bad("reward must be a number", "reward", "invalid_value"))
+    fn = state.store.reward_fn
+    if r is None and fn is None:
+        msg = "no reward: send {'reward': <number>} or configure harness.reward"
+        return _error(bad(msg, "reward", "missing_reward"))
+    success = body.get("success")
+    if success is not None and not isinstance(success, bool):
+        return _error(bad("success must be a boolean", "success", "invalid_type"))
+    try:
+        task = task_of(body.get("task"))
+    except APIError as err:
+        return _error(err)
+    failure = body.get("failure_mode")
+    if failure is not None and failure not in _FAILURES:
+        msg = f"failure_mode={failure!r} is not one of {sorted(_FAILURES)}"
+        return _error(bad(msg, "failure_mode", "invalid_value"))
+    s = state.store.sessions.get(sid)
+    if s is None:
+        return _error(_no_session(state, sid))
+    async with s.lock:  # after a request of it still in flight
+        if sid not in state.store.sessions:
+            return _error(APIError(404, f"no session {sid!r}", code="session_not_found"))
+        if r is None:
+            try:  # the user's function, off the event loop; failing, the session stays
+                r = await asyncio.to_thread(s.score, fn, task)
+            except Exception as err:  # noqa: BLE001
+                state.errors += 1
+                msg = f"harness.reward failed on session {sid!r}: {type(err).__name__}: {err}"
+                return _error(APIError(500, msg, type="server_error", code="reward_failed"))
+        ep = state.store.end(sid, float(r), success, task=task, failure_mode=failure)
+    release = getattr(state.backend, "release", None)
+    if release is not None:
+        release(sid)
+    return JSONResponse(
+        {
+            "session": sid,
+            "tokens": len(ep.tokens),
+            "policy_tokens": ep.num_policy_tokens,
+            "turns": ep.num_turns,
+            "reward": ep.reward,
+            "divergences": len(ep.info["divergences"]),
+        }
+    )
+
+
+async def reward(request: Request):
+    return await _end_session(request, needs_reward=True)
+
+
+async def end(request: Request):
+    return await _end_session(request, needs_reward=False)
+
+
+async def chat_completions(request: Request):
+    state = _state(request)
+    try:
         try:
-            body = json.loads(raw) if raw.strip() or needs_reward else {}
-        except ValueError:
-            return _error(bad("the body must be JSON: {'reward': <number>}", None, "invalid_json"))
-        if not isinstance(body, dict):
-            return _error(bad("the body must be a JSON object", None, "invalid_type"))
-        r = body.get("reward")
-        if (needs_reward or r is not None) and (
-            isinstance(r, bool) or not isinstance(r, (int, float))
-        ):
-            return _error(bad("reward must be a number", "reward", "invalid_value"))
-        fn = state.store.reward_fn
-        if r is None and fn is None:
-            msg = "no reward: send {'reward': <number>} or configure harness.reward"
-            return _error(bad(msg, "reward", "missing_reward"))
-        success = body.get("success")
-        if success is not None and not isinstance(success, bool):
-            return _error(bad("success must be a boolean", "success", "invalid_type"))
-        try:
-            task = task_of(body.get("task"))
-        except APIError as err:
-            return _error(err)
-        failure = body.get("failure_mode")
-        if failure is not None and failure not in _FAILURES:
-            msg = f"failure_mode={failure!r} is not one of {sorted(_FAILURES)}"
-            return _error(bad(msg, "failure_mode", "invalid_value"))
-        s = state.store.sessions.get(sid)
-        if s is None:
-            return _error(_no_session(sid))
-        async with s.lock:  # after a request of it still in flight
-            if sid not in state.store.sessions:
-                return _error(APIError(404, f"no session {sid!r}", code="session_not_found"))
-            if r is None:
-                try:  # the user's function, off the event loop; failing, the session stays
-                    r = await asyncio.to_thread(s.score, fn, task)
-                except Exception as err:  # noqa: BLE001
-                    state.errors += 1
-                    msg = f"harness.reward failed on session {sid!r}: {type(err).__name__}: {err}"
-                    return _error(APIError(500, msg, type="server_error", code="reward_failed"))
-            ep = state.store.end(sid, float(r), success, task=task, failure_mode=failure)
-        release = getattr(state.backend, "release", None)
-        if release is not None:
-            release(sid)
-        return JSONResponse(
-            {
-                "session": sid,
-                "tokens": len(ep.tokens),
-                "policy_tokens": ep.num_policy_tokens,
-                "turns": ep.num_turns,
-                "reward": ep.reward,
-                "divergences": len(ep.info["divergences"]),
-            }
-        )
-
-    async def reward(request: Request):
-        return await end_session(request, needs_reward=True)
-
-    async def end(request: Request):
-        return await end_session(request, needs_reward=False)
-
-    async def chat_completions(request: Request):
-        try:
-            try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError):
-                raise bad("the request body is not valid JSON", None, "invalid_json") from None
-            req = parse_request(body, state.backend.max_new_tokens)
-            if req.tools and not state.renderer.template:
-                raise bad(
-                    "tools: this policy's word tokenizer has no tool format (its prompts and "
-                    "answers are its world's own action text), so the tools would be left out "
-                    "of the prompt and calls come back as plain text; serve a ChatML config "
-                    "for OpenAI tools and tool_calls (configs/quickstart_chatml.yaml, "
-                    "tokenizer.kind: chatml), or send no tools",
-                    "tools",
-                    "tools_unsupported",
-                )
-            if req.model != state.model_id:
-                raise APIError(
-                    404,
-                    f"The model {req.model!r} does not exist; this server serves "
-                    f"{state.model_id!r} (GET /v1/models)",
-                    param="model",
-                    code="model_not_found",
-                )
-            return await _complete(request, req)
-        except APIError as err:
-            state.errors += 1
-            return _error(err)
-
-    async def _complete(request: Request, req):
-        sid = request.path_params.get("sid") or request.headers.get(SESSION_HEADER) or req.user
-        session = state.store.get(sid)
-        await session.lock.acquire()
-        try:
-            jobs, plan, events = _submit(session, sid, req)
-        except BaseException:
-            session.lock.release()
-            raise
-        headers = {"X-Jaxagent-Session": session.id}
-        if plan.divergence is not None:
-            state.divergences += 1
-            headers[DIVERGENCE_HEADER] = json.dumps(plan.divergence, separators=(",", ":"))
-        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
-        # The turn is collected (and the session recorded, its lock released) by a task of
-        # its own, whatever becomes of the HTTP response: a client gone before its stream
-        # started still frees its session.
-        out: asyncio.Queue = asyncio.Queue()
-        collector = asyncio.create_task(_collect(session, sid, req, plan, jobs, events, out))
-        if not req.stream:
-            try:
-                results, turns = await asyncio.shield(collector)
-            except asyncio.CancelledError:
-                for job in jobs:
-                    job.cancelled = True
-                raise
-            choices = []
-            for c, (r, t) in enumerate(zip(results, turns)):
-                lp = logprobs_block(_token_texts(state, r.tokens), r.logprobs)
-                choices.append(
-                    {
-                        "index": c,
-                        "message": t.openai_message(_call_ids(cid, c, t)),
-                        "finish_reason": _finish(r.finish_reason, t),
-                        "logprobs": lp if req.logprobs else None,
-                    }
-                )
-            n_out = sum(len(r.tokens) for r in results)
-            u = usage(len(plan.context), n_out, results[0].cached_tokens)
-            return JSONResponse(completion(cid, state.model_id, choices, u), headers=headers)
-        return StreamingResponse(
-            _stream(req, cid, plan, jobs, out, collector),
-            media_type="text/event-stream",
-            headers=headers,
-        )
-
-    def _submit(session, sid, req):
-        try:
-            plan = session.plan(req.messages, req.tools, state.renderer)
-        except APIError:
-            raise
-        except Exception as err:  # noqa: BLE001 -- a template rejecting messages (jinja)
-            raise bad(f"the chat template cannot render these messages: {err}", "messages")
-        max_tokens = req.max_tokens or state.backend.max_new_tokens
-        need = len(plan.context) + max_tokens
-        limit = min(state.max_context or state.backend.capacity, state.backend.capacity)
-        if need > limit:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise bad("the request body is not valid JSON", None, "invalid_json") from None
+        req = parse_request(body, state.backend.max_new_tokens)
+        if req.tools and not state.renderer.template:
             raise bad(
-                f"This model's maximum context length is {limit} tokens; "
-                f"the messages take {len(plan.context)} and max_tokens {max_tokens} "
-                f"({need} in all). Shorten the messages or max_tokens.",
-                "messages",
-                "context_length_exceeded",
+                "tools: this policy's word tokenizer has no tool format (its prompts and "
+                "answers are its world's own action text), so the tools would be left out "
+                "of the prompt and calls come back as plain text; serve a ChatML config "
+                "for OpenAI tools and tool_calls (configs/quickstart_chatml.yaml, "
+                "tokenizer.kind: chatml), or send no tools",
+                "tools",
+                "tools_unsupported",
             )
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        sampling = state.backend.sampling_for(req.temperature, req.top_p)
-        turn = sum(session.sampled[: plan.cut])
-        stream = state.streams.get(sid) if req.seed is None else None
-        gstart = -1
-        regex = req.grammar(getattr(state.renderer.chat, "syntax", None) or "react")
-        if regex is not None:
-            try:
-                gstart = state.backend.compile(regex)
-            except ConfigError as err:
-                raise bad(str(err), "response_format" if req.json_schema else "tools") from None
-        jobs = []
-        for c in range(req.n):
-
-            def emit(kind, payload, c=c):
-                loop.call_soon_threadsafe(events.put_nowait, (c, kind, payload))
-
-            jobs.append(
-                Job(
-                    session=sid if c == 0 else None,
-                    context=plan.context,
-                    sampling=sampling,
-                    max_tokens=max_tokens,
-                    stops=req.stop,
-                    seed=req.seed,
-                    row=c if req.seed is not None else state.backend.next_row(),
-                    turn=turn,
-                    emit=emit,
-                    stream=req.stream,
-                    gstart=gstart,
-                )
+        if req.model != state.model_id:
+            raise APIError(
+                404,
+                f"The model {req.model!r} does not exist; this server serves "
+                f"{state.model_id!r} (GET /v1/models)",
+                param="model",
+                code="model_not_found",
             )
-            if stream is not None and c == 0:  # the driver's (key, episode row, turn)
-                jobs[-1].key, jobs[-1].key_id, jobs[-1].row = stream
-        for job in jobs:
-            state.backend.submit(job)
-        return jobs, plan, events
-
-    async def _collect(session, sid, req, plan, jobs, events, out):
-        """Every choice's events (forwarded to ``out`` for a stream) until all are done;
-        then the session records the first choice's turn. Releases the session's lock."""
-        try:
-            results: list[Result | None] = [None] * req.n
-            while any(r is None for r in results):
-                c, kind, payload = await events.get()
-                out.put_nowait((c, kind, payload))
-                if kind == "error":
-                    raise APIError(500, f"the policy failed: {payload!r}", type="server_error")
-                if kind == "done":
-                    results[c] = payload
-            turns = [_Turn(state, req, r.tokens) for r in results]
-            if sid is not None and results[0].finish_reason != "cancelled":
-                r, t = results[0], turns[0]
-                choice = Sampled(r.tokens, r.logprobs, t.message(), t.text, r.masks)
-                session.commit(plan, req.tools, choice, r.version)
-            return results, turns
-        finally:
-            session.lock.release()
-
-    async def _stream(req, cid, plan, jobs, out, collector):
-        ids: list[list[int]] = [[] for _ in range(req.n)]
-        shown = [""] * req.n
-        done_ok = False
-        markers = _MARKERS if req.tools and req.tool_choice != "none" else ()
-        try:
-            for c in range(req.n):
-                first = {"index": c, "delta": {"role": "assistant", "content": ""}}
-                first["logprobs"], first["finish_reason"] = None, None
-                yield _sse(chunk(cid, state.model_id, [first]))
-            ended = 0
-            while ended < req.n:
-                c, kind, payload = await out.get()
-                if kind == "error":
-                    msg = f"the policy failed: {payload!r}"
-                    yield _sse({"error": {"message": msg, "type": "server_error"}})
-                    return
-                if kind == "tokens":
-                    new_ids, new_lps = payload
-                    ids[c] += new_ids
-                    text = visible_text(state.chat.decode(ids[c]), req.stop, markers, False)
-                    if text.startswith(shown[c]) and len(text) > len(shown[c]):
-                        ch = {"index": c, "delta": {"content": text[len(shown[c]) :]}}
-                        ch["finish_reason"] = None
-                        ch["logprobs"] = (
-                            logprobs_block(_token_texts(state, new_ids), new_lps)
-                            if req.logprobs
-                            else None
-                        )
-                        shown[c] = text
-                        yield _sse(chunk(cid, state.model_id, [ch]))
-                elif kind == "done":
-                    ended += 1
-                    t = _Turn(state, req, payload.tokens)
-                    delta: dict[str, Any] = {}
-                    if t.content.startswith(shown[c]) and len(t.content) > len(shown[c]):
-                        delta["content"] = t.content[len(shown[c]) :]
-                    if t.calls:
-                        calls = openai_tool_calls(t.calls, _call_ids(cid, c, t))
-                        delta["tool_calls"] = [{"index": i, **x} for i, x in enumerate(calls)]
-                    if delta:
-                        ch = {"index": c, "delta": delta, "finish_reason": None, "logprobs": None}
-                        yield _sse(chunk(cid, state.model_id, [ch]))
-                    end = {"index": c, "delta": {}, "logprobs": None}
-                    end["finish_reason"] = _finish(payload.finish_reason, t)
-                    yield _sse(chunk(cid, state.model_id, [end]))
-            results, _ = await collector
-            done_ok = True
-            if req.include_usage:
-                n_out = sum(len(r.tokens) for r in results)
-                u = usage(len(plan.context), n_out, results[0].cached_tokens)
-                yield _sse(chunk(cid, state.model_id, [], u))
-            yield "data: [DONE]\n\n"
-        finally:
-            if not done_ok:
-                state.disconnects += 1
-                for job in jobs:
-                    job.cancelled = True
-
-    async def not_found(request: Request, exc: HTTPException):
-        code = "not_found" if exc.status_code == 404 else "method_not_allowed"
-        err = APIError(
-            exc.status_code,
-            f"{request.method} {request.url.path}: {exc.detail}",
-            code=code,
-        )
+        return await _complete(state, request, req)
+    except APIError as err:
+        state.errors += 1
         return _error(err)
 
-    async def server_error(request: Request, exc: Exception):
-        state.errors += 1
-        return _error(APIError(500, f"internal error: {exc!r}", type="server_error"))
 
-    routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model:path}", model, methods=["GET"]),
-        # A session's own base URL (``/s/{id}/v1``): a harness that only takes a base_url
-        # (``jaxagent.serve.harness``) names its session without headers.
-        Route("/s/{sid}/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/s/{sid}/v1/models", models, methods=["GET"]),
-        Route("/v1/stats", stats, methods=["GET"]),
-        Route("/v1/sessions/{sid}", session_info, methods=["GET"]),
-        Route("/v1/sessions/{sid}/episode", session_episode, methods=["GET"]),
-        Route("/v1/sessions/{sid}/reward", reward, methods=["POST"]),
-        Route("/v1/sessions/{sid}/end", end, methods=["POST"]),
-    ]
-    return Starlette(
-        routes=routes,
+async def _complete(state: ServerState, request: Request, req):
+    sid = request.path_params.get("sid") or request.headers.get(SESSION_HEADER) or req.user
+    session = state.store.get(sid)
+    await session.lock.acquire()
+    try:
+        jobs, plan, events = _submit(state, session, sid, req)
+    except BaseException:
+        session.lock.release()
+        raise
+    headers = {"X-Jaxagent-Session": session.id}
+    if plan.divergence is not None:
+        state.divergences += 1
+        headers[DIVERGENCE_HEADER] = json.dumps(plan.divergence, separators=(",", ":"))
+    cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+    # The turn is collected (and the session recorded, its lock released) by a task of
+    # its own, whatever becomes of the HTTP response: a client gone before its stream
+    # started still frees its session.
+    out: asyncio.Queue = asyncio.Queue()
+    collector = asyncio.create_task(_collect(state, session, sid, req, plan, events, out))
+    if not req.stream:
+        try:
+            results, turns = await asyncio.shield(collector)
+        except asyncio.CancelledError:
+            for job in jobs:
+                job.cancelled = True
+            raise
+        choices = []
+        for c, (r, t) in enumerate(zip(results, turns)):
+            lp = logprobs_block(_token_texts(state, r.tokens), r.logprobs)
+            choices.append(
+                {
+                    "index": c,
+                    "message": t.openai_message(_call_ids(cid, c, t)),
+                    "finish_reason": _finish(r.finish_reason, t),
+                    "logprobs": lp if req.logprobs else None,
+                }
+            )
+        n_out = sum(len(r.tokens) for r in results)
+        u = usage(len(plan.context), n_out, results[0].cached_tokens)
+        return JSONResponse(completion(cid, state.model_id, choices, u), headers=headers)
+    return StreamingResponse(
+        _stream(state, req, cid, plan, jobs, out, collector),
+        media_type="text/event-stream",
+        headers=headers,
+    )
+
+
+def _submit(state: ServerState, session, sid, req):
+    try:
+        plan = session.plan(req.messages, req.tools, state.renderer)
+    except APIError:
+        raise
+    except Exception as err:  # noqa: BLE001 -- a template rejecting messages (jinja)
+        raise bad(f"the chat template cannot render these messages: {err}", "messages")
+    max_tokens = req.max_tokens or state.backend.max_new_tokens
+    need = len(plan.context) + max_tokens
+    limit = min(state.max_context or state.backend.capacity, state.backend.capacity)
+    if need > limit:
+        raise bad(
+            f"This model's maximum context length is {limit} tokens; "
+            f"the messages take {len(plan.context)} and max_tokens {max_tokens} "
+            f"({need} in all). Shorten the messages or max_tokens.",
+            "messages",
+            "context_length_exceeded",
+        )
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    sampling = state.backend.sampling_for(req.temperature, req.top_p)
+    turn = sum(session.sampled[: plan.cut])
+    stream = state.streams.get(sid) if req.seed is None else None
+    gstart = -1
+    regex = req.grammar(getattr(state.renderer.chat, "syntax", None) or "react")
+    if regex is not None:
+        try:
+            gstart = state.backend.compile(regex)
+        except ConfigError as err:
+            raise bad(str(err), "response_format" if req.json_schema else "tools") from None
+    jobs = []
+    for c in range(req.n):
+
+        def emit(kind, payload, c=c):
+            loop.call_soon_threadsafe(events.put_nowait, (c, kind, payload))
+
+        jobs.append(
+            Job(
+                session=sid if c == 0 else None,
+                context=plan.context,
+                sampling=sampling,
+                max_tokens=max_tokens,
+                stops=req.stop,
+                seed=req.seed,
+                row=c if req.seed is not None else state.backend.next_row(),
+                turn=turn,
+                emit=emit,
+                stream=req.stream,
+                gstart=gstart,
+            )
+        )
+        if stream is not None and c == 0:  # the driver's (key, episode row, turn)
+            jobs[-1].key, jobs[-1].key_id, jobs[-1].row = stream
+    for job in jobs:
+        state.backend.submit(job)
+    return jobs, plan, events
+
+
+async def _collect(state: ServerState, session, sid, req, plan, events, out):
+    """Every choice's events (forwarded to ``out`` for a stream) until all are done;
+    then the session records the first choice's turn. Releases the session's lock."""
+    try:
+        results: list[Result | None] = [None] * req.n
+        while any(r is None for r in results):
+            c, kind, payload = await events.get()
+            out.put_nowait((c, kind, payload))
+            if kind == "error":
+                raise APIError(500, f"the policy failed: {payload!r}", type="server_error")
+            if kind == "done":
+                results[c] = payload
+        turns = [_Turn(state, req, r.tokens) for r in results]
+        if sid is not None and results[0].finish_reason != "cancelled":
+            r, t = results[0], turns[0]
+            choice = Sampled(r.tokens, r.logprobs, t.message(), t.text, r.masks)
+            session.commit(plan, req.tools, choice, r.version)
+        return results, turns
+    finally:
+        session.lock.release()
+
+
+async def _stream(state: ServerState, req, cid, plan, jobs, out, collector):
+    ids: list[list[int]] = [[] for _ in range(req.n)]
+    shown = [""] * req.n
+    done_ok = False
+    markers = _MARKERS if req.tools and req.tool_choice != "none" else ()
+    try:
+        for c in range(req.n):
+            first = {"index": c, "delta": {"role": "assistant", "content": ""}}
+            first["logprobs"], first["finish_reason"] = None, None
+            yield _sse(chunk(cid, state.model_id, [first]))
+        ended = 0
+        while ended < req.n:
+            c, kind, payload = await out.get()
+            if kind == "error":
+                msg = f"the policy failed: {payload!r}"
+                yield _sse({"error": {"message": msg, "type": "server_error"}})
+                return
+            if kind == "tokens":
+                new_ids, new_lps = payload
+                ids[c] += new_ids
+                text = visible_text(state.chat.decode(ids[c]), req.stop, markers, False)
+                if text.startswith(shown[c]) and len(text) > len(shown[c]):
+                    ch = {"index": c, "delta": {"content": text[len(shown[c]) :]}}
+                    ch["finish_reason"] = None
+                    ch["logprobs"] = (
+                        logprobs_block(_token_texts(state, new_ids), new_lps)
+                        if req.logprobs
+                        else None
+                    )
+                    shown[c] = text
+                    yield _sse(chunk(cid, state.model_id, [ch]))
+            elif kind == "done":
+                ended += 1
+                t = _Turn(state, req, payload.tokens)
+                delta: dict[str, Any] = {}
+                if t.content.startswith(shown[c]) and len(t.content) > len(shown[c]):
+                    delta["content"] = t.content[len(shown[c]) :]
+                if t.calls:
+                    calls = openai_tool_calls(t.calls, _call_ids(cid, c, t))
+                    delta["tool_calls"] = [{"index": i, **x} for i, x in enumerate(calls)]
+                if delta:
+                    ch = {"index": c, "delta": delta, "finish_reason": None, "logprobs": None}
+                    yield _sse(chunk(cid, state.model_id, [ch]))
+                end = {"index": c, "delta": {}, "logprobs": None}
+                end["finish_reason"] = _finish(payload.finish_reason, t)
+                yield _sse(chunk(cid, state.model_id, [end]))
+        results, _ = await collector
+        done_ok = True
+        if req.include_usage:
+            n_out = sum(len(r.tokens) for r in results)
+            u = usage(len(plan.context), n_out, results[0].cached_tokens)
+            yield _sse(chunk(cid, state.model_id, [], u))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done_ok:
+            state.disconnects += 1
+            for job in jobs:
+                job.cancelled = True
+
+
+async def not_found(request: Request, exc: HTTPException):
+    code = "not_found" if exc.status_code == 404 else "method_not_allowed"
+    err = APIError(
+        exc.status_code,
+        f"{request.method} {request.url.path}: {exc.detail}",
+        code=code,
+    )
+    return _error(err)
+
+
+async def server_error(request: Request, exc: Exception):
+    _state(request).errors += 1
+    return _error(APIError(500, f"internal error: {exc!r}", type="server_error"))
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model:path}", model, methods=["GET"]),
+    # A session's own base URL (``/s/{id}/v1``): a harness that only takes a base_url
+    # (``jaxagent.serve.harness``) names its session without headers.
+    Route("/s/{sid}/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/s/{sid}/v1/models", models, methods=["GET"]),
+    Route("/v1/stats", stats, methods=["GET"]),
+    Route("/v1/sessions/{sid}", session_info, methods=["GET"]),
+    Route("/v1/sessions/{sid}/episode", session_episode, methods=["GET"]),
+    Route("/v1/sessions/{sid}/reward", reward, methods=["POST"]),
+    Route("/v1/sessions/{sid}/end", end, methods=["POST"]),
+]
+
+
+def create_app(state: ServerState) -> ServeApp:
+    """The app serving ``state`` (its ``app.state``)."""
+    app = ServeApp(
+        routes=ROUTES,
         exception_handlers={HTTPException: not_found, Exception: server_error},
     )
+    app.state = state
+    return app
 
 
 def _call_ids(cid: str, c: int, turn: _Turn) -> list[str]:
