@@ -36,16 +36,9 @@ def quickstart_tools(task: Task) -> list[dict]:
 
 def bfcl_tools(task: Task) -> list[dict]:
     """The entry's documented functions, less those BFCL holds out (``missed_function``)."""
-    from jaxagent.envs.tools.bfcl import data as D
+    from jaxagent.envs.tools.bfcl.data import offered_docs
 
-    entry = task.data
-    held = {n for names in entry.get("missed_function", {}).values() for n in names}
-    return [
-        _function(doc)
-        for cls in entry["involved_classes"]
-        for doc in D._class_docs(cls)
-        if doc["name"] not in held
-    ]
+    return [_function(doc) for doc in offered_docs(task.data)]
 
 
 _TOOLS_OF: dict[str, ToolsOf] = {"quickstart": quickstart_tools, "bfcl": bfcl_tools}

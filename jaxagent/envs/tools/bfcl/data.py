@@ -172,6 +172,19 @@ def _class_docs(class_name: str) -> tuple[dict, ...]:
     return tuple(_read_jsonl(path))
 
 
+def offered_docs(entry: dict) -> list[dict]:
+    """BFCL's function docs (name, description, JSON Schema parameters) of the entry's
+    classes, less the functions the entry holds out (``missed_function``: offered only at a
+    later turn)."""
+    held = {n for names in entry.get("missed_function", {}).values() for n in names}
+    return [
+        doc
+        for class_name in entry["involved_classes"]
+        for doc in _class_docs(class_name)
+        if doc["name"] not in held
+    ]
+
+
 def tool_specs(entry: dict, methods: dict[str, Any]) -> dict[str, ToolSpec]:
     """Specs of every documented function of the entry's classes (held-out ones included);
     positional order comes from the Python method's signature."""
