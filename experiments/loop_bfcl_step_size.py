@@ -33,21 +33,21 @@ cfg = load_config("configs/loop_bfcl.yaml", over)
 tr = Trainer(cfg, echo=lambda s: print(s, flush=True))
 
 tr._t_run, tr._wall_offset = tr._t_init, 0.0
-state, start, history, extra = tr._start_or_resume()
-drawn = {t.id for i in range(iters) for t in tr._tasks_for(i)}
-probe = [t for t in tr.train_tasks if t.id not in drawn][:8]  # train tasks no update sees
+state, start, history, extra, _ = tr._start_or_resume()
+drawn = {t.id for i in range(iters) for t in tr.collector.tasks(i)}
+probe = [t for t in tr.built.tasks.train if t.id not in drawn][:8]  # train tasks no update sees
 rows = []
 
 
 def success(params, tasks, it_key):
-    sampler, spec = tr._lane(0)
-    d = tr._collect(params, it_key, tasks, tasks, 0, None, sampler, spec)
+    sampler, spec = tr.collector._lanes[0]
+    d = tr.collector._episodes(params, it_key, tasks, tasks, 0, None, sampler, spec)
     return float(np.mean([ep.success for ep in d.episodes]))
 
 
 for it in range(iters):
     t0 = time.time()
-    tasks = tr._tasks_for(it)
+    tasks = tr.collector.tasks(it)
     assert not set(t.id for t in tasks) & set(t.id for t in probe)
     if it == 0:
         params, _ = begin_sampling(state)

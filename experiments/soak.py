@@ -257,7 +257,7 @@ def main() -> int:
     trainer.update_step = poisoned_update
     t_start = time.monotonic()
     trainer._t_run, trainer._wall_offset = trainer._t_init, 0.0
-    state, start, history, extra = trainer._start_or_resume()
+    state, start, history, extra, _ = trainer._start_or_resume()
     sampler.start()
     sampler.sample()
     iters, skipped, it = [], 0, start
@@ -289,7 +289,7 @@ def main() -> int:
             flush=True,
         )
         if done % 5 == 0:
-            trainer.checkpointer.save(done, state, trainer._meta(done, history, extra))
+            trainer._save(done, state, history, extra, None, {})
         iters[-1]["peak_rss_mb"] = peak_rss_mb()
         if args.census_every and done % args.census_every == 0:
             by_type = object_census()

@@ -81,7 +81,7 @@ def main() -> None:
     params, _ = trainer.sft(trainer.take_initial_params())
     print(f"SFT done in {time.perf_counter() - t0:.0f} s")
     grammar = trainer.built.sampler.grammar
-    tasks = list(trainer.eval_tasks)[: args.tasks]
+    tasks = list(trainer.built.tasks.eval)[: args.tasks]
     key = jax.random.key(args.seed + 1000)
     res = {}
     for name, g in (("free", None), ("constrained", grammar)):
@@ -102,7 +102,7 @@ def main() -> None:
             f"{100 * r['call_or_answer_rate']:.1f}%  success {100 * r['success']:.1f}%"
         )
     trainer.built.sampler.grammar = grammar
-    state = trainer._new_state(params)
+    state = trainer.states.new(params)
     _, metrics = trainer.iteration(state, 0)
     mm = {k: float(v) for k, v in metrics.items() if k.startswith("mismatch/")}
     print("one constrained RL iteration, learner vs sampler log-probs under the masks:", mm)

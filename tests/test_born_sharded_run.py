@@ -94,6 +94,7 @@ def hf_dir(tmp_path_factory):
 
 
 def test_a_run_is_born_sharded_and_resumes_without_reading_weights(hf_dir, tmp_path, monkeypatch):
+    from jaxagent.train import state as S
     from jaxagent.train import trainer as T
 
     assert jax.device_count() == 8
@@ -106,7 +107,7 @@ def test_a_run_is_born_sharded_and_resumes_without_reading_weights(hf_dir, tmp_p
         return out
 
     monkeypatch.setattr(jax, "make_array_from_callback", placed)
-    real_iteration, real_new_state = T.Trainer.iteration, T.Trainer._new_state
+    real_iteration, real_new_state = T.Trainer.iteration, S.RunState.new
     states = []
 
     def iteration(self, state, it):
@@ -122,7 +123,7 @@ def test_a_run_is_born_sharded_and_resumes_without_reading_weights(hf_dir, tmp_p
         return state
 
     monkeypatch.setattr(T.Trainer, "iteration", iteration)
-    monkeypatch.setattr(T.Trainer, "_new_state", new_state)
+    monkeypatch.setattr(S.RunState, "new", new_state)
     out = tmp_path / "run"
     config = load_config(
         CONFIGS / "quickstart.yaml", RUN + [f"model.init_from={hf_dir}", f"train.out_dir={out}"]

@@ -157,7 +157,7 @@ def test_every_config_runs_one_shrunken_iteration(path, tmp_path):
     rec = it1[0]
     assert np.isfinite(rec["loss/total"])
     assert rec["train/episodes"] == 4  # no episode lost
-    assert rec["eval/episodes"] == len(trainer.eval_tasks) * config.eval.samples_per_task
+    assert rec["eval/episodes"] == len(trainer.built.tasks.eval) * config.eval.samples_per_task
     rl = config.rl_config
     if rl.kl.mode == "loss":
         assert "kl/ref" in rec

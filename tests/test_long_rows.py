@@ -94,11 +94,11 @@ def test_long_rows_learner_logprobs_equal_the_samplers(tmp_path):
     trainer = Trainer(config, echo=lambda s: None)
     try:
         params = trainer.take_initial_params()
-        batch = trainer._produce(0, 0, params)["batch"]
+        batch = trainer.collector.collect(0, 0, params).batch
         lengths = (batch.segment_ids > 0).sum(axis=1)
         assert lengths.min() > 1024, lengths  # long rows, over one head block of positions
         t = batch.tokens.shape[1]
-        assert t & (t - 1) == 0 or t == trainer.max_len  # a pow2 bucket (or the cap)
+        assert t & (t - 1) == 0 or t == trainer.built.max_len  # a pow2 bucket (or the cap)
         # every sampled token carries loss, and every turn's observation none: the mask
         # has one run of ones per turn
         mask = batch.loss_mask > 0
@@ -107,7 +107,7 @@ def test_long_rows_learner_logprobs_equal_the_samplers(tmp_path):
             assert runs >= 8 and mask[r].sum() >= 8 * 1
             assert (batch.turn_ids[r][mask[r]] >= 0).all()
         # the plain logits path over the whole row: the behaviour log-probs exactly
-        lp = logits_logprob_fn(model_apply_fn(trainer.graphdef))(
+        lp = logits_logprob_fn(model_apply_fn(trainer.built.graphdef))(
             params,
             jnp.asarray(batch.tokens),
             jnp.asarray(batch.positions),
@@ -116,7 +116,7 @@ def test_long_rows_learner_logprobs_equal_the_samplers(tmp_path):
         d = np.abs(np.asarray(lp) - batch.old_logprobs)[mask]
         assert d.max() < 1e-4, d.max()
         # and the update's own (lean, chunked) forward at the first minibatch: ratio 1
-        state = trainer._new_state(params)
+        state = trainer.states.new(params)
         _, m = trainer.update_step(state, batch)
         assert float(m["mismatch/max_abs"]) < 1e-4, m["mismatch/max_abs"]
     finally:

@@ -21,7 +21,7 @@ from jaxagent.errors import ConfigError
 from jaxagent.train.checkpoint import restore_params_only
 from jaxagent.train.config import load_config
 from jaxagent.train.metrics_log import read_jsonl
-from jaxagent.train.overlap import Pipeline, decode_buffer, encode_buffer, staleness_metrics
+from jaxagent.train.overlap import Pipeline, staleness_metrics
 
 from test_train import ROOT, TINY, _by_step
 
@@ -118,7 +118,7 @@ def test_pipeline_resumes_from_buffer_and_reports_failure():
             raise RuntimeError("env exploded")
         return i
 
-    pipe = Pipeline(produce, 3, 6, 1, buffered=decode_buffer(encode_buffer(_buffer(3, 1))))
+    pipe = Pipeline(produce, 3, 6, 1, buffered=_buffer(3, 1))
     # batch 3 comes from the checkpoint (version 2); batch 4 needs version 3
     assert not pipe.needs(2) and pipe.needs(3)
     item, _, _ = pipe.take(3)
@@ -212,8 +212,52 @@ def _run(tmp_path, name, staleness, iterations=3, extra=()):
     return _by_step(d / "metrics.jsonl"), params, summary, step
 
 
-def test_two_asynchronous_runs_are_identical_and_record_versions(tmp_path):
+def _pending_is_data(ckpt_dir, step: int, made: dict) -> None:
+    """Checkpoint ``step``'s pending batches are arrays in an orbax item, numbers in the JSON
+    meta (no pickle, no base64 text), and read back equal to the batches that were made."""
+    import json
+
+    from jaxagent.train.checkpoint import Checkpointer
+    from jaxagent.train.collect import restored_items
+
+    text = (ckpt_dir / str(step) / "meta" / "metadata").read_text()
+    meta = json.loads(text)
+    assert "overlap_buffer" not in meta and len(text) < 20_000, len(text)
+
+    def strings(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        if isinstance(x, list):
+            return [s for v in x for s in strings(v)]
+        return [x] if isinstance(x, str) else []
+
+    assert all(len(s) < 200 for s in strings(meta["pending"]))
+    ck = Checkpointer(ckpt_dir, read_only=True)
+    try:
+        items = restored_items(ck.restore_pending(step), meta["pending"])
+    finally:
+        ck.close()
+    assert sorted(items) == [step] and items[step].version == step - 1
+    got, want = items[step].payload, made[step]
+    assert got.arrays().keys() == want.arrays().keys()
+    for k, v in want.arrays().items():
+        assert got.arrays()[k].dtype == v.dtype and np.array_equal(got.arrays()[k], v), k
+    assert got.metrics == want.metrics and got.stats == want.stats
+
+
+def test_two_asynchronous_runs_are_identical_and_record_versions(tmp_path, monkeypatch):
+    from jaxagent.train.collect import Collector
+
+    made, collect = {}, Collector.collect
+
+    def recording(self, it, *a, **k):
+        made[it] = collect(self, it, *a, **k)
+        return made[it]
+
+    monkeypatch.setattr(Collector, "collect", recording)
     m1, p1, s1, step = _run(tmp_path, "a", 1)
+    for ckpt in (1, 2):  # each holds the next batch, sampled one version behind
+        _pending_is_data(tmp_path / "a" / "checkpoints", ckpt, made)
     m2, p2, s2, _ = _run(tmp_path, "b", 1)
     assert step == 3
     assert m1 == m2 and s1["success_after_rl"] == s2["success_after_rl"]

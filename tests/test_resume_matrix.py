@@ -67,6 +67,8 @@ DRIVER = textwrap.dedent(
     E = importlib.import_module("jaxagent.agents.evaluate")  # the package exports a function
     S = importlib.import_module("jaxagent.train.sft")
     T = importlib.import_module("jaxagent.train.trainer")
+    C = importlib.import_module("jaxagent.train.collect")
+    ST = importlib.import_module("jaxagent.train.state")
     V = importlib.import_module("jaxagent.train.evaluation")
 
     validate = V.RunEvaluation.validate
@@ -88,18 +90,18 @@ DRIVER = textwrap.dedent(
 
         S.run_sft = sft
     elif point in ("rollout", "eval"):
-        mod = T if point == "rollout" else E
+        mod = C if point == "rollout" else E
         collect = mod.collect_episodes
         mod.collect_episodes = lambda *a, **k: collect(*a, on_round=lambda *_: fire(), **k)
     elif point == "update":
         # the trainer's RL update only: SFT builds its own ShardedUpdate from parallel.layout
-        class FiringUpdate(T.ShardedUpdate):
+        class FiringUpdate(ST.ShardedUpdate):
             def __call__(self, *a, **k):
                 out = super().__call__(*a, **k)
                 fire()
                 return out
 
-        T.ShardedUpdate = FiringUpdate
+        ST.ShardedUpdate = FiringUpdate
     elif point == "save":
         save = T.Checkpointer.save
 

@@ -110,9 +110,9 @@ def selected_run(tmp_path_factory):
         return m
 
     trainer.evaluation.evaluate = evaluate
-    val_ids = [t.id for t in trainer.val_tasks]
-    train_ids = {t.id for t in trainer.train_tasks}
-    seen = {t.id for it in range(30) for t in trainer._tasks_for(it)}  # several epochs
+    val_ids = [t.id for t in trainer.built.tasks.val]
+    train_ids = {t.id for t in trainer.built.tasks.train}
+    seen = {t.id for it in range(30) for t in trainer.collector.tasks(it)}  # several epochs
     summary = trainer.run()
     return out, summary, val_ids, train_ids, seen
 

@@ -2,7 +2,9 @@
 
 A checkpoint holds the whole train state pytree (params, optimizer state, step, RNG) and a
 JSON "meta" record with everything else a run needs to continue exactly: the iteration, the
-data position, the sampling key, the evaluation history. Orbax writes to a temporary directory
+data position, the sampling key, the evaluation history; an overlapped run's batches sampled
+with older weights are a third item, ``pending``, of plain host arrays (nothing a checkpoint
+holds is pickled: restoring one runs no code of the directory's). Orbax writes to a temporary directory
 and renames it when complete, so a run killed mid-save resumes from the previous checkpoint;
 leftover temporary directories are removed when the next run opens the directory, and
 ``latest_step`` names the newest checkpoint that is *complete* (every item's metadata on disk
@@ -33,6 +35,7 @@ from orbax.checkpoint import checkpoint_managers as cm
 from jaxagent.errors import ConfigError
 
 BEST_METRIC = "eval_success"
+PENDING = "pending"  # the item of host arrays saved beside the state (``Checkpointer.save``)
 # files every finished checkpoint has (orbax writes them last, before the final rename)
 _REQUIRED = ("_CHECKPOINT_METADATA", "state/_METADATA", "state/manifest.ocdbt", "meta/metadata")
 
@@ -139,21 +142,32 @@ class Checkpointer:
             ("meta", ocp.args.JsonRestore),
         ):
             registry.add(item, args, handler if item == "state" else ocp.JsonCheckpointHandler())
+        pending = ocp.PyTreeCheckpointHandler()
+        registry.add(PENDING, ocp.args.PyTreeSave, pending)
+        registry.add(PENDING, ocp.args.PyTreeRestore, pending)
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, handler_registry=registry
         )
 
-    def save(self, step: int, state: Any, meta: dict, eval_success: Optional[float] = None):
-        """Save ``state`` (a pytree of arrays) and ``meta`` (JSON) as checkpoint ``step``."""
+    def save(
+        self,
+        step: int,
+        state: Any,
+        meta: dict,
+        eval_success: Optional[float] = None,
+        pending: Optional[dict] = None,
+    ):
+        """Save ``state`` (a pytree of arrays) and ``meta`` (JSON) as checkpoint ``step``;
+        ``pending``: host arrays (a nested dict of numpy arrays) saved beside them, the
+        overlapped rollout's batches that the state's weights did not sample."""
         metrics = None if eval_success is None else {BEST_METRIC: float(eval_success)}
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.PyTreeSave(_to_savable(state)), meta=ocp.args.JsonSave(meta)
-            ),
-            metrics=metrics,
-            force=True,
-        )
+        items = {
+            "state": ocp.args.PyTreeSave(_to_savable(state)),
+            "meta": ocp.args.JsonSave(meta),
+        }
+        if pending:
+            items[PENDING] = ocp.args.PyTreeSave(pending)
+        self._manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
         self._pending = self._streaming
 
     def before_mutation(self) -> None:
@@ -204,6 +218,16 @@ class Checkpointer:
             ),
         )
         return _from_saved(out["state"], like), dict(out["meta"])
+
+    def restore_pending(self, step: int) -> dict:
+        """The host arrays saved as ``pending`` with checkpoint ``step`` (numpy; {} when it
+        has none)."""
+        if not (self.directory / str(step) / PENDING).exists():
+            return {}
+        out = self._manager.restore(
+            step, args=ocp.args.Composite(**{PENDING: ocp.args.PyTreeRestore()})
+        )
+        return jax.tree.map(np.asarray, dict(out[PENDING]))
 
     def restore_meta(self, step: int) -> dict:
         out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))

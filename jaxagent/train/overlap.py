@@ -39,23 +39,22 @@ second pool counts separately).
 Lossless resume: a checkpoint taken after iteration ``n`` holds, beside the state, the
 batches ``n .. n + k - 1`` that were sampled with weights older than ``n`` (which the
 checkpoint does not hold); the producer finishes them before the save, so a run killed at any
-point and resumed continues exactly, skipping and repeating no task.
+point and resumed continues exactly, skipping and repeating no task. They are saved as what
+they are, arrays (an orbax item beside the state) and numbers (the JSON meta:
+``jaxagent.train.collect.pending_items``), never as pickled objects: a run directory from
+elsewhere is data, and resuming it runs no code of its.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import pickle
 import threading
 import time
 from typing import Any, Callable, Optional
 
 from jaxagent.errors import FROZEN, ConfigError, check_positive
 
-__all__ = ["BUFFER_KEY", "OverlapSection", "Pipeline", "Produced", "staleness_metrics"]
-
-BUFFER_KEY = "overlap_buffer"  # the checkpoint meta key holding the pending batches
+__all__ = ["OverlapSection", "Pipeline", "Produced", "staleness_metrics"]
 
 
 @dataclasses.dataclass(**FROZEN)
@@ -113,7 +112,7 @@ class Produced:
 
     index: int
     version: int
-    payload: Any  # what the trainer's produce function returned (host data only)
+    payload: Any  # what the produce function returned (host data: ``collect.Collected``)
     sampler_wait_s: float = 0.0  # the producer waited this long for the version's weights
     collect_s: float = 0.0
 
@@ -274,15 +273,6 @@ class Pipeline:
             with self._cond:
                 self._error = err
                 self._cond.notify_all()
-
-
-def encode_buffer(items: dict[int, Produced]) -> str:
-    """Batches as a JSON-safe string for a checkpoint's meta (saved atomically with it)."""
-    return base64.b64encode(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)).decode()
-
-
-def decode_buffer(text: str) -> dict[int, Produced]:
-    return pickle.loads(base64.b64decode(text.encode()))
 
 
 def staleness_metrics(episodes, iteration: int, staleness: int) -> dict:

@@ -31,10 +31,13 @@ from jaxagent.envs.base import Task
 from jaxagent.envs.registry import EnvFactory, EnvSpec, get_env_spec
 from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, load_tokenizer
+from jaxagent.models import abstract_params as abstract_model_params
+from jaxagent.parallel.layout import DeviceLayout
 from jaxagent.sections import build
 from jaxagent.train.config import Config, sampling_fields
 from jaxagent.errors import ConfigError
 from jaxagent.train.policy import build_model, hf_input, make_turn_sampler, state_reserve_bytes
+from jaxagent.train.state import device_layout
 from jaxagent.train.tokenizer import build_chatml_tokenizer, build_tokenizer, build_word_tokenizer
 
 
@@ -214,6 +217,9 @@ class Run:
     # are its first call): a further collection lane (``overlap.lanes``); the caller closes
     # the runner.
     make_lane: Optional[Callable[[], tuple[TurnPolicy, RolloutSpec]]] = None
+    # The device layout of ``config.mesh`` over the model's shapes (``build_run(layout=True)``;
+    # the parameters were born in its shards), else None.
+    layout: Optional[DeviceLayout] = None
 
     def close(self) -> None:
         self.rollout.runner.close()
@@ -225,7 +231,7 @@ def build_run(
     policy: Any = None,
     tokenizer_dir: Optional[Path] = None,
     render_dir: Optional[str] = None,
-    shardings: Optional[Callable[[ModelConfig], Any]] = None,
+    layout: bool = False,
     abstract_params: bool = False,
 ) -> Run:
     """Build a run's pieces from its config.
@@ -236,8 +242,11 @@ def build_run(
         of building them (``jaxagent eval`` / ``rollout`` on a checkpoint).
       tokenizer_dir: where a resumed run keeps its tokenizer (``<run_dir>/tokenizer``),
         loaded from there; None builds it (nothing is saved here).
-      shardings, abstract_params: how the model's parameters are made
-        (``jaxagent.train.policy.build_model``: born in their shards; shapes only).
+      layout: build the device layout of ``config.mesh`` (``Run.layout``) once the model's
+        shapes are known, and make the parameters born in its shards
+        (``jaxagent.train.policy.build_model``).
+      abstract_params: the parameters' shapes and dtypes only (a resumed run reads its
+        weights from its checkpoint).
 
     Returns:
       The ``Run``.
@@ -245,10 +254,22 @@ def build_run(
     env = get_env_spec(config.env.name, config.env.options)
     tasks = split_tasks(config, env)
     model_key, state_key, sample_key = sample_keys(config.train.seed)
+    layouts: list[DeviceLayout] = []
+
+    def shardings(model_config: ModelConfig):  # asked before any weight is read or made
+        layouts.append(device_layout(config.mesh, model_config, config.overlap.sampler_devices))
+        if layouts[-1].mesh is None:
+            return None
+        return layouts[-1].param_shardings(abstract_model_params(model_config))
+
     if policy is None:
         tokenizer = run_tokenizer(config, env, tasks.train, tokenizer_dir)
         graphdef, params, model_config = build_model(
-            config.model, tokenizer, model_key, shardings=shardings, abstract=abstract_params
+            config.model,
+            tokenizer,
+            model_key,
+            shardings=shardings if layout else None,
+            abstract=abstract_params,
         )
     else:
         tokenizer, graphdef, params, model_config = (
@@ -328,6 +349,7 @@ def build_run(
         eval_sampler=eval_sampler,
         rollout=rollout,
         make_lane=make_lane,
+        layout=layouts[-1] if layouts else None,
         model_key=model_key,
         state_key=state_key,
         sample_key=sample_key,

@@ -150,7 +150,7 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
             )
         )
     title = (
-        f"{cfg.name} (seed {cfg.train.seed}): {len(trainer.eval_tasks)} held-out "
+        f"{cfg.name} (seed {cfg.train.seed}): {len(trainer.built.tasks.eval)} held-out "
         f"{cfg.env.name} tasks, {cfg.rl.recipe} for {after['iteration']} iterations"
     )
     trainer.echo(_table(rows, title))
