@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxagent.errors import ConfigError
 from jaxagent.generate import Sampler, SamplingConfig
 from jaxagent.models import (
     ModelConfig,
@@ -223,18 +222,15 @@ def test_sharded_scanned_sampler_matches_one_device():
     np.testing.assert_allclose(outs[1][1], outs[0][1], atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "extra, field",
-    [(["rl.lora.rank=0", "rl.update.fused_optimizer=true"], "rl.update.fused_optimizer")],
-)
-def test_features_that_need_unrolled_blocks_are_refused(extra, field):
+def test_scan_layers_composes_with_lora_and_the_fused_optimiser():
     from jaxagent.train.config import load_config
 
     assert load_config(None, ["model.scan_layers=true", "rl.lora.rank=0"]).model.scan_layers
-    # LoRA works over the stacked blocks (tests/test_lora_scan.py)
+    # LoRA works over the stacked blocks (tests/test_lora_scan.py), and so does the fused
+    # optimiser (tests/test_fused_scan.py)
     assert load_config(None, ["model.scan_layers=true", "rl.lora.rank=8"]).model.scan_layers
-    with pytest.raises(ConfigError, match=f"model.scan_layers=true with {field}"):
-        load_config(None, ["model.scan_layers=true", *extra])
+    fused = ["model.scan_layers=true", "rl.lora.rank=0", "rl.update.fused_optimizer=true"]
+    assert load_config(None, fused).rl_config.update.fused_optimizer
 
 
 @pytest.mark.slow  # ~25 s: four compiles of an update step

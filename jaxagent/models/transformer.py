@@ -10,6 +10,8 @@ modules here are merged inside jit, so the NNX graph walk costs trace time only.
 
 from __future__ import annotations
 
+from typing import Any, Callable, Protocol, runtime_checkable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -271,6 +273,16 @@ class Block(nnx.Module):
         return x + self.mlp(self.post_attn_norm(x), fused), new_kv
 
 
+@runtime_checkable
+class LayerScan(Protocol):
+    """A ``remat`` for ``scan_layers`` that runs the whole scan over the stacked blocks itself
+    (the fused optimiser's hook, ``jaxagent.rl.fused_step.ScanHook``, whose backward pass
+    steps each layer's slice of the stacked parameters): ``scan(block, stacked, x, consts)``
+    applies ``block(layer_state, x, *consts)`` layer by layer and returns the last output."""
+
+    def scan(self, block: Callable, stacked: Any, x: jax.Array, consts: tuple) -> jax.Array: ...
+
+
 class Transformer(nnx.Module):
     """The policy LM. ``hidden`` runs the blocks; ``logits`` / ``values`` are the heads."""
 
@@ -360,7 +372,8 @@ class Transformer(nnx.Module):
         backend, one device.
         With ``config.scan_layers`` the blocks run as one ``jax.lax.scan`` over the stacked
         parameters (and the stacked cache, ``init_cache``): one block is traced and compiled
-        whatever the depth; ``remat`` wraps the scanned block the same way.
+        whatever the depth; ``remat`` wraps the scanned block the same way, or, a
+        ``LayerScan`` (the fused optimiser's hook), runs the scan itself.
         """
         cfg = self.config
 
@@ -425,6 +438,11 @@ class Transformer(nnx.Module):
 
             def block(st, x, cos, sin, mask, fused_l=None):
                 return nnx.merge(block_def, st)(x, cos, sin, mask, fused=fused_l)[0]
+
+            if isinstance(remat, LayerScan):  # the hook runs the scan (and its backward)
+                step = lambda st, x, *consts: pin(block(st, x, *consts))  # noqa: E731
+                x = remat.scan(step, state, x, (cos, sin, mask))
+                return self.final_norm(x), None
 
             if remat:  # as ``_remat_block``: the wrapper sees ``block(state, x, *consts)``
                 block = (remat if callable(remat) else jax.checkpoint)(block)

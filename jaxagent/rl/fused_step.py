@@ -25,7 +25,11 @@ elementwise over parameters given the norm (``make_optimizer``'s AdamW with
 
 Each block goes through ``Transformer.hidden``'s ``remat`` hook (``model_logprob_fn``'s
 ``block_wrap``); the model says which parameters form a block (``jaxagent.models.api.layer_of``:
-the ``layer_<i>`` entries of an unrolled model).
+the ``layer_<i>`` entries of an unrolled model). A ``scan_layers`` model's stacked blocks go
+through ``ScanHook`` instead (``Transformer.hidden``'s ``LayerScan``): the whole scan is one
+custom VJP whose backward loop steps each layer's slice of the stacked parameters and moments
+in place (measured on CPU at 6 x 384: 24.7 MB of temporaries against the plain scanned step's
+41.8 MB; ``tests/test_fused_scan.py``).
 """
 
 from __future__ import annotations
@@ -49,12 +53,13 @@ class ParamPlan:
     def __init__(self, params: Any, opt_state: Any):
         flat, self.params_def = jax.tree_util.tree_flatten_with_path(params)
         top = [layer_of(path_name(path)) for path, _ in flat]
-        if STACKED_BLOCKS in top:
-            raise ValueError(
-                "update.fused_optimizer: the params hold the stacked blocks of a scan_layers "
-                "model; the fused step hooks unrolled blocks (build it with scan_layers=False)"
-            )
-        blocks = sorted({k for k in top if k is not None}, key=layer_index)
+        # scan_layers: one stacked "block" whose leaves are [L, ...], stepped a layer at a
+        # time inside the scan's own backward pass (``ScanHook``)
+        self.stacked = STACKED_BLOCKS in top
+        if self.stacked:
+            blocks = [STACKED_BLOCKS]
+        else:
+            blocks = sorted({k for k in top if k is not None}, key=layer_index)
         self.blocks = {k: [j for j, t in enumerate(top) if t == k] for k in blocks}
         self.rest = [j for j, t in enumerate(top) if t not in self.blocks]
         is_mirror = lambda x: jax.tree.structure(x) == self.params_def
@@ -160,6 +165,83 @@ class BlockHook:
         return lambda state, x, *consts: run(state, x, moments, probe, aux, *consts)
 
 
+class ScanHook:
+    """The ``remat`` of a ``scan_layers`` model (``Transformer.hidden``'s ``LayerScan``): the
+    whole scan over the stacked blocks as one custom VJP, whose backward pass is a loop over
+    the layers from the last that recomputes layer i from its saved input, takes its
+    gradient, and steps that layer's slice of the stacked parameters and moments in place
+    (``dynamic_update_slice`` of loop-carried buffers, so no stacked gradient or second
+    stacked copy of the weights or moments exists): one layer's gradient is alive at a time,
+    as ``BlockHook``'s unrolled blocks. Cotangents returned: the stacked parameters and
+    moments after the step (unchanged where ``ok`` is false), and the probe's, the blocks'
+    sum of squared gradients."""
+
+    def __init__(self, moments: list, probe, tx, plan, aux):
+        self.moments, self.probe, self.tx, self.plan = moments, probe, tx, plan
+        self.aux = aux  # (the optimiser state's other leaves, the grad norm, apply)
+        self.calls = 0
+
+    def __call__(self, block: Callable) -> Callable:
+        raise ValueError(
+            "update.fused_optimizer: the params hold the stacked blocks of a scan_layers "
+            "model, whose hook runs the whole scan (ScanHook.scan), not one block"
+        )
+
+    def scan(self, block: Callable, stacked, x, consts: tuple):
+        """``block(layer_state, x, *consts)`` over the layers of ``stacked`` ([L, ...]
+        leaves), carrying ``x``; returns the last layer's output."""
+        self.calls += 1
+        tx, plan = self.tx, self.plan
+
+        def forward(stacked, x, consts):
+            def body(x, st):
+                return block(st, x, *consts), x  # each layer's input kept (as remat does)
+
+            return jax.lax.scan(body, x, stacked)
+
+        @jax.custom_vjp
+        def run(stacked, x, moments, probe, aux, consts):
+            return forward(stacked, x, consts)[0]
+
+        def fwd(stacked, x, moments, probe, aux, consts):
+            y, inputs = forward(stacked, x, consts)
+            return y, (stacked, inputs, moments, aux, consts)
+
+        def bwd(res, g):
+            stacked, inputs, moments, (others, norm, ok), consts = res
+            p_leaves, p_def = jax.tree.flatten(stacked)
+            for m in moments:
+                if [a.shape for a in m] != [a.shape for a in p_leaves]:
+                    raise ValueError(
+                        "update.fused_optimizer: the blocks' params and moments differ"
+                    )
+            n = inputs.shape[0]
+            at = lambda a, i: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)  # noqa: E731
+            put = lambda a, v, i: jax.lax.dynamic_update_index_in_dim(a, v, i, 0)  # noqa: E731
+
+            def body(j, carry):
+                dx, p_all, m_all, sq = carry
+                i = n - 1 - j
+                p_i = [at(a, i) for a in p_all]  # not yet stepped: layers > i only are
+                _, vjp = jax.vjp(
+                    lambda s, y: block(p_def.unflatten(s), y, *consts), p_i, at(inputs, i)
+                )
+                grads, dx = vjp(dx.astype(inputs.dtype))
+                sq = sq + sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in grads)
+                m_i = [[at(a, i) for a in m] for m in m_all]
+                new_p, new_m, _ = _step_if(ok, tx, plan, grads, p_i, m_i, others, norm)
+                p_all = [put(a, v, i) for a, v in zip(p_all, new_p)]
+                m_all = [[put(a, v, i) for a, v in zip(m, nm)] for m, nm in zip(m_all, new_m)]
+                return dx, p_all, m_all, sq
+
+            init = (g, p_leaves, moments, jnp.zeros((), jnp.float32))
+            dx, p_all, m_all, sq = jax.lax.fori_loop(0, n, body, init)
+            return p_def.unflatten(p_all), dx, m_all, sq, None, None
+
+        run.defvjp(fwd, bwd)
+        return run(stacked, x, self.moments[0], self.probe[0], self.aux, consts)
+
+
 def check_elementwise(tx) -> None:
     """The fused step applies ``tx`` block by block: refuse an optimiser whose update of one
     leaf depends on the others (e.g. ``optax.clip_by_global_norm``, which would clip each
@@ -198,7 +280,8 @@ def fused_pass(loss_of: Callable, tx, plan: ParamPlan, params, opt_state, norm, 
     hooks = []
 
     def f(p, moments, probes):
-        hooks.append(BlockHook(moments, probes, tx, plan, (others, norm, ok)))
+        hook = ScanHook if plan.stacked else BlockHook
+        hooks.append(hook(moments, probes, tx, plan, (others, norm, ok)))
         return loss_of(p, hooks[-1])
 
     (_, sums), (g, new_moments, sq) = jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(

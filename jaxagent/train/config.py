@@ -321,7 +321,6 @@ class Config:
         object.__setattr__(self, "_rl", self.rl.build())
         self._check_rl_sampling()
         self._check_param_dtype()
-        self._check_scan_layers()
         self._check_overlap()
 
     @property
@@ -368,17 +367,6 @@ class Config:
                 "model.param_dtype=bfloat16 with full fine-tuning (rl.lora.rank=0): Adam's "
                 "updates round away in bfloat16 weights; set model.param_dtype=float32 "
                 "(a float32 master, computed in model.dtype=bfloat16) or rl.lora.rank>0"
-            )
-
-    def _check_scan_layers(self) -> None:
-        """The fused optimiser hooks each block's backward pass separately, its moments cut
-        per block (``jaxagent.rl.fused_step``); the one stacked, scanned block of
-        ``model.scan_layers`` would need them cut per scan step. (LoRA works with both:
-        its adapters are stacked along the layer axis like the kernels, ``jaxagent.rl.lora``.)"""
-        if self.model.scan_layers and self.rl_config.update.fused_optimizer:
-            raise ConfigError(
-                "model.scan_layers=true with rl.update.fused_optimizer=true: the fused step "
-                "hooks each unrolled block; set model.scan_layers=false or fused_optimizer=false"
             )
 
     def _check_overlap(self) -> None:
