@@ -128,6 +128,24 @@ def quickstart_seeds() -> list[str]:
     return seed_table("quickstart.jsonl", "quickstart_seeds")
 
 
+def quickstart_reruns() -> list[str]:
+    rows = []
+    for i, r in enumerate(table_records("quickstart.jsonl", "quickstart_reruns")):
+        f = r["figures"]
+        rows.append([r["code_label"], f"`{r['command']}`" if i == 0 else "the same",
+                     f"{f['before']:.3f}", f"{f['after']:.3f}", f"{f['best_val']:.3f}", f"{f['wall_s']} s"])  # fmt: skip
+    return table(["code", "command", "before RL", "after RL", "best val", "wall"], "llllll", rows)
+
+
+def quickstart_seeds_f13b200() -> list[str]:
+    rs = table_records("quickstart.jsonl", "quickstart_seeds_f13b200")
+    rows = [[str(r["seed"]), f"`{r['command']}`", f"{r['figures']['before']:.3f}",
+             f"{r['figures']['after']:.3f}", f"{gain_points(r):+.1f}", f"{r['figures']['wall_s']} s"]
+            for r in rs]  # fmt: skip
+    return [*table(["seed", "command", "before RL", "after RL", "gain", "wall"], "llllll", rows),
+            "", mean_gain_line(rs)]  # fmt: skip
+
+
 def engine_quickstart_seeds() -> list[str]:
     return seed_table("rollout_engine.jsonl", "engine_quickstart_seeds")
 
@@ -330,6 +348,17 @@ def strict_tool_calls() -> list[str]:
                   "turns that are a call or an answer", "held-out success"], "llllll", rows)  # fmt: skip
 
 
+def soak_allocators() -> list[str]:
+    rows = []
+    for r in [
+        r for r in read_records("pool_and_faults.jsonl") if r.get("table") == "soak_allocators"
+    ]:
+        f = r["figures"]
+        rows.append([r["setting"], f"{f['peak_slope_mb_h']:+g} ± {f['peak_slope_ci_mb_h']:g} MB/h",
+                     f"{f['mean_peak_mb']} MB", str(f["iterations"])])  # fmt: skip
+    return table(["setting", "peak slope", "mean peak", "iterations"], "llll", rows)
+
+
 def dqn_recipes() -> list[str]:
     rows = []
     for r in table_records("dqn_dialogue.jsonl", "dqn_recipes"):
@@ -372,6 +401,15 @@ def dqn_select() -> list[str]:
     out = table(["candidate", "seeds", "validation return [95% t]", "worst seed", "success",
                  "per seed", "rule policy", "overrides of configs/dqn_dialogue.yaml"],
                 "lrlrrlrl", rows)  # fmt: skip
+    out.append("")
+    by = {(r["candidate"], r["seed"]): r["dqn_return"] for r in val if r["seed"] in common}
+    diffs = []
+    for n in CANDIDATES:
+        if n != pick:
+            m, ci = interval([by[pick, s] - by[n, s] for s in sorted(common)])
+            diffs.append(f"{m:+.3f} ± {ci:.3f} against {n}")
+    out.append(f"Paired over seeds, `{pick}` minus each other candidate on validation (95% t): "
+               + "; ".join(diffs) + ".")  # fmt: skip
     ho = sorted((r for r in rs if r["stage"] == "heldout"), key=lambda r: r["seed"])
     out.append("")
     if ho:
@@ -388,9 +426,9 @@ def dqn_select() -> list[str]:
         )
     else:
         out.append(f"Selected on validation: `{pick}`; its held-out cells are not measured yet.")
-    machines = sorted({r["machine"]["cpu"] for r in rs})
-    commits = sorted({r["commit"] for r in rs})
-    out.append(f"Machine: {'; '.join(machines)}; commit(s) {', '.join(commits)}.")
+    machines = sorted({f"{r['machine']['cpu']} ({r['machine']['cores']} cores)" for r in rs})
+    out.append(f"Machine: {'; '.join(machines)}; HEAD {rs[0]['commit']} at the first cell, "
+               f"{rs[-1]['commit']} at the last (the records name each cell's).")  # fmt: skip
     return out
 
 
@@ -614,6 +652,8 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "methods_vs_rl": ("methods_vs_rl.md", methods_vs_rl),
     "quickstart_seeds_wave0": ("quickstart.md", quickstart_seeds_wave0),
     "quickstart_seeds": ("quickstart.md", quickstart_seeds),
+    "quickstart_reruns": ("quickstart.md", quickstart_reruns),
+    "quickstart_seeds_f13b200": ("quickstart.md", quickstart_seeds_f13b200),
     "engine_quickstart_seeds": ("rollout_engine.md", engine_quickstart_seeds),
     "engine_web_seed0": ("rollout_engine.md", engine_web_seed0),
     "harness_quickstart_seeds": ("serve.md", harness_quickstart_seeds),
@@ -628,6 +668,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "loop_dialogue_seeds": ("dialogue.md", loop_dialogue_seeds),
     "web_health": ("web.md", web_health),
     "soak_default": ("pool_and_faults.md", soak_default),
+    "soak_allocators": ("pool_and_faults.md", soak_allocators),
     "async_speedup_quiet": ("async_training.md", async_speedup_quiet),
     "async_lanes": ("async_training.md", async_lanes),
     "async_speedup_full": ("async_training.md", async_speedup_full),
