@@ -195,6 +195,15 @@ def _args(argv=None):
     ap.add_argument("--tokens", type=int, default=4096, help="tokens a row")
     ap.add_argument("--microbatch", type=int, default=0, help="rows a gradient step (0: 1/chip)")
     ap.add_argument(
+        "--minibatch", type=int, default=0, help="rows an optimiser step (0: --episodes)"
+    )
+    ap.add_argument(
+        "--fused-optimizer",
+        action="store_true",
+        help="rl.update.fused_optimizer (the optimiser step inside the backward pass; one "
+        "microbatch an optimiser step, so --minibatch defaults to the gradient step's rows)",
+    )
+    ap.add_argument(
         "--phase",
         default="update",
         choices=("update", "sft", "rollout", "all"),
@@ -354,10 +363,12 @@ def plan(args, phase: str = "update") -> dict:
         lora={"rank": args.lora, "dtype": args.lora_dtype},
         optim={"moments_dtype": args.moments_dtype},
         update={
-            "minibatch_size": args.episodes,
+            "minibatch_size": args.minibatch
+            or (rows_per_step if args.fused_optimizer else args.episodes),
             "microbatch_size": rows_per_step,
             "num_epochs": 1,
             "shuffle": False,
+            "fused_optimizer": args.fused_optimizer,
         },
     )
     if phase == "sft":
@@ -426,6 +437,8 @@ def plan(args, phase: str = "update") -> dict:
         "episodes": b,
         "tokens": t,
         "rows_per_gradient_step": rows_per_step,
+        "rows_per_optimiser_step": rl.update.minibatch_size,
+        "fused_optimizer": rl.update.fused_optimizer,
         "hbm_gib": None if hbm_gib is None else round(hbm_gib, 2),
         "lower_s": round(t1 - t0, 1),
     }
