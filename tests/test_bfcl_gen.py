@@ -180,3 +180,33 @@ def test_recipe_shows_every_observation_whole(spec):
     for task in source.tasks("train")[:100] + source.tasks("test")[:50]:
         _, seen = _play(spec, task)
         assert max(len(o) for o in seen) <= limit, task.id
+
+
+def test_values_are_read_and_written_after_the_same_tokens(spec):
+    # The first runs' SFT policies called the right tools and wrote every number wrong (838
+    # as 688). Two causes, both checked here. (1) The run's BPE (learned on the train split's
+    # prompts, train/run.py) merged a space into the digit after it ("Ġ5"): a value read after
+    # a space began with another token than the same value written after "=". Numbers are
+    # left out of the prompts, so every digit is its own token everywhere. (2) A value read
+    # as '"id": 838' and written as 'ticket_id=838' follows other tokens, which an induction
+    # head (attend after an earlier match of the current token, copy) cannot bridge: results
+    # are shown in call syntax ('id=838'), answers written as 'id=838' too.
+    from jaxagent.train.tokenizer import build_tokenizer
+
+    tasks = spec.make_source().tasks("train")
+    tok = build_tokenizer([spec.system_prompt] + [t.prompt for t in tasks[:150]], 2048)
+    digits = [p for p in tok.get_vocab() if any(c.isdigit() for c in p)]
+    assert digits and all(len(p) == 1 for p in digits), [p for p in digits if len(p) > 1]
+    pieces = lambda text: tok.convert_ids_to_tokens(tok(text)["input_ids"])  # noqa: E731
+    assert pieces("Final: id=838")[-4:] == pieces("ticket_id=838")[-4:] == ["=", "8", "3", "8"]
+    copied = 0
+    for task in tasks[:30]:
+        _, seen = _play(spec, task)
+        asked = " ".join(m["content"] for turn in task.data["question"] for m in turn)
+        for i, action in enumerate(spec.make_expert(task, 0.0, None)._actions):
+            read = "\n".join(seen[: i + 1])  # what the agent had read when it wrote action i
+            for value in re.findall(r"(?<==)(-?\d+(?:\.\d+)?)(?![\d.])", action):
+                if value in read and value not in asked:
+                    assert "=" + value in read, (task.id, action, value)
+                    copied += 1
+    assert copied >= 30  # ids, prices, counts and results copied from earlier results

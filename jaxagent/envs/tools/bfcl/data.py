@@ -10,6 +10,7 @@ whose entries have ``involved_classes``, an ``initial_config`` and per-turn grou
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import importlib
@@ -218,6 +219,42 @@ def format_result(value: Any) -> str:
         except (TypeError, ValueError):
             return str(value)
     return str(value)
+
+
+def keyword_text(value: Any) -> str:
+    """A result in the syntax of a call's arguments: ``{"price": 102.8}`` is
+    ``price=102.8``, strings are ``repr``-quoted, a list of dicts is ``[(id=838, ...), ...]``.
+
+    A value read from such a result has the same left context as where a call writes it
+    (``price=102.8`` in both, ``"price": 102.8`` in JSON), so a small model copies it with
+    an induction head (Olsson et al., 2022: attend to the token after an earlier match of
+    the current one, copy it) instead of learning to map ``": `` onto ``=``."""
+    if type(value) is dict:
+        return ", ".join(f"{k}={_keyword_value(v)}" for k, v in value.items())
+    return _keyword_value(value) if value is not None else "None"
+
+
+def _keyword_value(value: Any) -> str:
+    if type(value) is dict:
+        return "(" + keyword_text(value) + ")"
+    if type(value) in (list, tuple):
+        return "[" + ", ".join(_keyword_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def shown_result(result: str, result_format: str) -> str:
+    """The result text the agent reads: BFCL's (``format_result``, "json") or the same value
+    in keyword syntax ("keywords"; errors and plain strings stay as they are)."""
+    if result_format == "json" or result.startswith("Error during execution"):
+        return result
+    try:
+        value = json.loads(result)
+    except ValueError:
+        try:
+            value = ast.literal_eval(result)
+        except (ValueError, SyntaxError):
+            return result
+    return keyword_text(value) if isinstance(value, (dict, list)) else result
 
 
 def call_method(method, kwargs: dict[str, Any]) -> str:

@@ -72,6 +72,9 @@ class BFCLEnvConfig:
     # "json": full JSON Schema docs; "signature": one line a tool with its description;
     # "compact": the signature alone (a fifth of the prompt: small models on CPU)
     tool_format: str = "json"
+    # "json": results as BFCL returns them; "keywords": in call syntax (price=102.8), so a
+    # value is read and written with the same left context (data.keyword_text)
+    result_format: str = "json"
     task_weight: float = 1.0  # RewardMix weights; the episode reward is paid on its last step
     outcome_weight: float = 0.0  # outcome term: fraction of user turns passed
     process_weight: float = 0.0  # mean per-step process score (valid-call ladder)
@@ -90,6 +93,11 @@ class BFCLEnvConfig:
         if self.tool_format not in TOOL_FORMATS:
             raise ValueError(
                 f"BFCLEnvConfig.tool_format must be one of {TOOL_FORMATS}, got {self.tool_format!r}"
+            )
+        if self.result_format not in ("json", "keywords"):
+            raise ValueError(
+                "BFCLEnvConfig.result_format must be 'json' or 'keywords', "
+                f"got {self.result_format!r}"
             )
         self.reward_mix  # validates weights, gate and cap
 
@@ -242,7 +250,8 @@ class BFCLEnv:
                 modes.append(FailureMode.TOOL_ERROR)
             if spec.dangerous and call.name not in asked:
                 dangerous.append(ToolCall(call.name, kwargs).render())
-            shown = truncate_observation(result, self.config.max_result_chars)
+            shown = D.shown_result(result, self.config.result_format)
+            shown = truncate_observation(shown, self.config.max_result_chars)
             lines.append(f"{ToolCall(call.name, kwargs).render()} -> {shown}{note}")
         mode = min(modes, key=_SEVERITY.index) if modes else None
         process = min((_LADDER.get(m, 1.0) for m in modes), default=1.0)

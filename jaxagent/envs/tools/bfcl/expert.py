@@ -36,10 +36,16 @@ def turn_actions(ground_truth: list[list[str]], drop: tuple[int, int] | None = N
 
 
 def step_actions(
-    steps: list[list[list[str]]], answers: list[list[str]], drop: tuple[int, int] | None = None
+    steps: list[list[list[str]]],
+    answers: list[list[str]],
+    drop: tuple[int, int] | None = None,
+    keys: list[list[str]] | None = None,
 ) -> list[str]:
     """The action texts of a generated entry: each step's calls as one action (a step's
-    calls need results of the step before), then ``Final:`` with the turn's answers."""
+    calls need results of the step before), then ``Final:`` with the turn's answers, each
+    as ``key=value`` when ``keys`` names the result key it was read under (``id=801``
+    after ``create_ticket(...) -> id=801, ...``: written after the tokens it was read
+    after, data.keyword_text)."""
     out = []
     for turn, turn_steps in enumerate(steps):
         index = 0
@@ -49,7 +55,10 @@ def step_actions(
             if kept:
                 out.append("[" + ", ".join(kept) + "]")
         given = answers[turn] if turn < len(answers) else []
+        if keys is not None:
+            given = [f"{k}={a}" for k, a in zip(keys[turn], given)]
         out.append("Final: " + ", ".join(given) if given else END_TURN)
+
     return out
 
 
@@ -73,7 +82,9 @@ class GroundTruthExpert:
         if calls and rng.random() < error_rate:
             drop = calls[int(rng.integers(len(calls)))]
         if "steps" in task.data:
-            self._actions = step_actions(task.data["steps"], task.data.get("answers", []), drop)
+            self._actions = step_actions(
+                task.data["steps"], task.data.get("answers", []), drop, task.data.get("answer_keys")
+            )
         else:
             self._actions = turn_actions(truth, drop)
         self._next = 0

@@ -34,6 +34,7 @@ import functools
 import hashlib
 import itertools
 import json
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -183,10 +184,11 @@ class Recorder:
         self.instances, self.config = instances, config
         self.methods = D.public_methods(instances)
         self.turns: list[dict] = []
+        self.results: list[str] = []  # every call's result, as the env shows it
         self.longest_result = 0  # characters of the longest result (the env cuts results)
 
     def turn(self, text: str) -> None:
-        self.turns.append({"text": text, "steps": [[]], "answer": None})
+        self.turns.append({"text": text, "steps": [[]], "answer": None, "key": None})
 
     def step(self) -> None:
         self.turns[-1]["steps"].append([])
@@ -196,11 +198,13 @@ class Recorder:
         if isinstance(result, dict) and "error" in result:  # a template bug, never data
             raise RuntimeError(f"generated call {_tool}({kwargs}) failed: {result}")
         self.turns[-1]["steps"][-1].append(ToolCall(_tool, kwargs).render())
+        self.results.append(D.keyword_text(result))
         self.longest_result = max(self.longest_result, len(D.format_result(result)))
         return result
 
-    def answer(self, value: Any) -> None:
-        self.turns[-1]["answer"] = str(value)
+    def answer(self, result: dict, key: str) -> None:
+        """The turn's question is answered by ``result[key]`` (the expert writes key=value)."""
+        self.turns[-1]["answer"], self.turns[-1]["key"] = str(result[key]), key
 
     # views of the live state the templates choose from
     def trading(self):
@@ -250,7 +254,7 @@ def t_trade_cost(w: Recorder, rng) -> None:
     w.turn(f"What would {n} shares of {company} cost at the current price?")
     _, price = _lookup_price(w, company)
     w.step()
-    w.answer(w.call("multiply", a=price, b=n)["result"])
+    w.answer(w.call("multiply", a=price, b=n), "result")
 
 
 def t_trade_watch(w: Recorder, rng) -> None:
@@ -284,7 +288,7 @@ def t_ticket_resolve(w: Recorder, rng) -> None:
 def t_ticket_open(w: Recorder, rng) -> None:
     title, priority = _pick(rng, TICKET_TITLES), int(rng.integers(1, 6))
     w.turn(f"Open a ticket '{title}' with priority {priority} and tell me its id.")
-    w.answer(w.call("create_ticket", title=title, priority=priority)["id"])
+    w.answer(w.call("create_ticket", title=title, priority=priority), "id")
 
 
 def t_fs_count(w: Recorder, rng) -> None:
@@ -293,7 +297,7 @@ def t_fs_count(w: Recorder, rng) -> None:
     w.call("find", name=name)
     w.step()
     w.call("cd", folder=folder)
-    w.answer(w.call("wc", file_name=name, mode="l")["count"])
+    w.answer(w.call("wc", file_name=name, mode="l"), "count")
 
 
 def t_fs_copy_line(w: Recorder, rng) -> None:
@@ -328,19 +332,20 @@ def t_fs_send(w: Recorder, rng) -> None:
 
 def t_price_send(w: Recorder, rng) -> None:
     company, person = _pick(rng, w.companies()), _pick(rng, w.people())
-    w.turn(f"Message {person} the current price of {company}, just the number.")
+    w.turn(f"Message {person} the current price of {company} as price=<the price>.")
     user_id = w.call("get_user_id", user=person)["user_id"]
     _, price = _lookup_price(w, company)
     w.step()
-    w.call("send_message", receiver_id=user_id, message=str(price))
+    w.call("send_message", receiver_id=user_id, message=f"price={price}")
 
 
 def t_ticket_price(w: Recorder, rng) -> None:
     company = _pick(rng, w.companies())
-    w.turn(f"Open a ticket '{company} price' whose description is its current price.")
+    w.turn(f"Open a ticket '{company} price' whose description is price=<its current price>.")
     _, price = _lookup_price(w, company)
     w.step()
-    w.call("create_ticket", title=f"{company} price", description=str(price))
+    # "price=202.84", not "202.84": the value is written after the tokens it was read after
+    w.call("create_ticket", title=f"{company} price", description=f"price={price}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,10 +431,12 @@ def make_entry(combo, state_seed: int, entry_id: str, distractor_tools: int) -> 
         "ground_truth": calls,
         "steps": [t["steps"] for t in w.turns],
         "answers": [[t["answer"]] if t["answer"] is not None else [] for t in w.turns],
+        "answer_keys": [[t["key"]] if t["key"] is not None else [] for t in w.turns],
         "shown_functions": [str(n) for n in shown],
         "composition": list(combo),
         "state_seed": state_seed,
         "longest_result": w.longest_result,
+        "results": w.results,
     }
 
 
@@ -448,13 +455,29 @@ def _signature(classes: tuple[str, ...], name: str) -> str:
 
 
 def task_prompt(entry: dict) -> str:
-    """The task as text: the tools it lists (compact signatures) and every user request.
-    A tokenizer learned on the train split's prompts (``tokenizer.kind: bpe``) then has
-    merges for the tool names and argument syntax the episodes are made of."""
+    """The task as text: the tools it lists (compact signatures), every user request and the
+    ground truth's calls and results. A tokenizer learned on the train split's prompts
+    (``tokenizer.kind: bpe``) then has merges for the tool names, argument syntax and result
+    keys the episodes are made of (an expert episode is ~25% fewer tokens than with merges
+    of the signatures and requests only)."""
     classes = tuple(entry["involved_classes"])
     tools = [_signature(classes, n) for n in entry["shown_functions"]]
     requests = [m["content"] for turn in entry["question"] for m in turn]
-    return "\n".join(tools + [f"User: {r}" for r in requests])
+    calls = [c for turn in entry["ground_truth"] for c in turn]
+    results = entry.get("results", [""] * len(calls))
+    lines = tools + [f"User: {r}" for r in requests]
+    lines += [f"{c} -> {r}" for c, r in zip(calls, results)]
+    return _NUMBER.sub("", "\n".join(lines))
+
+
+# Numbers are left out of the prompt (the BPE's corpus): a byte-level BPE learned on "priority
+# 5" merges a space with the digit after it (GPT-2's pre-tokenizer keeps " 5" one piece), so a
+# value read after a space ('"id": 838', "priority 5", "Final: 984") starts with another token
+# than the same value written after "=" in a call (ticket_id=838), and a model built from
+# scratch must learn to translate every first digit: the first run's SFT policy copied 838 as
+# 688 and solved nothing. Without digits in the corpus no merge touches one: every digit is
+# its own token in every context (" 838" is the space, then 8, 3, 8), so copying is copying.
+_NUMBER = re.compile(r"\d")
 
 
 def state_digest(entry: dict) -> str:

@@ -48,8 +48,11 @@ class BFCLGenOptions:
 
     source: BFCLGenConfig = dataclasses.field(default_factory=BFCLGenConfig, metadata=FLATTEN)
     env: BFCLEnvConfig = dataclasses.field(
-        # compact signatures; 300 characters hold the longest result a task must read
-        default_factory=lambda: BFCLEnvConfig(tool_format="compact", max_result_chars=300),
+        # compact signatures; 300 characters hold the longest result a task must read;
+        # results in call syntax (a value is read and written after the same tokens)
+        default_factory=lambda: BFCLEnvConfig(
+            tool_format="compact", max_result_chars=300, result_format="keywords"
+        ),
         metadata=FLATTEN,
     )
 
