@@ -150,6 +150,20 @@ def test_options_errors():
         G.BFCLGenConfig(min_calls=14, max_calls=15, max_templates=2)
 
 
+def test_episode_defaults_survive_other_episode_options():
+    # One episode option (max_steps_per_turn) must not bring back the base class's defaults
+    # (JSON results, JSON tool docs): a run of the recipe once trained on JSON results so.
+    for options in ({}, {"max_steps_per_turn": 4}):
+        spec = get_env_spec("bfcl_gen", {**SMALL, **options})
+        env = spec.make_env()
+        task = spec.make_source().tasks("train")[0]
+        first = env.reset(task)
+        assert "(" in first.splitlines()[1] and "{" not in first  # compact signatures
+        action = spec.make_expert(task, 0.0, None)._actions[0]
+        shown = env.step(action).observation
+        assert "{" not in shown and re.search(r"-> \w+=", shown), shown
+
+
 def test_check_cli():
     code = (
         "import sys; from jaxagent.cli.main import main; "
