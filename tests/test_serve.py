@@ -15,6 +15,8 @@
   client that drops a stream mid-way is survived, and the server answers afterwards.
 """
 
+# ruff: noqa: F811 -- the shared fixtures (serve_fixtures) are parameters of the tests
+
 import concurrent.futures
 import json
 import threading
@@ -23,7 +25,16 @@ import jax
 import numpy as np
 import openai
 import pytest
-from test_rollout import WORDS, ScriptedEnv
+from serve_fixtures import (  # noqa: F401 -- fixtures
+    BUDGET,
+    N,
+    SYSTEM,
+    ScriptedBackend,
+    client_of,
+    policy,
+    server,
+)
+from test_rollout import ScriptedEnv
 
 try:  # the HTTP client the openai package depends on (httpx2 in its recent releases)
     import httpx2 as httpx
@@ -34,60 +45,24 @@ from episode_checks import assert_same_episodes
 
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.cached import CachedTurnSampler
-from jaxagent.agents.chat import ChatFormat, TemplateChat
+from jaxagent.agents.chat import TemplateChat
 from jaxagent.agents.engine import SlotEngine
-from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
+from jaxagent.agents.rollout import RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import Task
-from jaxagent.generate import SamplingConfig
-from jaxagent.models import ModelConfig, init_model
 from jaxagent.serve.app import ServerState
-from jaxagent.serve.backend import BackendStats, Result
 from jaxagent.serve.render import Renderer
-from jaxagent.serve.server import ServerThread, build_state, state_for_run
+from jaxagent.serve.server import ServerThread, state_for_run
 from jaxagent.serve.sessions import DIVERGENCE_HEADER
 from jaxagent.train.policy import make_logprob_fn
-from jaxagent.train.tokenizer import build_chatml_tokenizer, build_word_tokenizer
+from jaxagent.train.tokenizer import build_chatml_tokenizer
 
-SYSTEM = "one two"
-N = 6  # tokens per turn
-BUDGET = Budget(max_turns=4, max_new_tokens=N, max_total_tokens=200)
 TASKS = [
     Task(id="a", split="train", prompt="", data={"n": 2, "turns": 3}),
     Task(id="b", split="train", prompt="", data={"n": 5, "turns": 2}),
     Task(id="c", split="train", prompt="", data={"n": 3, "turns": 4}),
 ]
 SEEDS = [3, 4, 5]
-
-
-@pytest.fixture(scope="module")
-def policy():
-    tok = build_word_tokenizer(WORDS)
-    chat = ChatFormat(tok)
-    cfg = ModelConfig.test(vocab_size=len(tok), max_seq_len=256)
-    graphdef, params = init_model(cfg, jax.random.key(0))
-    sampling = SamplingConfig(max_new_tokens=N, temperature=1.0, stop_token_ids=chat.stop_ids)
-    return chat, graphdef, params, sampling
-
-
-@pytest.fixture(scope="module")
-def server(policy):
-    chat, graphdef, params, sampling = policy
-    state = build_state(
-        chat=chat,
-        graphdef=graphdef,
-        params=params,
-        sampling=sampling,
-        max_total_tokens=BUDGET.max_total_tokens,
-        max_seq_len=256,
-        model_id="tiny",
-        slots=2,  # three conversations at once: one is always evicted
-        decode_steps=3,
-    )
-    srv = ServerThread(state)
-    state.backend.wait_ready()
-    yield srv
-    srv.close()
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +73,10 @@ def engine(policy):
     return SlotEngine(graphdef, sampling, 256, chat.pad_id, slots=1, decode_steps=3)
 
 
-def _client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
-
-
 def _harness(srv, task: Task, seed: int, sid: str, barrier=None) -> None:
     """A hand-written agent loop: the scripted world's observations as user messages, the
     model's answers echoed back as the client returned them; streams every other turn."""
-    client, env = _client(srv), ScriptedEnv()
+    client, env = client_of(srv), ScriptedEnv()
     messages = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": env.reset(task)},
@@ -192,7 +163,7 @@ def test_episodes_equal_the_driver_and_the_learner(policy, server, engine, drive
 
 
 def test_edited_history_is_reported(server):
-    client = _client(server)
+    client = client_of(server)
     sid = "edit"
     messages = [
         {"role": "system", "content": SYSTEM},
@@ -235,7 +206,7 @@ def test_turn_options(policy, server):
     """n, seed, logprobs, max_tokens, stop and per-request temperature on the real model: a
     turn cut by max_tokens rewinds its slot, and the next turn's stored log-probs are still
     the learner's."""
-    client, url = _client(server), server.base_url
+    client, url = client_of(server), server.base_url
     base = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "look at the box red"},
@@ -299,7 +270,7 @@ def test_turn_options(policy, server):
 def test_mixed_sampling_settings(server):
     """Greedy and sampled requests at once: one device program runs at a time, the other's
     requests wait for it (first come, first served), and greedy answers do not change."""
-    client = _client(server)
+    client = client_of(server)
     base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "look at the box"}]
 
     def ask(sid, **kw):
@@ -322,7 +293,7 @@ def test_policy_update_between_turns(policy, server):
     are the old weights', the turn after as version 1 with the new weights' log-probs (the
     cached context was re-prefilled, not reused)."""
     _, graphdef, params, _ = policy
-    state, client = server.state, _client(server)
+    state, client = server.state, client_of(server)
     newer = jax.tree.map(lambda x: x * 1.5, params)
     messages = [
         {"role": "system", "content": SYSTEM},
@@ -532,7 +503,7 @@ def test_malformed_requests_get_openai_errors(server):
     assert httpx.get(f"{server.base_url}/nowhere").status_code == 404
     assert httpx.get(url).status_code == 405
     # The openai client maps them to its own exceptions.
-    client = _client(server)
+    client = client_of(server)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError):
@@ -560,40 +531,6 @@ def test_malformed_requests_get_openai_errors(server):
 # ---- tool calls over a ChatML template ----------------------------------------------------
 
 
-class ScriptedBackend:
-    """Answers every turn with the next scripted text (its ids + the end-of-turn id): the
-    tool-call format is tested without training a model to write calls."""
-
-    def __init__(self, chat, texts):
-        self.chat, self.texts = chat, list(texts)
-        self.max_new_tokens, self.capacity = 128, 2048
-        self.stats = BackendStats()
-        self.contexts = []
-
-    def sampling_for(self, temperature, top_p):
-        return None
-
-    def next_row(self):
-        return 0
-
-    def submit(self, job):
-        ids = self.chat.tokenizer.encode(self.texts.pop(0), add_special_tokens=False)
-        ids = [*ids, self.chat.eot_id]
-        self.contexts.append(list(job.context))
-        lps = [-0.5] * len(ids)
-
-        def run():
-            if job.stream:
-                job.emit("tokens", (ids[:2], lps[:2]))
-                job.emit("tokens", (ids[2:], lps[2:]))
-            job.emit("done", Result(ids, lps, "stop", 0))
-
-        threading.Thread(target=run, daemon=True).start()
-
-    def close(self):
-        pass
-
-
 TOOLS = [
     {
         "type": "function",
@@ -615,7 +552,7 @@ def test_tool_calling_conversation(stream):
     backend = ScriptedBackend(chat, ["let me look\n" + CALL, "36"])
     srv = ServerThread(ServerState(backend=backend, renderer=Renderer(chat), model_id="tiny"))
     try:
-        client = _client(srv)
+        client = client_of(srv)
         messages = [
             {"role": "system", "content": "you trade"},
             {"role": "user", "content": "what do 3 shares of acme cost?"},
@@ -701,7 +638,7 @@ def test_serve_command_serves_the_config(monkeypatch):
     def serve(state, host, port):
         srv = ServerThread(state, host=host)
         try:
-            client = _client(srv)
+            client = client_of(srv)
             seen["models"] = [m.id for m in client.models.list().data]
             r = client.chat.completions.create(
                 model="quickstart", messages=[{"role": "user", "content": "hi"}], max_tokens=2

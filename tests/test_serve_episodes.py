@@ -4,6 +4,8 @@ reward and messages), the newest ``keep`` are kept and the oldest evicted (memor
 bounded), every one is appended to the ``--episodes`` file as a JSON line, and the reader in
 docs/serve.md reads that file. The conversations go through the real ``openai`` client."""
 
+# ruff: noqa: F811 -- the shared fixtures (serve_fixtures) are parameters of the tests
+
 import json
 import re
 import subprocess
@@ -11,42 +13,28 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_serve import BUDGET, SYSTEM, _client, policy  # noqa: F401
+from serve_fixtures import SYSTEM, client_of, policy, start_server  # noqa: F401
 
 try:  # the HTTP client the openai package depends on (httpx2 in its recent releases)
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
     import httpx
 
-from jaxagent.serve.server import ServerThread, build_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def served(policy, tmp_path_factory):  # noqa: F811
-    chat, graphdef, params, sampling = policy
+def served(policy, tmp_path_factory):
     out = tmp_path_factory.mktemp("episodes") / "episodes.jsonl"
-    state = build_state(
-        chat=chat,
-        graphdef=graphdef,
-        params=params,
-        sampling=sampling,
-        max_total_tokens=BUDGET.max_total_tokens,
-        max_seq_len=256,
-        model_id="tiny",
-        slots=2,
-        decode_steps=3,
-        episodes=str(out),
-    )
-    state.store.keep = 2
-    srv = ServerThread(state)
+    srv = start_server(policy, episodes=str(out))
+    srv.state.store.keep = 2
     yield srv, out
     srv.close()
 
 
 def _converse(srv, sid: str, turns: int = 2) -> list[dict]:
-    client, head = _client(srv), {"X-Session-Id": sid}
+    client, head = client_of(srv), {"X-Session-Id": sid}
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "one two"}]
     for _ in range(turns):
         r = client.chat.completions.create(

@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import pytest
 from episode_checks import assert_same_episodes
-from test_serve import ScriptedBackend
+from serve_fixtures import ScriptedBackend
 
 from jaxagent.agents.chat import TemplateChat
 from jaxagent.envs import actions as A

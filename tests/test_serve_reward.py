@@ -9,11 +9,14 @@
 - A bad entry point stops the config with a ``ConfigError`` naming ``harness.reward``.
 """
 
+# ruff: noqa: F811 -- the shared fixtures (serve_fixtures) are parameters of the tests
+
 from pathlib import Path
 
 import jax
 import pytest
-from test_serve import SYSTEM, TASKS, _client, policy, scripted_harness, server  # noqa: F401
+from serve_fixtures import SYSTEM, client_of, policy, server  # noqa: F401
+from test_serve import TASKS, scripted_harness
 
 try:  # the HTTP client the openai package depends on (httpx2 in its recent releases)
     import httpx2 as httpx
@@ -35,7 +38,7 @@ def count_reward(messages, task):
 
 
 def _converse(srv, sid: str, turns: int = 2) -> list[dict]:
-    client, head = _client(srv), {"X-Session-Id": sid}
+    client, head = client_of(srv), {"X-Session-Id": sid}
     messages = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "look at the box red"},
@@ -50,14 +53,14 @@ def _converse(srv, sid: str, turns: int = 2) -> list[dict]:
 
 
 @pytest.fixture
-def store(server):  # noqa: F811
+def store(server):
     store = server.state.store
     yield store
     store.reward_fn = None
     store.pop_episodes()
 
 
-def test_the_configured_function_scores_an_ended_session(server, store):  # noqa: F811
+def test_the_configured_function_scores_an_ended_session(server, store):
     store.reward_fn = HarnessConfig(reward="test_serve_reward:count_reward").reward_fn()
     assert store.reward_fn is count_reward
     SEEN.clear()
@@ -83,7 +86,7 @@ def test_the_configured_function_scores_an_ended_session(server, store):  # noqa
     assert r.json()["reward"] == -1.0 and len(SEEN) == 2
 
 
-def test_ending_errors(server, store):  # noqa: F811
+def test_ending_errors(server, store):
     _converse(server, "open", turns=1)
     url = f"{server.base_url}/sessions"
 
@@ -115,7 +118,7 @@ def _returns_none(task, base_url, api_key):
     scripted_harness(task, base_url, api_key)
 
 
-def test_harness_path_scores_with_the_function(server):  # noqa: F811
+def test_harness_path_scores_with_the_function(server):
     """A harness returning None: scored by ``reward_fn`` over its session's messages and its
     task; without a function, or when it raises, an env_error episode."""
     SEEN.clear()

@@ -15,13 +15,13 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
+from serve_fixtures import client_of, start_server
 
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.chat import TemplateChat
 from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, init_model
 from jaxagent.rl.model_fns import model_logprob_fn
-from jaxagent.serve.server import ServerThread, build_state
 from jaxagent.train.tokenizer import build_chatml_tokenizer
 
 CALL = '<tool_call>\n{"name": "get_price", "arguments": {"ticker": "acme"}}\n</tool_call>'
@@ -51,20 +51,10 @@ def served():
     cfg = ModelConfig.test(vocab_size=len(chat.tokenizer), max_seq_len=512)
     graphdef, params = init_model(cfg, jax.random.key(0))
     sampling = SamplingConfig(max_new_tokens=64, temperature=1.0, stop_token_ids=chat.stop_ids)
-    state = build_state(
-        chat=chat,
-        graphdef=graphdef,
-        params=params,
-        sampling=sampling,
-        max_total_tokens=480,
-        max_seq_len=512,
-        model_id="tiny",
-        slots=2,
-        decode_steps=8,
+    srv = start_server(
+        (chat, graphdef, params, sampling), max_total_tokens=480, max_seq_len=512, decode_steps=8
     )
-    srv = ServerThread(state)
-    state.backend.wait_ready()
-    client = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
+    client = client_of(srv)
     yield srv, client, chat, graphdef, params
     srv.close()
 

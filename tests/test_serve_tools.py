@@ -6,9 +6,11 @@ the call (``tool_call_id``, one of the previous assistant message's call ids) an
 assistant message with ``tool_calls``; an observation after a plain answer is a user
 message. Through the real ``openai`` client."""
 
+# ruff: noqa: F811 -- the shared fixtures (serve_fixtures) are parameters of the tests
+
 import openai
 import pytest
-from test_serve import SYSTEM, _client, policy, server  # noqa: F401
+from serve_fixtures import SYSTEM, client_of, policy, server  # noqa: F401
 
 TOOLS = [
     {
@@ -24,17 +26,17 @@ ASK = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "one t
 
 
 @pytest.mark.parametrize("choice", [None, "auto", "required", {"name": "price"}])
-def test_word_tokenizer_policy_refuses_tools_naming_the_chatml_config(server, choice):  # noqa: F811
+def test_word_tokenizer_policy_refuses_tools_naming_the_chatml_config(server, choice):
     extra = {} if choice is None else {"tool_choice": _choice(choice)}
     with pytest.raises(openai.BadRequestError) as caught:
-        _client(server).chat.completions.create(
+        client_of(server).chat.completions.create(
             model="tiny", messages=ASK, tools=TOOLS, max_tokens=3, **extra
         )
     err = caught.value.body
     assert err["code"] == "tools_unsupported" and err["param"] == "tools", err
     assert "configs/quickstart_chatml.yaml" in err["message"] and "\n" not in err["message"]
     # without tools the same request is served
-    r = _client(server).chat.completions.create(model="tiny", messages=ASK, max_tokens=3)
+    r = client_of(server).chat.completions.create(model="tiny", messages=ASK, max_tokens=3)
     assert r.choices[0].message.tool_calls is None
 
 
@@ -44,23 +46,23 @@ def _choice(choice):
     return choice
 
 
-def test_a_tool_result_after_calls_needs_its_call_id(server):  # noqa: F811
+def test_a_tool_result_after_calls_needs_its_call_id(server):
     call = {"id": "call_1", "type": "function", "function": {"name": "price", "arguments": "{}"}}
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}]
     with pytest.raises(openai.BadRequestError) as caught:
-        _client(server).chat.completions.create(
+        client_of(server).chat.completions.create(
             model="tiny", messages=[*history, {"role": "tool", "content": "12"}], max_tokens=3
         )
     err = caught.value.body
     assert err["code"] == "missing_tool_call_id" and err["param"] == "messages[3].tool_call_id"
     answered = {"role": "tool", "tool_call_id": "call_1", "content": "12"}
-    r = _client(server).chat.completions.create(
+    r = client_of(server).chat.completions.create(
         model="tiny", messages=[*history, answered], max_tokens=3
     )
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-def test_a_tool_message_answers_a_call_or_is_refused(server):  # noqa: F811
+def test_a_tool_message_answers_a_call_or_is_refused(server):
     """After an answer without calls a tool message is refused (400, OpenAI's rule), with or
     without an id; after calls, an id that is not one of theirs is refused too. The same
     observation as a user message is served."""
@@ -74,7 +76,7 @@ def test_a_tool_message_answers_a_call_or_is_refused(server):  # noqa: F811
     ]
     for history, extra, code, param in refused:
         with pytest.raises(openai.BadRequestError) as caught:
-            _client(server).chat.completions.create(
+            client_of(server).chat.completions.create(
                 model="tiny",
                 messages=[*history, {"role": "tool", "content": "12", **extra}],
                 max_tokens=3,
@@ -84,7 +86,7 @@ def test_a_tool_message_answers_a_call_or_is_refused(server):  # noqa: F811
         assert "\n" not in err["message"]
         fix = "user message" if history is plain else "'call_1'"  # the way out, named
         assert fix in err["message"], err
-    r = _client(server).chat.completions.create(
+    r = client_of(server).chat.completions.create(
         model="tiny", messages=[*plain, {"role": "user", "content": "12"}], max_tokens=3
     )
     assert r.choices[0].finish_reason in ("stop", "length")
