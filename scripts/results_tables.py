@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # from a checkout without `pip install -e .` too
 RESULTS = ROOT / "docs" / "results"
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 BLOCK = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+from jaxagent.eval.report import seed_summary  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- records
@@ -45,13 +47,9 @@ def table_records(name: str, table: str) -> list[dict]:
 
 
 def interval(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the 95% Student-t half-width (``eval.report.seed_summary``'s table)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, T95.get(n - 1, 1.96) * std / math.sqrt(n)
+    """Mean and the 95% Student-t half-width over seeds (``eval.report.seed_summary``)."""
+    s = seed_summary(list(values))
+    return s["mean"], s["ci95"]
 
 
 def rint(x: float) -> int:
@@ -424,6 +422,16 @@ def dqn_select() -> list[str]:
             + " / ".join(f"{v:.3f}" for v in per)
             + "."
         )
+        shipped = table_records("dqn_dialogue.jsonl", "dqn_recipes")[0]["figures"]
+        if ho[0]["candidate"] == "shipped":
+            published = shipped["dqn_return_per_seed"]
+            same = sum(f"{r['dqn_return']:.3f}" == f"{published[r['seed']]:.3f}" for r in ho)
+            out.append(
+                f"{same} of these {len(ho)} seeds equal the published per-seed return "
+                "([dqn_recipes](#dqn-dialogue-policy-against-the-rule-policy), 2026-12-04, "
+                "AMD EPYC) to the 3 published decimals; the rule policy's held-out return is "
+                f"{ho[0]['rule_return']:.4f} here ({shipped['rule_return']} published)."
+            )
     else:
         out.append(f"Selected on validation: `{pick}`; its held-out cells are not measured yet.")
     machines = sorted({f"{r['machine']['cpu']} ({r['machine']['cores']} cores)" for r in rs})
@@ -583,36 +591,25 @@ def web_sft_starts() -> list[str]:
 
 def web_sft_select() -> list[str]:
     sys.path.insert(0, str(ROOT / "experiments"))
-    from web_sft_select import CANDIDATES, selected
+    from web_sft_select import CANDIDATES, by_rate, common_seeds, selected, starts
 
-    rs = read_records("web_sft_select.jsonl")
-    if not rs:
-        return ["(no records yet)"]
-    seeds = sorted(
-        set.intersection(
-            *({r["seed"] for r in rs if r["learning_rate"] == lr} for lr in CANDIDATES)
-        )
-    )
+    cells = starts()
+    seeds = common_seeds(cells)
     if not seeds:
         return ["(no seed has every candidate yet)"]
-    pick = selected(rs)
+    pick, rates = selected(cells), by_rate(cells, seeds)
     rows = []
     for lr in CANDIDATES:
-        cells = {r["seed"]: r for r in rs if r["learning_rate"] == lr}
-        vals = [cells[s]["val_success"] for s in seeds]
-        m, _ = interval(vals)
-        held = (" / ".join(f"{cells[s]['heldout_success']:.2f}" for s in seeds)
-                if lr == pick else "(not read)")  # fmt: skip
+        cs = rates[lr]
+        m = sum(c["val"] for c in cs) / len(cs)
+        held = " / ".join(f"{c['heldout']:.2f}" for c in cs) if lr == pick else "(not read)"
         rows.append([f"**{lr:g}** (selected)" if lr == pick else f"{lr:g}",
-                     " / ".join(f"{v:.2f}" for v in vals), f"{m:.3f}", held])  # fmt: skip
-    out = table(["sft.learning_rate", f"validation start, seeds {' / '.join(map(str, seeds))}",
-                 "mean", "held-out start (selected rate only)"], "lllr", rows)  # fmt: skip
-    machines = sorted({r["machine"]["cpu"] for r in rs})
-    out += [
-        "",
-        f"Machine: {'; '.join(machines)}; commit(s) {', '.join(sorted({r['commit'] for r in rs}))}.",
-    ]
-    return out
+                     " / ".join(f"{c['val']:.2f}" for c in cs), f"{m:.3f}",
+                     f"{min(c['val'] for c in cs):.2f}", held,
+                     ", ".join(dict.fromkeys(f"{c['source']} at {c['commit']}" for c in cs))])  # fmt: skip
+    return table(["sft.learning_rate", f"validation start, seeds {' / '.join(map(str, seeds))}",
+                  "mean", "worst", "held-out start (selected rate only)", "records"],
+                 "llrrll", rows)  # fmt: skip
 
 
 def methods_vs_rl() -> list[str]:
@@ -664,6 +661,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "halfcheetah_ppo_seeds": ("robot.md", halfcheetah_ppo_seeds),
     "strict_tool_calls": ("strict_tool_calls.md", strict_tool_calls),
     "dqn_recipes": ("dqn_dialogue.md", dqn_recipes),
+    "dqn_select": ("dqn_dialogue.md", dqn_select),
     "dqn_shipped_summary": ("dialogue.md", dqn_shipped_summary),
     "loop_dialogue_seeds": ("dialogue.md", loop_dialogue_seeds),
     "web_health": ("web.md", web_health),
@@ -678,6 +676,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "async_k16": ("async_training.md", async_k16),
     "web_rl_5seeds": ("web.md", web_rl_5seeds),
     "web_sft_starts": ("web.md", web_sft_starts),
+    "web_sft_select": ("web.md", web_sft_select),
 }
 
 
