@@ -13,6 +13,7 @@ from jaxagent.agents.chat import ChatFormat, TemplateChat
 from jaxagent.agents.expert import ExpertTurnPolicy
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
+from jaxagent.agents.turn_policy import HostPolicy
 from jaxagent.agents.task_tools import quickstart_tools
 from jaxagent.envs.registry import get_env_spec
 from jaxagent.envs.tool_calls import detect_syntax
@@ -92,7 +93,7 @@ def _tokenizers():
     }
 
 
-class Recording:
+class Recording(HostPolicy):
     """Records what a turn policy was fed (prompts, chunks) and what it produced."""
 
     def __init__(self, inner):

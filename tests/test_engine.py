@@ -192,10 +192,10 @@ def test_engine_with_scanned_layers_equals_lockstep():
 def test_max_admit_caps_each_data_shard():
     """``rollout.max_admit`` counts a data shard's rows (each shard prefills its own slots):
     the lowest ready slots of every shard, up to the cap; 0 takes them all."""
-    from jaxagent.agents.engine import _first_per_shard
+    from jaxagent.agents.slots import first_per_shard
 
     ready = [0, 1, 2, 5, 6, 7, 12]  # 4 slots a shard: shards 0, 0, 0, 1, 1, 1, 3
-    assert _first_per_shard(ready, 2, 4) == [0, 1, 5, 6, 12]
-    assert _first_per_shard(ready, 1, 4) == [0, 5, 12]
-    assert _first_per_shard(ready, 0, 4) == ready
-    assert _first_per_shard(ready, 2, 16) == [0, 1]  # one shard: the call's rows
+    assert first_per_shard(ready, 2, 4) == [0, 1, 5, 6, 12]
+    assert first_per_shard(ready, 1, 4) == [0, 5, 12]
+    assert first_per_shard(ready, 0, 4) == ready
+    assert first_per_shard(ready, 2, 16) == [0, 1]  # one shard: the call's rows

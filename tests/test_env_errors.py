@@ -21,7 +21,7 @@ import pytest
 from jaxagent.agents.batch import pack_episodes
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
-from jaxagent.agents.turn_policy import TurnOutput
+from jaxagent.agents.turn_policy import HostPolicy, TurnOutput
 from jaxagent.envs.base import FailureMode, Termination
 from jaxagent.eval.report import summarize
 
@@ -52,7 +52,7 @@ class TextChat:
         return self.texts[ids[0]]
 
 
-class ExpertSampler:
+class ExpertSampler(HostPolicy):
     """A ``TurnSampler`` whose row i answers each observation with ``experts[i].act(obs)``."""
 
     def __init__(self, chat: TextChat, experts):

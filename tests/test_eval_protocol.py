@@ -234,7 +234,8 @@ def test_failure_details_keep_the_web_sites_own_labels():
     import collections
 
     from jaxagent.envs.web.env import WebEnv
-    from jaxagent.envs.web.expert import ExpertPolicy, run_episode
+    from jaxagent.envs.base import run_episode
+    from jaxagent.envs.web.expert import ExpertPolicy
     from jaxagent.envs.web.tasks import WebWorld
     from jaxagent.eval.tables import record_markdown
 

@@ -13,7 +13,7 @@ from jaxagent.agents.chat import ChatFormat
 from jaxagent.agents.expert import ExpertTurnPolicy
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
-from jaxagent.agents.turn_policy import TurnOutput
+from jaxagent.agents.turn_policy import HostPolicy, TurnOutput
 from jaxagent.envs.base import Termination
 from jaxagent.envs.tools.quickstart import (
     ExpertPolicy,
@@ -108,7 +108,7 @@ def test_judge_only_reward_is_gamed_where_the_rule_reward_is_not(world):
     assert mixed_reward([1.0, 0.0], [0.0, 1.0], judge_weight=0.25) == [0.75, 0.25]
 
 
-class _Answerer:
+class _Answerer(HostPolicy):
     """A turn policy that answers ``yes`` on even rows and ``no`` on odd ones."""
 
     recompiles = 0

@@ -1,6 +1,6 @@
 """Reflexion, Self-Refine and ReAct around scripted-but-imperfect quickstart policies.
 
-The policies (``jaxagent/agents/methods/scripted.py``) make one systematic, stateable
+The policies (``jaxagent/envs/tools/quickstart/scripted.py``) make one systematic, stateable
 mistake each: ``LookalikeExpert`` calls ``quote`` where the plan says ``price`` (and back)
 whenever both are listed, and heeds a lesson naming the failed call; ``ArgNameExpert`` names
 every string argument ``arg`` and repeats the call on the error. Reflexion's lesson is
@@ -25,7 +25,7 @@ from jaxagent.agents.methods import (
     merge_attempts,
     method_tokens,
 )
-from jaxagent.agents.methods.scripted import ArgNameExpert, LookalikeExpert, failed_tools
+from jaxagent.envs.tools.quickstart.scripted import ArgNameExpert, LookalikeExpert, failed_tools
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.tools.quickstart import QuickstartConfig, QuickstartEnv, QuickstartWorld

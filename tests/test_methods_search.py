@@ -16,7 +16,7 @@ import pytest
 from jaxagent.agents.chat import ChatFormat
 from jaxagent.agents.expert import ExpertTurnPolicy
 from jaxagent.agents.methods import DFSDT, BestOfN, MethodError, ScriptedProposer
-from jaxagent.agents.methods.scripted import LookalikeExpert, lookalike_candidates
+from jaxagent.envs.tools.quickstart.scripted import LookalikeExpert, lookalike_candidates
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import StepResult, Task, supports_snapshot

@@ -9,7 +9,7 @@ import pytest
 from jaxagent.envs.base import FailureMode, SplitLeakageError, TaskSource, TextEnv
 from jaxagent.envs.tools import quickstart as Q
 from jaxagent.envs.tools.quickstart import world as W
-from jaxagent.envs.tools.quickstart.expert import run_episode
+from jaxagent.envs.base import run_episode
 
 
 @pytest.fixture(scope="module")

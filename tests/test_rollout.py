@@ -18,6 +18,7 @@ from jaxagent.agents.chat import ChatFormat
 from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
 from jaxagent.agents.sampling import ReferenceSampler
+from jaxagent.agents.turn_policy import HostPolicy
 from jaxagent.envs.base import FailureMode, StepResult, Task, Termination
 from jaxagent.generate import SamplingConfig
 from jaxagent.models import ModelConfig, init_model
@@ -56,7 +57,7 @@ class ScriptedEnv:
         pass
 
 
-class RecordingSampler:
+class RecordingSampler(HostPolicy):
     """Wraps a sampler and records what it produced per row, to check the driver's masks."""
 
     def __init__(self, inner):
@@ -227,7 +228,7 @@ def test_fault_injection_through_the_pool_loses_no_episode(setup):
     assert health.get("timeouts", 0) >= faults["hang"]
 
 
-class CacheWatch:
+class CacheWatch(HostPolicy):
     """Forwards to a ``CachedTurnSampler`` and keeps weak references to its cache's buffers
     after every call (none of them alive through the watch itself)."""
 
@@ -252,7 +253,7 @@ class CacheWatch:
         self.inner.release()
 
 
-class KeepsCache:
+class KeepsCache(HostPolicy):
     """A cached sampler whose cache is never released (the behaviour before ``release``)."""
 
     def __init__(self, inner):

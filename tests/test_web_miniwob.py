@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxagent.envs.base import Task
-from jaxagent.envs.web.expert import run_episode
+from jaxagent.envs.base import run_episode
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")) is None

@@ -11,7 +11,8 @@ import pytest
 from jaxagent.envs.base import supports_snapshot
 from jaxagent.envs.web.check import target_off_viewport
 from jaxagent.envs.web.env import WebEnv
-from jaxagent.envs.web.expert import ExpertPolicy, parse_view, random_action, run_episode
+from jaxagent.envs.base import run_episode
+from jaxagent.envs.web.expert import ExpertPolicy, parse_view, random_action
 from jaxagent.envs.web.tasks import WebWorld, layout_key
 from jaxagent.envs.web.vocab import vocabulary
 

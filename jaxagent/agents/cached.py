@@ -19,11 +19,14 @@ samples exactly what K prefills would.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import jax
 
 from jaxagent.agents.turn_policy import TurnOutput
+
+if TYPE_CHECKING:
+    from jaxagent.agents.rollout import Driver
 from jaxagent.generate import Sampler, SamplingConfig
 
 
@@ -37,6 +40,8 @@ class CachedTurnSampler:
       pad_id: token id for padding.
       share_prompts: prefill identical first prompts once (see the module docstring).
     """
+
+    driver: Optional[Driver] = None  # the lock-step rounds
 
     def __init__(
         self,

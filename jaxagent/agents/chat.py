@@ -101,6 +101,11 @@ class Chat(Protocol):
 
     stop_ids: tuple[int, ...]  # a policy turn ends after one of these
     pad_id: int  # padding in batches
+    # How actions write tool calls: "react" (an ``Action :`` line) or a template's native
+    # syntax ("hermes", "llama3", "mistral": ``jaxagent.envs.tool_calls``).
+    syntax: str
+    observation_role: str  # the role observations are rendered in: "user" or "tool"
+    eot_text: str  # the text that ends an assistant turn ("" where the chat writes none)
 
     def prompt(self, system: str, observation: str, task: Optional[Task] = None) -> list[int]:
         """Token ids of the first prompt: system (+ the task's tools, for chats that render
@@ -124,6 +129,9 @@ class ChatFormat:
     beyond the rendering of the conversation so far; it is tokenised once and appended.
     """
 
+    syntax = "react"  # actions are plain text
+    observation_role = "user"
+
     def __init__(self, tokenizer, *, extra_stop_ids: Sequence[int] = ()):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
@@ -138,6 +146,11 @@ class ChatFormat:
         self.pad_id: int = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         )
+
+    @property
+    def eot_text(self) -> str:
+        """The turn end a demonstration writes, as the tokenizer spells the token."""
+        return self.tokenizer.convert_ids_to_tokens(self.eot_id)
 
     def _render(self, messages: Sequence[dict], **kwargs) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, **kwargs)

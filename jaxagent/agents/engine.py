@@ -5,13 +5,17 @@
 - episodes wait in a queue and are admitted into free slots (admission control: at most
   ``slots`` episodes in flight, each holding its slot, and so its cache row, for its life);
   their environments are reset at once;
-- whatever the environments have answered is prefilled into its slots (``SlotSampler.admit``:
-  the prompt, or the observation chunk on top of the cached history) with no barrier between
-  episodes: a slow tool call holds back only its own episode;
+- whatever the environments have answered is prefilled into its slots (the prompt, or the
+  observation chunk on top of the cached history) with no barrier between episodes: a slow
+  tool call holds back only its own episode;
 - the device runs at most ``decode_steps`` decode steps of every slot with a turn under way
-  (``SlotSampler.decode``) and returns; rows whose turn ended leave the batch, their actions
-  go to the environments at once (``send``), the other rows keep decoding on the next call;
+  and returns; rows whose turn ended leave the batch, their actions go to the environments
+  at once (``submit_step``), the other rows keep decoding on the next call;
 - the host blocks on the environments only when the device has nothing to do.
+
+The slots themselves (admission, prefix bookkeeping, bounded decode, harvest, the weight
+switch) are ``jaxagent.agents.slots.SlotTable``'s, shared with the policy server's backend;
+this module keeps the episodes' side.
 
 Episode records are built by the lock-step driver's own functions (``open_episode``,
 ``record_turn``, ``close_turn``): token-in/token-out ids, masks, log-probs, budgets and
@@ -19,9 +23,9 @@ termination labels are the same. Each turn draws from the random stream of its (
 turn) (``jaxagent.generate.slots``), so with the same key the engine samples exactly what the
 lock-step driver samples, whatever order the environments answer in.
 
-Environment runners that can stream (``PoolRunner``: ``submit_reset`` / ``submit_step`` /
-``poll``) overlap environment work with decoding; any other runner is called synchronously
-at submission (``InlineRunner``: instantaneous worlds).
+Runners stream (``EnvRunner.submit_reset`` / ``submit_step`` / ``poll``): the pool's
+(``PoolRunner``) overlaps environment work with decoding; a ``BlockingRunner``
+(``InlineRunner``: instantaneous worlds) answers at submission.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import jax
 from jaxagent.agents.cached import CachedTurnSampler
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.rollout import (
+    Refresh,
     RolloutSpec,
     RolloutStats,
     close_turn,
@@ -44,6 +49,8 @@ from jaxagent.agents.rollout import (
     open_episode,
     record_turn,
 )
+from jaxagent.agents.runner import EnvRunner
+from jaxagent.agents.slots import SlotTable, TurnRead
 from jaxagent.buckets import bucket
 from jaxagent.envs.base import Task
 from jaxagent.errors import ConfigError
@@ -57,9 +64,10 @@ ENGINES = ("auto", "lockstep", "slots")
 class EngineConfig:
     """Which episode loop samples the policy.
 
-    ``engine``: "slots", continuous batching over KV slots (``SlotEngine``), or "lockstep",
-    rounds in which every waiting episode is served by one batched call and every
-    environment steps before the next (``collect_episodes``' own loop). Both sample the
+    ``engine``: the ``Driver`` of the rollout's episodes: "slots", continuous batching over
+    KV slots (``SlotEngine``), or "lockstep", rounds in which every waiting episode is
+    served by one batched call and every environment steps before the next
+    (``jaxagent.agents.rollout.LockStep``). Both sample the
     same tokens for the same key. "auto": slots when the environments run in a pool that
     answers asynchronously (the engine decodes while they work), lock-step when they are
     called inline (nothing to overlap; on this project's 2-core CPU the lock-step driver's
@@ -102,11 +110,10 @@ class EngineConfig:
 
 
 class SlotEngine(CachedTurnSampler):
-    """The LM policy with a continuous-batching episode loop (see the module docstring).
-
-    ``collect_episodes`` runs its episodes through ``drive``. Wrapped by a training-free
-    method (which needs ``start`` / ``resume``) it samples as the cached lock-step sampler
-    it extends.
+    """The LM policy with a continuous-batching episode loop (see the module docstring): its
+    own ``Driver`` (``TurnPolicy.driver``), so ``collect_episodes`` runs its episodes
+    through ``drive``. Wrapped by a training-free method (which needs ``start`` /
+    ``resume``) it samples as the cached lock-step sampler it extends.
 
     Args:
       graphdef: the model graphdef.
@@ -118,8 +125,6 @@ class SlotEngine(CachedTurnSampler):
         for the host).
       max_admit: slots prefilled per data shard a device call at most (0: all that are ready).
     """
-
-    continuous = True
 
     def __init__(
         self,
@@ -141,7 +146,11 @@ class SlotEngine(CachedTurnSampler):
             )
         self.slots, self.decode_steps, self.pad_id = slots, decode_steps, pad_id
         self._devices: dict[tuple[int, int], SlotSampler] = {}
-        self._state = None
+        self._state: Optional[SlotTable] = None  # the running rollout's slots
+
+    @property
+    def driver(self) -> "SlotEngine":
+        return self
 
     @property
     def recompiles(self) -> int:
@@ -154,11 +163,9 @@ class SlotEngine(CachedTurnSampler):
 
     def release(self) -> None:
         super().release()
-        state, self._state = self._state, None
-        if state is not None:
-            for x in jax.tree.leaves(state):
-                if isinstance(x, jax.Array) and not x.is_deleted():
-                    x.delete()
+        table, self._state = self._state, None
+        if table is not None:
+            table.close()
 
     def device(self, slots: int, capacity: int) -> SlotSampler:
         """The slot sampler of ``slots`` rows of ``capacity`` tokens (kept: its programs are
@@ -185,16 +192,16 @@ class SlotEngine(CachedTurnSampler):
         group_offset: int = 0,
         on_round: Optional[Callable[[int, int], None]] = None,
         version: int = 0,
-        refresh: Optional[Callable[[int], Optional[tuple[Any, int]]]] = None,
+        refresh: Optional[Refresh] = None,
     ) -> tuple[list[Episode], RolloutStats]:
         """Run every (task, sample) episode to completion (``collect_episodes``' contract).
 
         ``refresh`` (partial rollouts): asked between decode calls; once it gives newer
         ``(params, version)``, no turn is admitted until the turns on the device have ended,
         then every running episode continues on the new weights from its next turn, its whole
-        context prefilled again under them (as AReaL's interruptible generation recomputes
-        the cache), with its turn numbers, so its random streams, unchanged. A turn is
-        sampled by one version; tokens keep the version that sampled them."""
+        context prefilled again under them (``SlotTable.switch_weights``), with its turn
+        numbers, so its random streams, unchanged. A turn is sampled by one version; tokens
+        keep the version that sampled them."""
         if spec.budget.max_new_tokens != self.sampling.max_new_tokens:
             raise ValueError(
                 f"Budget.max_new_tokens={spec.budget.max_new_tokens} differs from the "
@@ -207,146 +214,41 @@ class SlotEngine(CachedTurnSampler):
         n_slots = min(self.slots or len(eps), len(eps))
         need = min(spec.budget.max_total_tokens, self.max_len)
         capacity = min(bucket(need, multiple=64), self._sampler.config.max_seq_len)
-        dev = self.device(n_slots, capacity)
         self.release()
-        state = dev.init(params)
-        fused = dev.prepare(params)
-        self._state = (state, fused)
-        per_shard = n_slots // dev.shards(params)
-        env = _Streamed(spec.runner)
+        grammar = self.grammar
+        table = self._state = SlotTable(
+            self.device(n_slots, capacity),
+            params,
+            version=version,
+            key=key,
+            grammar=None if grammar is None else grammar.table.device_table,
+            max_admit=self.max_admit,
+        )
+        run = _Episodes(eps, spec, table, self, on_round, stats)
         t_start = time.perf_counter()
-        gstarts = [-1] * len(eps)
-        if self.grammar is not None:
-            gstarts = self.grammar.starts([ep.task for ep in eps])
-        table = self.grammar.table.device_table() if max(gstarts) >= 0 else None
-
-        queue = collections.deque(range(len(eps)))
-        free = list(range(n_slots))  # a heap: the lowest free slot first
-        episode_in: dict[int, int] = {}  # slot -> episode index
-        opened: set[int] = set()  # slots whose episode has had its reset reply
-        ready: dict[int, list[int]] = {}  # slot -> chunk to prefill
-        decoding: set[int] = set()  # slots with a turn on the device
-        turn_out: dict[int, tuple[int, bool]] = {}  # slot -> (tokens, stopped) of the turn
-        actions: dict[int, str] = {}
-        waiting = 0  # environment calls outstanding
-        finished = 0
-        since: dict[int, float] = {}  # slot -> when its env call was sent / its chunk ready
-        newer = None  # partial rollouts: published weights waiting for the device to drain
-        stale: set[int] = set()  # slots whose cache the previous weights wrote
-
-        def end(slot: int) -> None:
-            nonlocal finished
-            finished += 1
-            del episode_in[slot]
-            opened.discard(slot)
-            heapq.heappush(free, slot)
-            if on_round is not None:
-                on_round(finished, len(eps))
-
-        while finished < len(eps):
-            if queue and free:
-                admitted = []
-                while queue and free:
-                    slot = heapq.heappop(free)
-                    episode_in[slot] = queue.popleft()
-                    admitted.append(slot)
-                env.reset(admitted, [eps[episode_in[s]].task for s in admitted])
-                waiting += len(admitted)
-                since.update((s, time.perf_counter()) for s in admitted)
-            idle = not ready and not decoding
+        while run.finished < len(eps):
+            run.admit_episodes()
+            idle = not table.ready and not table.decoding
             t0 = time.perf_counter()
-            replies = env.poll(None if idle and waiting else 0.0)
+            replies = run.env.poll(None if idle and run.waiting else 0.0)
             if idle:
                 stats.env_s += time.perf_counter() - t0
-            now = time.perf_counter()
-            for slot, reply in replies:
-                waiting -= 1
-                stats.env_row_s += now - since[slot]
-                since[slot] = now
-                ep = eps[episode_in[slot]]
-                if slot not in opened:
-                    opened.add(slot)
-                    ids = open_episode(ep, reply, spec)
-                    if ids:
-                        ready[slot] = ids
-                    else:
-                        end(slot)
-                    continue
-                n_tok, stopped = turn_out.pop(slot)
-                chunk = close_turn(ep, actions.pop(slot), n_tok, stopped, reply, spec)
-                if chunk is None:
-                    end(slot)
-                else:  # a cache the previous weights wrote: the whole context again
-                    ready[slot] = list(ep.tokens) if slot in stale else chunk
-            if refresh is not None and newer is None:
-                newer = refresh(version)
-            if newer is not None and not decoding:  # drained: switch the weights
-                (params, version), newer = newer, None
-                fused = dev.prepare(params)
-                self._state = (state, fused)
-                stale = set(episode_in)
-                for s in ready:  # its whole context, with the chunk close_turn appended
-                    if eps[episode_in[s]].turns:
-                        ready[s] = list(eps[episode_in[s]].tokens)
-            if not ready and not decoding:
+            run.on_replies(replies)
+            if refresh is not None and not table.switching:
+                newer = refresh(table.version)
+                if newer is not None:
+                    table.switch_weights(*newer)
+            if not table.ready and not table.decoding:
                 continue
             t0 = time.perf_counter()
-            if ready and newer is None:
-                slots = _first_per_shard(sorted(ready), self.max_admit, per_shard)
-                stats.device_row_s += sum(t0 - since[s] for s in slots)
-                state = dev.admit(
-                    params,
-                    fused,
-                    state,
-                    slots,
-                    [ready[s] for s in slots],
-                    [len(eps[episode_in[s]].turns) == 0 or s in stale for s in slots],
-                    key,
-                    [self.row_offset + episode_in[s] for s in slots],
-                    [len(eps[episode_in[s]].turns) for s in slots],
-                    None if table is None else (table, [gstarts[episode_in[s]] for s in slots]),
-                )
-                decoding.update(slots)
-                for s in slots:
-                    del ready[s]
-                stale.difference_update(slots)
-            # Every slot with a turn on the device ends it within max_new_tokens more tokens.
-            longest = max(len(eps[episode_in[s]].tokens) for s in decoding)
-            state = dev.decode(
-                params,
-                fused,
-                state,
-                longest + self.sampling.max_new_tokens,
-                active=sorted(decoding),
-                table=table,
-            )
-            self._state = (state, fused)
+            admitted = table.admit()
+            stats.device_row_s += sum(t0 - run.since[s] for s in admitted)
+            table.decode()
             stats.rounds += 1
-            pending, done, num = jax.device_get(
-                (state.pending, state.finished, state.num_generated)
-            )
-            over = sorted(s for s in decoding if done[s] and not pending[s])
-            if over:
-                tokens, logprobs, gstates = jax.device_get(
-                    (state.tokens, state.logprobs, state.gstates)
-                )
+            turns = table.harvest()
             stats.generate_s += time.perf_counter() - t0
-            for slot in over:
-                decoding.discard(slot)
-                k = int(num[slot])
-                toks = [int(t) for t in tokens[slot, :k]]
-                ep = eps[episode_in[slot]]
-                masks = (
-                    None if table is None else self.grammar.table.masks(gstates[slot, :k].tolist())
-                )
-                record_turn(ep, toks, [float(x) for x in logprobs[slot, :k]], version, masks)
-                stats.policy_tokens += k
-                turn_out[slot] = (k, bool(k and toks[-1] in self.sampling.stop_token_ids))
-                actions[slot] = spec.chat.decode(toks)
-            if over:
-                env.step(over, [actions[s] for s in over])
-                waiting += len(over)
-                since.update((s, time.perf_counter()) for s in over)
+            run.on_turns(turns)
+        state = table.state
         steps, row_steps, busy = jax.device_get((state.steps, state.row_steps, state.busy_steps))
         stats.decode_steps, stats.row_steps, stats.busy_steps = (
             int(steps),
@@ -361,51 +263,95 @@ class SlotEngine(CachedTurnSampler):
         return eps, stats
 
 
-class _Streamed:
-    """A runner seen as a stream: ``reset`` / ``step`` submit, ``poll`` returns (slot, reply)
-    pairs as they come. Runners with ``submit_reset`` / ``submit_step`` / ``poll`` stream
-    natively; any other runner is called synchronously at submission."""
+class _Episodes:
+    """The episodes' side of ``SlotEngine.drive``: which episode holds which slot, the
+    environment calls under way, and the records (``open_episode``, ``record_turn``,
+    ``close_turn``)."""
 
-    def __init__(self, runner):
-        self.runner = runner
-        self.native = all(
-            callable(getattr(runner, m, None)) for m in ("submit_reset", "submit_step", "poll")
-        )
-        self._ready: list = []
+    def __init__(self, eps, spec, table: SlotTable, engine: SlotEngine, on_round, stats):
+        self.eps, self.spec, self.table, self.stats = eps, spec, table, stats
+        self.env: EnvRunner = spec.runner
+        self.on_round, self.row_offset = on_round, engine.row_offset
+        self.stop_ids = engine.sampling.stop_token_ids
+        grammar = engine.grammar
+        self.masks = None if grammar is None else grammar.table.masks
+        self.gstarts = [-1] * len(eps)
+        if grammar is not None:
+            self.gstarts = grammar.starts([ep.task for ep in eps])
+        self.queue = collections.deque(range(len(eps)))
+        self.free = list(range(table.num_slots))  # a heap: the lowest free slot first
+        self.episode_in: dict[int, int] = {}  # slot -> episode index
+        self.opened: set[int] = set()  # slots whose episode has had its reset reply
+        self.turn_out: dict[int, tuple[str, int, bool]] = {}  # slot -> action, tokens, stopped
+        self.waiting = 0  # environment calls outstanding
+        self.finished = 0
+        self.since: dict[int, float] = {}  # slot -> when its env call was sent / chunk ready
 
-    def reset(self, slots: list[int], tasks: list[Task]) -> None:
-        if self.native:
-            self.runner.submit_reset(slots, tasks)
-        else:
-            self._ready.extend(zip(slots, self.runner.reset(slots, tasks)))
+    def admit_episodes(self) -> None:
+        """Queued episodes into free slots; their environments reset."""
+        if not (self.queue and self.free):
+            return
+        admitted = []
+        while self.queue and self.free:
+            slot = heapq.heappop(self.free)
+            self.episode_in[slot] = self.queue.popleft()
+            admitted.append(slot)
+        self.env.submit_reset(admitted, [self.eps[self.episode_in[s]].task for s in admitted])
+        self.waiting += len(admitted)
+        self.since.update((s, time.perf_counter()) for s in admitted)
 
-    def step(self, slots: list[int], actions: list[str]) -> None:
-        if self.native:
-            self.runner.submit_step(slots, actions)
-        else:
-            self._ready.extend(zip(slots, self.runner.step(slots, actions)))
+    def on_replies(self, replies) -> None:
+        """Record the environments' answers; an episode that goes on has its context ready."""
+        now = time.perf_counter()
+        for slot, reply in replies:
+            self.waiting -= 1
+            self.stats.env_row_s += now - self.since[slot]
+            self.since[slot] = now
+            e = self.episode_in[slot]
+            ep = self.eps[e]
+            if slot not in self.opened:
+                self.opened.add(slot)
+                going_on = bool(open_episode(ep, reply, self.spec))
+            else:
+                action, n_tok, stopped = self.turn_out.pop(slot)
+                going_on = close_turn(ep, action, n_tok, stopped, reply, self.spec) is not None
+            if not going_on:
+                self._end(slot)
+                continue
+            self.table.on_reply(
+                slot,
+                ep.tokens,
+                row=self.row_offset + e,
+                turn=len(ep.turns),
+                gstart=self.gstarts[e],
+            )
 
-    def poll(self, timeout: Optional[float]) -> list:
-        if self.native:
-            return self.runner.poll(timeout)
-        out, self._ready = self._ready, []
-        return out
+    def on_turns(self, turns: list[TurnRead]) -> None:
+        """Record the turns the device ended and send their actions to the environments."""
+        for t in turns:
+            ep = self.eps[self.episode_in[t.slot]]
+            masks = None if t.gstates is None else self.masks(t.gstates)
+            record_turn(ep, t.tokens, t.logprobs, self.table.version, masks)
+            self.stats.policy_tokens += len(t.tokens)
+            stopped = bool(t.tokens and t.tokens[-1] in self.stop_ids)
+            action = self.spec.chat.decode(t.tokens)
+            self.turn_out[t.slot] = (action, len(t.tokens), stopped)
+        if turns:
+            slots = [t.slot for t in turns]
+            self.env.submit_step(slots, [self.turn_out[s][0] for s in slots])
+            self.waiting += len(slots)
+            self.since.update((s, time.perf_counter()) for s in slots)
+
+    def _end(self, slot: int) -> None:
+        self.finished += 1
+        del self.episode_in[slot]
+        self.opened.discard(slot)
+        self.table.free(slot)
+        heapq.heappush(self.free, slot)
+        if self.on_round is not None:
+            self.on_round(self.finished, len(self.eps))
 
 
 def slot_occupancy(stats: RolloutStats) -> float:
     """The share of decoded rows that were generating a turn (1: no slot idled)."""
     return stats.busy_steps / stats.row_steps if stats.row_steps else float("nan")
-
-
-def _first_per_shard(slots: list[int], cap: int, per_shard: int) -> list[int]:
-    """The first ``cap`` of ``slots`` on each data shard (slot s on shard s // per_shard);
-    all of them when ``cap`` is 0."""
-    if not cap:
-        return slots
-    taken: collections.Counter = collections.Counter()
-    out = []
-    for s in slots:
-        if taken[s // per_shard] < cap:
-            taken[s // per_shard] += 1
-            out.append(s)
-    return out

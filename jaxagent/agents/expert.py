@@ -17,13 +17,13 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from jaxagent.agents.chat import Chat
-from jaxagent.agents.turn_policy import TurnOutput
+from jaxagent.agents.turn_policy import HostPolicy, TurnOutput
 from jaxagent.envs.base import Task
 
 MakeExpert = Callable[[Task, float, Any], Any]
 
 
-class ExpertTurnPolicy:
+class ExpertTurnPolicy(HostPolicy):
     """A ``TurnPolicy`` that lets per-episode scripted experts speak.
 
     Args:

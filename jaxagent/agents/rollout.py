@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import jax
 
@@ -31,7 +31,7 @@ from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvRunner
 from jaxagent.pool.steps import EnvReply
 from jaxagent.agents.chat import Chat
-from jaxagent.agents.turn_policy import TurnPolicy, release
+from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import (
     FailureMode,
     Task,
@@ -86,6 +86,33 @@ class RolloutSpec:
     system_prompt: str  # the system message of every episode
     budget: Budget  # turn and token budgets
     runner: EnvRunner  # reaches the environments (one slot per episode)
+
+
+Refresh = Callable[[int], Optional[tuple[Any, int]]]
+
+
+class Driver(Protocol):
+    """An episode loop: runs every (task, sample) episode to completion, building the
+    episodes with this module's functions (``open_episode``, ``record_turn``,
+    ``close_turn``). Two exist: ``LockStep`` (rounds: every waiting episode served by one
+    batched policy call, every environment stepped before the next) and
+    ``jaxagent.agents.engine.SlotEngine`` (continuous batching over KV slots); a policy
+    names its own (``TurnPolicy.driver``) and ``collect_episodes`` runs it. Arguments and
+    result are ``collect_episodes``'."""
+
+    def drive(
+        self,
+        params: Any,
+        tasks: Sequence[Task],
+        *,
+        samples_per_task: int,
+        spec: RolloutSpec,
+        key: jax.Array,
+        group_offset: int = 0,
+        on_round: Optional[Callable[[int, int], None]] = None,
+        version: int = 0,
+        refresh: Optional[Refresh] = None,
+    ) -> tuple[list[Episode], RolloutStats]: ...
 
 
 def _end_from_reply(ep: Episode, turn: Turn, reply: EnvReply) -> None:
@@ -150,37 +177,24 @@ def collect_episodes(
       policy's per-episode device state (the cached sampler's KV cache) is freed before the
       return (``turn_policy.release``): every episode has ended, nothing continues them.
 
-    A policy that runs its own episode loop (``continuous``: ``jaxagent.agents.engine.
-    SlotEngine``, continuous batching over KV slots) gets the call through its ``drive``,
-    which builds the episodes with this module's functions.
+    The episodes run in the policy's own loop (``TurnPolicy.driver``: the slot engine,
+    continuous batching over KV slots) or in ``LockStep`` rounds.
     """
+    driver = policy.driver or LockStep(policy)
     try:
-        if getattr(policy, "continuous", False):
-            return policy.drive(
-                params,
-                tasks,
-                samples_per_task=samples_per_task,
-                spec=spec,
-                key=key,
-                group_offset=group_offset,
-                on_round=on_round,
-                version=version,
-                refresh=refresh,
-            )
-        return _drive(
-            policy,
+        return driver.drive(
             params,
             tasks,
-            samples_per_task,
-            spec,
-            key,
-            group_offset,
-            on_round,
-            version,
-            refresh,
+            samples_per_task=samples_per_task,
+            spec=spec,
+            key=key,
+            group_offset=group_offset,
+            on_round=on_round,
+            version=version,
+            refresh=refresh,
         )
     finally:
-        release(policy)
+        policy.release()
 
 
 def open_episode(ep: Episode, reply: EnvReply, spec: RolloutSpec) -> list[int]:
@@ -265,68 +279,75 @@ def new_episodes(tasks: Sequence[Task], samples_per_task: int, group_offset: int
     ]
 
 
-def _drive(
-    policy: TurnPolicy,
-    params: Any,
-    tasks: Sequence[Task],
-    samples_per_task: int,
-    spec: RolloutSpec,
-    key: jax.Array,
-    group_offset: int,
-    on_round: Callable[[int, int], None] | None,
-    version: int,
-    refresh: Callable[[int], Optional[tuple[Any, int]]] | None = None,
-) -> tuple[list[Episode], RolloutStats]:
-    stats = RolloutStats()
-    if refresh is not None and not callable(getattr(policy, "rebase", None)):
-        raise ValueError(f"partial rollouts: {type(policy).__name__} cannot rebase its state")
-    chat, runner = spec.chat, spec.runner
-    eps = new_episodes(tasks, samples_per_task, group_offset)
-    slots = list(range(len(eps)))
-    t0 = time.perf_counter()
-    replies = runner.reset(slots, [ep.task for ep in eps])
-    stats.env_s += time.perf_counter() - t0
-    prompts = [open_episode(ep, reply, spec) or [0] for ep, reply in zip(eps, replies)]
+class LockStep:
+    """The ``Driver`` of rounds: every episode waiting for ``policy`` is served by one
+    batched call (``TurnPolicy.start`` / ``resume``), whatever turn it is on, and every
+    environment steps before the next round."""
 
-    # One key for the whole rollout: the policies draw per (episode, turn) (the LM samplers'
-    # row and turn streams), so what a turn samples does not depend on the round serving it.
-    t0 = time.perf_counter()
-    out = policy.start(
-        params,
-        prompts,
-        key,
-        tasks=[ep.task for ep in eps],
-        observations=[None if ep.done else ep.first_observation for ep in eps],
-    )
-    stats.generate_s += time.perf_counter() - t0
-    stats.rounds += 1
-    while True:
-        active = [i for i, ep in enumerate(eps) if not ep.done]
-        for i in active:
-            masks = None if out.masks is None else out.masks[i]
-            record_turn(eps[i], out.tokens[i], out.logprobs[i], version, masks)
-            stats.policy_tokens += len(out.tokens[i])
-        actions = [chat.decode(out.tokens[i]) for i in active]
+    def __init__(self, policy: TurnPolicy):
+        self.policy = policy
+
+    def drive(
+        self,
+        params: Any,
+        tasks: Sequence[Task],
+        *,
+        samples_per_task: int,
+        spec: RolloutSpec,
+        key: jax.Array,
+        group_offset: int = 0,
+        on_round: Optional[Callable[[int, int], None]] = None,
+        version: int = 0,
+        refresh: Optional[Refresh] = None,
+    ) -> tuple[list[Episode], RolloutStats]:
+        policy, stats = self.policy, RolloutStats()
+        chat, runner = spec.chat, spec.runner
+        eps = new_episodes(tasks, samples_per_task, group_offset)
+        slots = list(range(len(eps)))
         t0 = time.perf_counter()
-        replies = runner.step([slots[i] for i in active], actions) if active else []
+        replies = runner.reset(slots, [ep.task for ep in eps])
         stats.env_s += time.perf_counter() - t0
-        chunks: list[Optional[list[int]]] = [None] * len(eps)
-        texts: list[Optional[str]] = [None] * len(eps)
-        for i, action, reply in zip(active, actions, replies):
-            chunk = close_turn(eps[i], action, len(out.tokens[i]), out.stopped[i], reply, spec)
-            if chunk is not None:
-                chunks[i], texts[i] = chunk, eps[i].turns[-1].observation
-        if on_round is not None:
-            on_round(sum(ep.done for ep in eps), len(eps))
-        if all(ep.done for ep in eps):
-            break
-        newer = refresh(version) if refresh is not None else None
-        if newer is not None:  # partial rollouts: the next turns on the newer weights
-            params, version = newer
-            policy.rebase()
-            chunks = [None if c is None else list(eps[i].tokens) for i, c in enumerate(chunks)]
+        prompts = [open_episode(ep, reply, spec) or [0] for ep, reply in zip(eps, replies)]
+
+        # One key for the whole rollout: the policies draw per (episode, turn) (the LM samplers'
+        # row and turn streams), so what a turn samples does not depend on the round serving it.
         t0 = time.perf_counter()
-        out = policy.resume(params, chunks, key, observations=texts)
+        out = policy.start(
+            params,
+            prompts,
+            key,
+            tasks=[ep.task for ep in eps],
+            observations=[None if ep.done else ep.first_observation for ep in eps],
+        )
         stats.generate_s += time.perf_counter() - t0
         stats.rounds += 1
-    return eps, stats
+        while True:
+            active = [i for i, ep in enumerate(eps) if not ep.done]
+            for i in active:
+                masks = None if out.masks is None else out.masks[i]
+                record_turn(eps[i], out.tokens[i], out.logprobs[i], version, masks)
+                stats.policy_tokens += len(out.tokens[i])
+            actions = [chat.decode(out.tokens[i]) for i in active]
+            t0 = time.perf_counter()
+            replies = runner.step([slots[i] for i in active], actions) if active else []
+            stats.env_s += time.perf_counter() - t0
+            chunks: list[Optional[list[int]]] = [None] * len(eps)
+            texts: list[Optional[str]] = [None] * len(eps)
+            for i, action, reply in zip(active, actions, replies):
+                chunk = close_turn(eps[i], action, len(out.tokens[i]), out.stopped[i], reply, spec)
+                if chunk is not None:
+                    chunks[i], texts[i] = chunk, eps[i].turns[-1].observation
+            if on_round is not None:
+                on_round(sum(ep.done for ep in eps), len(eps))
+            if all(ep.done for ep in eps):
+                break
+            newer = refresh(version) if refresh is not None else None
+            if newer is not None:  # partial rollouts: the next turns on the newer weights
+                params, version = newer
+                policy.rebase()
+                chunks = [None if c is None else list(eps[i].tokens) for i, c in enumerate(chunks)]
+            t0 = time.perf_counter()
+            out = policy.resume(params, chunks, key, observations=texts)
+            stats.generate_s += time.perf_counter() - t0
+            stats.rounds += 1
+        return eps, stats

@@ -7,15 +7,20 @@ reports itself (``info["termination"] == "env_error"``) comes back as an ``EnvRe
 (``jaxagent.pool.steps``, the record the pool answers with too) with ``error`` set, and the
 driver ends that episode with ``Termination.ENV_ERROR``.
 
+The slot engine (``jaxagent.agents.engine``) streams instead: ``submit_reset`` /
+``submit_step`` send without waiting and ``poll`` returns (slot, reply) pairs as they come,
+so environment work overlaps decoding. ``PoolRunner`` (in ``jaxagent.agents.pool_runner``)
+streams natively; the runners built on ``BlockingRunner`` answer at submission.
+
 ``InlineRunner`` calls the environments in the caller's thread (fast, for tests and
-instantaneous worlds). ``PoolRunner`` (in ``jaxagent.agents.pool_runner``) drives the
-host-side ``EnvPool`` with its timeouts, restarts and fault injection.
+instantaneous worlds). ``PoolRunner`` drives the host-side ``EnvPool`` with its timeouts,
+restarts and fault injection.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from jaxagent.envs.base import Task, TextEnv
 from jaxagent.pool.steps import EnvReply, step_reply, validate_answer
@@ -30,12 +35,48 @@ class EnvRunner(Protocol):
 
     def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvReply]: ...
 
+    def submit_reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> None: ...
+
+    def submit_step(self, slots: Sequence[int], actions: Sequence[str]) -> None: ...
+
+    def poll(self, timeout: Optional[float]) -> list[tuple[int, EnvReply]]:
+        """The submitted calls' answers ready within ``timeout`` seconds (None: wait for at
+        least one), as (slot, reply) pairs."""
+
     def health(self) -> dict[str, float]: ...
 
     def close(self) -> None: ...
 
 
-class InlineRunner:
+class BlockingRunner:
+    """The streaming half of ``EnvRunner`` for a runner that answers synchronously: a
+    submitted call runs at once (``reset`` / ``step``) and ``poll`` hands its answers over."""
+
+    def __init__(self):
+        self._answered: list[tuple[int, EnvReply]] = []
+
+    def reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> list[EnvReply]:
+        raise NotImplementedError
+
+    def step(self, slots: Sequence[int], actions: Sequence[str]) -> list[EnvReply]:
+        raise NotImplementedError
+
+    def submit_reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> None:
+        self._hand_over(slots, self.reset(slots, tasks))
+
+    def submit_step(self, slots: Sequence[int], actions: Sequence[str]) -> None:
+        self._hand_over(slots, self.step(slots, actions))
+
+    def poll(self, timeout: Optional[float]) -> list[tuple[int, EnvReply]]:
+        del timeout  # every answer is in already
+        out, self._answered = self._answered, []
+        return out
+
+    def _hand_over(self, slots: Sequence[int], replies: list[EnvReply]) -> None:
+        self._answered.extend(zip(slots, replies))
+
+
+class InlineRunner(BlockingRunner):
     """Calls ``env_factory()`` instances directly; exceptions become env errors.
 
     Args:
@@ -43,6 +84,7 @@ class InlineRunner:
     """
 
     def __init__(self, env_factory: Callable[[], TextEnv]):
+        super().__init__()
         self._factory = env_factory
         self._envs: dict[int, TextEnv] = {}
         # env_error_episodes has the pool's meaning (episodes ended by an env failure), so

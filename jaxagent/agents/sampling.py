@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxagent.agents.turn_policy import TurnOutput
+from jaxagent.agents.turn_policy import HostPolicy, TurnOutput
 from jaxagent.buckets import bucket
 from jaxagent.generate import SamplingConfig, sample_tokens
 
 
-class ReferenceSampler:
+class ReferenceSampler(HostPolicy):
     """A cache-free sampler: one full forward pass over the context per new token.
 
     Args:
@@ -43,6 +43,7 @@ class ReferenceSampler:
         self._decode = jax.jit(partial(_reference_decode, logits_fn, sampling, pad_id))
         self._shapes: set[tuple[int, int]] = set()  # one compilation per distinct buffer shape
         self._round = 0  # the driver passes one key per rollout: each call folds in its own
+        self._rebased = False
 
     @property
     def recompiles(self) -> int:
@@ -62,8 +63,16 @@ class ReferenceSampler:
         for ctx, chunk in zip(self._contexts, chunks):
             active.append(chunk is not None)
             if chunk is not None:
+                if self._rebased:  # the chunk is the row's whole context
+                    ctx.clear()
                 ctx.extend(int(t) for t in chunk)
+        self._rebased = False
         return self._run(params, active, key)
+
+    def rebase(self) -> None:
+        """The next ``resume`` gets every running row's whole context (each token re-encodes
+        its context anyway: no state of the old weights to drop)."""
+        self._rebased = True
 
     def _run(self, params, active, key) -> TurnOutput:
         key, self._round = jax.random.fold_in(key, self._round), self._round + 1

@@ -19,20 +19,28 @@ rows) come along for policies that act on text: scripted experts
 ``recompiles`` counts the compilations the policy caused (0 for host-only policies), for the
 trainer's ``sampler/recompiles`` metric.
 
-A policy that keeps device state across turns (the cached sampler's KV cache) may define
-``release()``: ``collect_episodes`` calls it (``release``) once its episodes have all ended,
-so that state is freed before the caller moves on (the learner's update); wrappers forward
-it to the policy they wrap.
+Every policy declares three more members (``HostPolicy`` holds the defaults of a policy with
+no device state): ``release()``, called by ``collect_episodes`` once its episodes have all
+ended, frees the device state it keeps across turns (the cached sampler's KV cache) before
+the caller moves on (the learner's update); ``rebase()``, called between turns when the
+weights change (partial rollouts), drops what the old weights computed, the next ``resume``
+then getting every running row's whole context; ``driver``, the episode loop the policy
+brings (``Driver``: the slot engine's continuous batching), or None for
+``collect_episodes``' lock-step rounds. Wrappers forward ``release`` and ``rebase`` to the
+policy they wrap.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
 
 import jax
 
 from jaxagent.envs.base import Task
+
+if TYPE_CHECKING:
+    from jaxagent.agents.rollout import Driver
 
 
 @dataclasses.dataclass
@@ -73,9 +81,26 @@ class TurnPolicy(Protocol):
         observations: Sequence[Optional[str]],
     ) -> TurnOutput: ...
 
+    def release(self) -> None:
+        """Free the device state kept across turns (its episodes have all ended)."""
 
-def release(policy: Any) -> None:
-    """Free the per-episode device state ``policy`` keeps (``policy.release()``), if any."""
-    fn = getattr(policy, "release", None)
-    if callable(fn):
-        fn()
+    def rebase(self) -> None:
+        """New weights between turns: drop what the old ones computed; the next ``resume``
+        gets every running row's whole context."""
+
+    @property
+    def driver(self) -> Optional[Driver]:
+        """The policy's own episode loop, or None: ``collect_episodes``' lock-step rounds."""
+
+
+class HostPolicy:
+    """The ``TurnPolicy`` members of a policy that keeps no device state between turns and
+    runs in the lock-step rounds (scripted experts, test policies)."""
+
+    driver: Optional[Driver] = None
+
+    def release(self) -> None:
+        pass
+
+    def rebase(self) -> None:
+        pass

@@ -189,7 +189,7 @@ def cmd_eval(args) -> int:
 def _method_hook(args, config):
     """``--method``'s config and ``--policy lookalike|argname``'s expert (agents/methods)."""
     from jaxagent.agents.methods.config import load_method
-    from jaxagent.agents.methods.scripted import SCRIPTED
+    from jaxagent.envs.tools.quickstart.scripted import SCRIPTED
 
     make_expert = SCRIPTED.get(args.policy)
     if make_expert is not None and config.env.name != "quickstart":

@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["checkpoint", "expert", "lookalike", "argname"],
         default="checkpoint",
         help="expert: evaluate the env's scripted expert instead of a checkpoint; lookalike, "
-        "argname: imperfect quickstart policies (jaxagent/agents/methods/scripted.py)",
+        "argname: imperfect quickstart policies (jaxagent/envs/tools/quickstart/scripted.py)",
     )
     ev.add_argument(
         "--method",

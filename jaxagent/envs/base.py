@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -196,6 +196,23 @@ def supports_snapshot(env: Any) -> bool:
 
 
 TRUNCATION_MARKER = "\n[... {omitted} characters truncated ...]\n"
+
+
+def run_episode(
+    env: TextEnv, task: Task, policy: Callable[[str], str]
+) -> tuple[list[str], list[str], StepResult]:
+    """One episode of ``policy`` (observation -> action text) in ``env``: (observations,
+    actions, the last ``StepResult``); ``observations[0]`` is the reset observation and
+    ``observations[i + 1]`` follows ``actions[i]``. The scripted experts' checks run their
+    episodes through it."""
+    observations, actions = [env.reset(task)], []
+    while True:
+        action = policy(observations[-1])
+        result = env.step(action)
+        actions.append(action)
+        observations.append(result.observation)
+        if result.done:
+            return observations, actions, result
 
 
 def truncate_observation(text: str, max_chars: int, *, keep_tail: float = 0.25) -> str:

@@ -1,20 +1,22 @@
 """The model side of the server: one device thread, a pool of KV slots, continuous batching.
 
-``SlotBackend`` owns a ``jaxagent.generate.slots.SlotSampler`` pool (the rollout engine's
-device programs) on one thread. Requests arrive as ``Job``s on a queue; each round the thread
-admits every waiting job it has a slot for (one ``admit`` call per sampling key: their
-contexts are prefilled together), then runs at most ``decode_steps`` decode steps of every
-slot with a turn under way, so concurrent requests share the decode batch and a finished
-turn leaves within a bounded number of steps while the others keep their rows.
+``SlotBackend`` is the second client of the rollout engine's slot table
+(``jaxagent.agents.slots.SlotTable`` over a ``jaxagent.generate.slots.SlotSampler`` pool),
+on one thread. Requests arrive as ``Job``s on a queue; each round the thread gives every
+waiting job it has a slot for its slot (``SlotTable.on_reply``) and admits them (one device
+call per sampling key: their contexts are prefilled together), then runs at most
+``decode_steps`` decode steps of every slot with a turn under way, so concurrent requests
+share the decode batch and a finished turn leaves within a bounded number of steps while the
+others keep their rows.
 
-KV reuse. A slot keeps the ids of what its cache holds (``_Slot.tokens``); a session keeps its
-slot between requests. A job's context is compared with its slot's ids and only the part
-after their common prefix is prefilled: the next turn of a conversation prefills just the new
-messages, and a divergent history (an edited message, a retried turn) rewinds the slot to the
-common prefix instead of starting over (the cache's length is set back: attention reads only
-slots below a row's length, ``Transformer.hidden``). With every slot taken, the least recently
-used idle slot is given to the new session (``evictions`` counts it); that session's next
-request prefills its whole context again.
+KV reuse. The table keeps the ids of what each slot's cache holds (``SlotTable.held``); a
+session keeps its slot between requests. Only the part of a job's context after its common
+prefix with the slot's ids is prefilled: the next turn of a conversation prefills just the
+new messages, and a divergent history (an edited message, a retried turn) rewinds the slot to
+the common prefix instead of starting over (the cache's length is set back: attention reads
+only slots below a row's length, ``Transformer.hidden``). With every slot taken, the least
+recently used idle slot is given to the new session (``evictions`` counts it); that
+session's next request prefills its whole context again.
 
 Sampling. A job draws from ``row_uniforms(key, N, row, turn)`` as the rollout driver does:
 with a request ``seed``, the key is ``jax.random.key(seed)``, the row its choice index and the
@@ -42,9 +44,8 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
+from jaxagent.agents.slots import SlotTable, common_prefix
 from jaxagent.buckets import bucket
 from jaxagent.errors import ConfigError
 from jaxagent.generate import SamplingConfig
@@ -112,7 +113,6 @@ class _Update:
 
 @dataclasses.dataclass
 class _Slot:
-    tokens: list[int] = dataclasses.field(default_factory=list)  # what its cache holds
     owner: str | None = None
     job: Job | None = None
     used: float = 0.0
@@ -140,14 +140,6 @@ class BackendStats:
         )
         out["mean_batch"] = self.decode_rows / self.decode_calls if self.decode_calls else 0.0
         return out
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class SlotBackend:
@@ -184,13 +176,13 @@ class SlotBackend:
         version: int = 0,
         grammar: Callable[[], GrammarTable] | None = None,
     ):
-        self.graphdef, self.params, self.sampling = graphdef, params, sampling
+        self.graphdef, self.sampling = graphdef, sampling
+        self._initial = (params, version)  # the table's, once the device thread has started
         self.num_slots, self.capacity, self.pad_id = slots, capacity, pad_id
         self.decode_steps, self.decode_text = decode_steps, decode
         self.max_new_tokens = sampling.max_new_tokens
         self.max_programs = max_programs
         self.key = jax.random.key(seed)
-        self.version = version
         self.stats = BackendStats()
         self._devs: collections.OrderedDict = collections.OrderedDict()
         self._queue: queue.Queue = queue.Queue()
@@ -201,7 +193,6 @@ class SlotBackend:
         self._thread = threading.Thread(
             target=self._main, name="jaxagent-serve-device", daemon=True
         )
-        self._cut = jax.jit(_cut_rows, donate_argnums=0)
         self._make_grammar, self._grammar = grammar, None
         self._grammar_lock = threading.Lock()
         self._thread.start()
@@ -229,10 +220,8 @@ class SlotBackend:
                 self._grammar = self._make_grammar()
             return self._grammar.start(regex)
 
-    def _table(self, jobs) -> jax.Array | None:
-        """The automata on the device when one of ``jobs`` is constrained, else None."""
-        if not any(j.gstart >= 0 for j in jobs):
-            return None
+    def _device_table(self) -> jax.Array:
+        """The automata on the device (``SlotTable`` asks when a turn is constrained)."""
         with self._grammar_lock:
             return self._grammar.device_table()
 
@@ -285,9 +274,15 @@ class SlotBackend:
 
     def _main(self) -> None:
         try:
-            dev = self._dev(self.sampling)
-            self._state = dev.init(self.params)
-            self._fused = dev.prepare(self.params)
+            params, version = self._initial
+            self._initial = None
+            self.table = SlotTable(
+                self._dev(self.sampling),
+                params,
+                version=version,
+                key=self.key,
+                grammar=self._device_table,
+            )
             self._slots = [_Slot() for _ in range(self.num_slots)]
             self._owned: dict[str, int] = {}
             self._waiting: collections.deque[Job] = collections.deque()
@@ -332,29 +327,22 @@ class SlotBackend:
             if self._closed.is_set():
                 return
             t0 = time.perf_counter()
-            if self._updates and not self._busy():
-                self._apply_update(self._updates.popleft())
-            if not self._updates:  # new turns wait for a pending update
-                self._admit()
+            if self._updates and not self.table.switching:
+                u = self._updates.popleft()
+                self.table.switch_weights(u.params, u.version, u.done.set)
+            self._admit()
             if self._busy():
                 self._decode()
             self.stats.device_s += time.perf_counter() - t0
 
-    def _apply_update(self, update: _Update) -> None:
-        self.params, self.version = update.params, update.version
-        self._fused = self._dev(self.sampling).prepare(update.params)
-        for slot in self._slots:
-            slot.tokens = []  # admitted fresh: the cache row is rewritten from position 0
-        update.done.set()
-
     def _free_slot(self, job: Job) -> int | None:
-        slots = self._slots
+        slots, held = self._slots, self.table.held
         if job.session is not None and job.session in self._owned:
             i = self._owned[job.session]
             return i if slots[i].job is None else None
         free = [i for i, s in enumerate(slots) if s.job is None and s.owner is None]
         if free:  # an unowned slot, the one holding the longest shared prefix first
-            return max(free, key=lambda i: (_common(slots[i].tokens, job.context), -i))
+            return max(free, key=lambda i: (common_prefix(held[i], job.context), -i))
         idle = [i for i, s in enumerate(slots) if s.job is None]
         if not idle:
             return None
@@ -365,10 +353,9 @@ class SlotBackend:
         return i
 
     def _admit(self) -> None:
-        groups: dict = collections.defaultdict(list)
-        cuts: dict[int, int] = {}
         keep: collections.deque[Job] = collections.deque()
-        while self._waiting:
+        own: set[int] = set()
+        while self._waiting and not self.table.switching:  # new turns wait for new weights
             job = self._waiting.popleft()
             if job.cancelled:
                 job.emit("done", Result([], [], "cancelled", 0))
@@ -383,104 +370,75 @@ class SlotBackend:
                 keep.append(job)
                 continue
             slot = self._slots[i]
-            own = job.session is not None and slot.owner == job.session
             if job.session is not None:
+                if slot.owner == job.session:
+                    own.add(i)
                 self._owned[job.session] = i
                 slot.owner = job.session
-            # At least the last context token is fed: its logits start the turn.
-            n = min(_common(slot.tokens, job.context), len(job.context) - 1)
-            if n < len(slot.tokens):
-                cuts[i] = n
-            slot.tokens = list(job.context[:n])
-            job.slot, job.start, job.cached = i, len(job.context), n
+            job.slot, job.start = i, len(job.context)
             job.admitted_at = time.perf_counter()
             slot.job, slot.used = job, time.monotonic()
-            self._running = job.sampling
+            if self._running is None:
+                self._running = job.sampling
+                self.table.use(self._dev(job.sampling))
             if job.key is not None:
-                key = ("key", job.key_id)
+                key, key_id = job.key, ("key", job.key_id)
+            elif job.seed is not None:
+                key, key_id = jax.random.key(job.seed), ("seed", job.seed)
             else:
-                key = ("seed", job.seed) if job.seed is not None else ("server",)
-            groups[(job.sampling, key)].append(job)
+                key, key_id = None, None  # the server's key
+            self.table.on_reply(
+                i,
+                job.context,
+                row=job.row,
+                turn=job.turn,
+                gstart=job.gstart,
+                key=key,
+                key_id=key_id,
+            )
+        keep.extend(self._waiting)
+        self._waiting = keep
+        calls = self.table.admit_calls
+        admitted = self.table.admit()
+        self.stats.admit_calls += self.table.admit_calls - calls
+        for i, n in admitted.items():
+            job = self._slots[i].job
+            job.cached = n
             self.stats.prompt_tokens += len(job.context)
             self.stats.reused_tokens += n
-            self.stats.session_reused_tokens += n if own else 0
+            self.stats.session_reused_tokens += n if i in own else 0
             self.stats.prefilled_tokens += len(job.context) - n
-        self._waiting = keep
-        if cuts:
-            self._apply_cuts(cuts)
-        for (sampling, key), jobs in groups.items():
-            dev = self._dev(sampling)
-            table = self._table(jobs)
-            if key[0] == "key":
-                rng = jobs[0].key
-            else:
-                rng = jax.random.key(key[1]) if key[0] == "seed" else self.key
-            self._state = dev.admit(
-                self.params,
-                self._fused,
-                self._state,
-                [j.slot for j in jobs],
-                [j.context[j.cached :] for j in jobs],
-                [j.cached == 0 for j in jobs],
-                rng,
-                [j.row for j in jobs],
-                [j.turn for j in jobs],
-                None if table is None else (table, [j.gstart for j in jobs]),
-            )
-            self.stats.admit_calls += 1
-
-    def _apply_cuts(self, cuts: dict[int, int]) -> None:
-        idx = np.full(self.num_slots, self.num_slots, np.int32)
-        lengths = np.zeros(self.num_slots, np.int32)
-        for j, (i, n) in enumerate(sorted(cuts.items())):
-            idx[j], lengths[j] = i, n
-        self._state = self._cut(self._state, jnp.asarray(idx), jnp.asarray(lengths))
 
     def _decode(self) -> None:
         busy = self._busy()
-        dev = self._dev(self._running)
-        longest = max(self._slots[i].job.start for i in busy) + self.max_new_tokens
-        table = self._table([self._slots[i].job for i in busy])
-        self._state = dev.decode(
-            self.params, self._fused, self._state, longest, active=busy, table=table
-        )
+        self.table.decode()
         self.stats.decode_calls += 1
         self.stats.decode_rows += len(busy)
         self.stats.max_batch = max(self.stats.max_batch, len(busy))
-        s = self._state
-        pending, finished, num, lengths, tokens, logprobs, gstates = jax.device_get(
-            (s.pending, s.finished, s.num_generated, s.cache.lengths, s.tokens, s.logprobs)
-            + (s.gstates if table is not None else None,)
-        )
-        cuts: dict[int, int] = {}
-        for i in busy:
+        for turn in self.table.harvest(every=True):
+            i = turn.slot
             slot, job = self._slots[i], self._slots[i].job
-            k = int(num[i])
-            over = bool(finished[i] and not pending[i])
+            k, over = len(turn.tokens), turn.over
             keep, reason = k, None
             if job.cancelled:
                 reason = "cancelled"
             if k >= job.max_tokens and (k > job.max_tokens or not over):
                 keep, reason = job.max_tokens, "length"
             if job.stops and reason is None:
-                hit = _stop_at(self.decode_text, [int(t) for t in tokens[i, :k]], job.stops)
+                hit = _stop_at(self.decode_text, turn.tokens, job.stops)
                 if hit is not None:
                     keep, reason = hit, "stop"
             if reason is None and not over:
                 if job.stream and k > job.sent:
-                    ids = [int(t) for t in tokens[i, job.sent : k]]
-                    job.emit("tokens", (ids, [float(x) for x in logprobs[i, job.sent : k]]))
+                    job.emit("tokens", (turn.tokens[job.sent :], turn.logprobs[job.sent :]))
                     job.sent = k
                 continue
             if reason is None:
-                last = int(tokens[i, k - 1]) if k else -1
+                last = turn.tokens[-1] if k else -1
                 reason = "stop" if last in self.sampling.stop_token_ids else "length"
-            ids = [int(t) for t in tokens[i, :keep]]
-            lps = [float(x) for x in logprobs[i, :keep]]
-            held = min(int(lengths[i]), job.start + keep)
-            slot.tokens = (job.context + ids)[:held]
-            if not over or held < int(lengths[i]):
-                cuts[i] = held
+            ids, lps = turn.tokens[:keep], turn.logprobs[:keep]
+            if keep < k or not over:
+                self.table.stop(i, ids)  # the cache keeps the context and ``ids``
             slot.job, slot.used = None, time.monotonic()
             if job.session is None:  # a throw-away slot: free for anyone
                 slot.owner = None
@@ -491,10 +449,8 @@ class SlotBackend:
             masks = None
             if job.gstart >= 0:
                 with self._grammar_lock:
-                    masks = self._grammar.masks(gstates[i, :keep].tolist())
-            job.emit("done", Result(ids, lps, reason, job.cached, self.version, masks))
-        if cuts:
-            self._apply_cuts(cuts)
+                    masks = self._grammar.masks(turn.gstates[:keep])
+            job.emit("done", Result(ids, lps, reason, job.cached, self.table.version, masks))
         if not self._busy():
             self._running = None
 
@@ -507,21 +463,6 @@ def _stop_at(decode, ids: list[int], stops: Sequence[str]) -> int | None:
     while lo < len(ids) and not any(s in decode(ids[:lo]) for s in stops):
         lo += 1
     return lo
-
-
-def _cut_rows(state, idx, lengths):
-    """Slots ``idx`` (padded with out-of-range indices) stop their turn and keep at most
-    ``lengths`` tokens of their cache."""
-    s = state.num_slots
-    cur = state.cache.lengths[jnp.minimum(idx, s - 1)]
-    cache = state.cache.replace(
-        lengths=state.cache.lengths.at[idx].set(jnp.minimum(cur, lengths), mode="drop")
-    )
-    return state.replace(
-        cache=cache,
-        finished=state.finished.at[idx].set(True, mode="drop"),
-        pending=state.pending.at[idx].set(False, mode="drop"),
-    )
 
 
 def pool_capacity(max_total_tokens: int, max_seq_len: int) -> int:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from jaxagent.agents.chat import CHAT_TEMPLATE, ChatFormat, TemplateChat
+from jaxagent.agents.chat import CHAT_TEMPLATE, TemplateChat
 from jaxagent.envs.base import Task
 
 _SENTINEL = "ZqxServeAssistantZqx"
@@ -44,7 +44,7 @@ class Renderer:
 
     @property
     def observation_role(self) -> str:
-        return getattr(self.chat, "observation_role", "user")
+        return self.chat.observation_role
 
     def _role(self, role: str) -> str:
         # A template without a tool role shows tool results as user turns (as the driver does).
@@ -92,9 +92,7 @@ class Renderer:
         ]
         full = self._render(stand_in + msgs, add_generation_prompt=True)
         start = full.index(_SENTINEL) + len(_SENTINEL)
-        eot = getattr(self.chat, "eot_text", "")
-        if isinstance(self.chat, ChatFormat):
-            eot = self.tokenizer.convert_ids_to_tokens(self.chat.eot_id)
+        eot = self.chat.eot_text
         if eot and full.startswith(eot, start):
             start += len(eot)
         return self._ids(full[start:])

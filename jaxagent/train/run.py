@@ -363,7 +363,7 @@ def run_grammar(config: Config, env: EnvSpec, chat: Chat, vocab_size: int):
     from jaxagent.agents.constrained import tool_call_grammar
     from jaxagent.envs.call_grammar import CONSTRAINED_SYNTAXES
 
-    syntax = getattr(chat, "syntax", None) or "react"
+    syntax = chat.syntax
     if syntax not in CONSTRAINED_SYNTAXES:
         raise ConfigError(
             f"rollout.constrained_tool_calls=true: the chat's tool-call syntax {syntax!r} has "

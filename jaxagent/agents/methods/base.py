@@ -26,7 +26,7 @@ import jax
 
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.rollout import RolloutSpec
-from jaxagent.agents.runner import EnvRunner
+from jaxagent.agents.runner import BlockingRunner, EnvRunner
 from jaxagent.pool.steps import EnvReply
 from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import Task
@@ -102,7 +102,7 @@ def merge_attempts(attempts: Sequence[Episode], **method_info: Any) -> Episode:
     return ep
 
 
-class MemoryRunner:
+class MemoryRunner(BlockingRunner):
     """An ``EnvRunner`` that prepends ``memories[slot]`` to the first observation of slot's
     episode (``collect_episodes`` gives episode i slot i).
 
@@ -112,6 +112,7 @@ class MemoryRunner:
     """
 
     def __init__(self, inner: EnvRunner, memories: Sequence[str]):
+        super().__init__()
         self.inner, self.memories = inner, list(memories)
 
     def reset(self, slots: Sequence[int], tasks: Sequence[Task]) -> list[EnvReply]:

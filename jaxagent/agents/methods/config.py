@@ -134,7 +134,8 @@ def build_method(cfg: MethodConfig, run: Any, key: Any, *, scripted: bool):
       key: PRNG key for model-side parts (policy reflector, policy judge).
       scripted: whether the evaluated policy is a scripted one (no LM).
     """
-    from jaxagent.agents.methods import best_of_n, dfsdt, react, reflexion, scripted as S
+    from jaxagent.agents.methods import best_of_n, dfsdt, react, reflexion
+    from jaxagent.envs.tools.quickstart import scripted as S
     from jaxagent.agents.methods import self_refine
     from jaxagent.eval import judge as J
 

@@ -36,7 +36,7 @@ from jaxagent.agents.expert import ExpertTurnPolicy
 from jaxagent.agents.methods.base import add_method_tokens
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
 from jaxagent.agents.runner import InlineRunner
-from jaxagent.agents.turn_policy import TurnPolicy, release
+from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import Task, supports_snapshot, truncate_observation
 
 
@@ -77,7 +77,7 @@ class PolicyProposer:
         out = self.policy.start(
             self.params, [ids] * n, key, tasks=[task] * n, observations=[first_obs] * n
         )
-        release(self.policy)  # one-turn proposals: the KV cache is done with
+        self.policy.release()  # one-turn proposals: the KV cache is done with
         self.input_tokens += len(ids) * n
         seen: list[str] = []
         for toks in out.tokens:

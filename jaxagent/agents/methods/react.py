@@ -23,8 +23,8 @@ import jax
 from jaxagent.agents.chat import Chat
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
-from jaxagent.agents.runner import EnvRunner
-from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy, release
+from jaxagent.agents.runner import BlockingRunner, EnvRunner
+from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy
 from jaxagent.envs.base import Task
 
 REACT_INSTRUCTION = "before each Action or Final write Thought : what the next step is and why ."
@@ -46,10 +46,11 @@ def strip_thought(action: str) -> str:
     return action[keys[-1].start() :] if keys else action
 
 
-class ThoughtRunner:
+class ThoughtRunner(BlockingRunner):
     """An ``EnvRunner`` passing the environment each action without its thought."""
 
     def __init__(self, inner: EnvRunner):
+        super().__init__()
         self.inner = inner
 
     def reset(self, slots, tasks):
@@ -76,8 +77,13 @@ class ReActPolicy:
     def recompiles(self) -> int:
         return self.inner.recompiles
 
+    driver = None  # a wrapper's turns run in the lock-step rounds
+
     def release(self) -> None:
-        release(self.inner)
+        self.inner.release()
+
+    def rebase(self) -> None:
+        self.inner.rebase()
 
     def start(self, params, prompts, key, *, tasks: Sequence[Task], observations) -> TurnOutput:
         self._obs = list(observations)

@@ -32,7 +32,7 @@ from jaxagent.agents.methods.base import (
     with_runner,
 )
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
-from jaxagent.agents.turn_policy import TurnPolicy, release
+from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import Task
 
 REFLECT_PROMPT = "the attempt failed . write one lesson for the next attempt ."
@@ -111,7 +111,7 @@ class PolicyReflector:
         out = self.policy.start(
             self.params, prompts, key, tasks=[ep.task for ep in failed], observations=texts
         )
-        release(self.policy)  # one-turn reflections: the KV cache is done with
+        self.policy.release()  # one-turn reflections: the KV cache is done with
         return [
             Reflection(f"lesson : {self.chat.decode(ids)}", len(p), len(ids))
             for p, ids in zip(prompts, out.tokens)

@@ -30,9 +30,9 @@ import jax
 from jaxagent.agents.chat import Chat
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.methods.base import add_method_tokens
-from jaxagent.agents.methods.scripted import signatures
+from jaxagent.envs.tools.quickstart.scripted import signatures
 from jaxagent.agents.rollout import RolloutSpec, collect_episodes
-from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy, release
+from jaxagent.agents.turn_policy import TurnOutput, TurnPolicy
 from jaxagent.envs.base import Task
 
 _ACTION = re.compile(r"Action\s*:\s*(\w+)\s*\((.*)\)\s*$", re.S)
@@ -100,8 +100,13 @@ class SelfRefinePolicy:
     def recompiles(self) -> int:
         return self.inner.recompiles
 
+    driver = None  # a wrapper's turns run in the lock-step rounds
+
     def release(self) -> None:
-        release(self.inner)
+        self.inner.release()
+
+    def rebase(self) -> None:
+        self.inner.rebase()
 
     def start(self, params, prompts, key, *, tasks: Sequence[Task], observations) -> TurnOutput:
         self._first = [o or "" for o in observations]

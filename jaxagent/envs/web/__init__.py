@@ -10,7 +10,7 @@ real headless browser: ``miniwob`` (the env) and ``miniwob_solvers``. Nothing he
 """
 
 from jaxagent.envs.web.env import WebEnv, WebEnvConfig
-from jaxagent.envs.web.expert import ExpertPolicy, random_action, run_episode
+from jaxagent.envs.web.expert import ExpertPolicy, random_action
 from jaxagent.envs.web.tasks import WebTasksConfig, WebWorld
 from jaxagent.envs.web.vocab import vocabulary
 
@@ -21,6 +21,5 @@ __all__ = [
     "WebTasksConfig",
     "WebWorld",
     "random_action",
-    "run_episode",
     "vocabulary",
 ]

@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from jaxagent.envs.web.env import WebEnv, WebEnvConfig
-from jaxagent.envs.web.expert import ExpertPolicy, run_episode
+from jaxagent.envs.base import run_episode
+from jaxagent.envs.web.expert import ExpertPolicy
 from jaxagent.envs.web.layout import Layout
 from jaxagent.envs.web.site import Site, initial_state
 

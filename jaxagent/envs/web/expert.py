@@ -16,11 +16,10 @@ makes the episode fail, so its success is about 1 - p.
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 import numpy as np
 
-from jaxagent.envs.base import StepResult, Task
+from jaxagent.envs.base import Task
 from jaxagent.envs.web.domain import DOMAINS
 from jaxagent.envs.web.site import ROLES
 
@@ -183,17 +182,3 @@ def random_action(observation: str, rng: np.random.Generator) -> str:
             return f'type ( [{el["id"]}] , " {rng.choice(DOMAINS["shop"].title_attrs)} " )'
         return f"click ( [{el['id']}] )"
     return ["scroll ( down )", "scroll ( up )", "back ( )", "finish ( )"][choice % 4]
-
-
-def run_episode(
-    env, task: Task, policy: Callable[[str], str]
-) -> tuple[list[str], list[str], StepResult]:
-    """One episode: (observations, actions, last StepResult)."""
-    observations, actions = [env.reset(task)], []
-    while True:
-        action = policy(observations[-1])
-        result = env.step(action)
-        actions.append(action)
-        observations.append(result.observation)
-        if result.done:
-            return observations, actions, result

@@ -12,7 +12,6 @@ from jaxagent.envs.tools.quickstart.expert import (
     format_call,
     format_final,
     random_action,
-    run_episode,
     success_rate,
 )
 from jaxagent.envs.tools.quickstart.world import system_prompt
@@ -38,7 +37,6 @@ __all__ = [
     "format_call",
     "format_final",
     "random_action",
-    "run_episode",
     "success_rate",
     "system_prompt",
     "task_key",

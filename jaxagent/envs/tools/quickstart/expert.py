@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxagent.envs.base import StepResult, Task
+from jaxagent.envs.base import Task, run_episode
 from jaxagent.envs.tools.quickstart import tasks as T
 from jaxagent.envs.tools.quickstart import world as W
 from jaxagent.envs.tools.quickstart.env import QuickstartEnv
@@ -127,24 +127,6 @@ def random_action(task: Task, rng: np.random.Generator) -> str:
             str(rng.choice(schema["enum"])) if "enum" in schema else int(rng.integers(0, 100))
         )
     return format_call(tool, kwargs)
-
-
-def run_episode(
-    env: QuickstartEnv, task: Task, policy: Callable[[str], str]
-) -> tuple[list[str], list[str], StepResult]:
-    """Runs one episode; returns (observations, actions, last StepResult).
-
-    ``observations[0]`` is the reset observation and ``observations[i + 1]`` follows
-    ``actions[i]``.
-    """
-    observations, actions = [env.reset(task)], []
-    while True:
-        action = policy(observations[-1])
-        result = env.step(action)
-        actions.append(action)
-        observations.append(result.observation)
-        if result.done:
-            return observations, actions, result
 
 
 def expert_episode(

@@ -9,7 +9,8 @@ import numpy as np
 
 from jaxagent.envs.registry import FLATTEN, EnvSpec, register_env
 from jaxagent.envs.tools.quickstart.env import QuickstartEnv, QuickstartEnvConfig
-from jaxagent.envs.tools.quickstart.expert import ExpertPolicy, random_action, run_episode
+from jaxagent.envs.base import run_episode
+from jaxagent.envs.tools.quickstart.expert import ExpertPolicy, random_action
 from jaxagent.envs.tools.quickstart.tasks import QuickstartConfig, QuickstartWorld
 from jaxagent.envs.tools.quickstart.vocab import vocabulary
 from jaxagent.envs.tools.quickstart.world import system_prompt
