@@ -10,6 +10,7 @@
   with it: ``tests/test_resume_matrix.py`` runs those cases).
 """
 
+import shutil
 import threading
 import time
 
@@ -258,6 +259,15 @@ def test_two_asynchronous_runs_are_identical_and_record_versions(tmp_path, monke
     m1, p1, s1, step = _run(tmp_path, "a", 1)
     for ckpt in (1, 2):  # each holds the next batch, sampled one version behind
         _pending_is_data(tmp_path / "a" / "checkpoints", ckpt, made)
+    # Resumed from checkpoint 2, the run trains on batch 2 read back from its arrays (no
+    # batch is collected again) and ends exactly as the uninterrupted run.
+    shutil.copytree(tmp_path / "a", tmp_path / "r")
+    shutil.rmtree(tmp_path / "r" / "checkpoints" / "3")
+    made.clear()
+    m3, p3, _, _ = _run(tmp_path, "r", 1)
+    assert made == {} and m3 == m1
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), p1, p3)
+    assert all(jax.tree.leaves(same))
     m2, p2, s2, _ = _run(tmp_path, "b", 1)
     assert step == 3
     assert m1 == m2 and s1["success_after_rl"] == s2["success_after_rl"]

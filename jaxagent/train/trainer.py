@@ -37,13 +37,13 @@ from jaxagent.rl.train_state import TrainState, on_sampling_params
 from jaxagent.train import progress
 from jaxagent.train.checkpoint import Checkpointer, check_same_directory, complete_steps
 from jaxagent.train.checkpoint import refuse_overwrite
-from jaxagent.train.collect import Collector, pending_items, restored_items
+from jaxagent.train.collect import Collected, Collector, pending_items, restored_items
 from jaxagent.train.config import Config, config_to_dict, config_to_yaml
 from jaxagent.train.coverage import check_coverage
 from jaxagent.train.evaluation import RunEvaluation
 from jaxagent.train.guards import UpdateGuard
 from jaxagent.train.metrics_log import MetricsLogger, NullLogger
-from jaxagent.train.overlap import Pipeline, Produced
+from jaxagent.train.overlap import Pipeline
 from jaxagent.train.policy import run_optimizer
 from jaxagent.train.run import build_run
 from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_atomic
@@ -178,7 +178,7 @@ class Trainer:
         state, params, placed = self.collector.weights(state, own_copy=False)
         record = self.collector.collect(it, it, params)
         params = None
-        return self._learn(state, Produced(it, it, record), t0, placed)
+        return self._learn(state, record, t0, placed)
 
     def _overlapped_iteration(
         self, state: TrainState, it: int, pipeline: Pipeline
@@ -193,7 +193,7 @@ class Trainer:
             pipeline.publish(it, params)
             params = None
         produced, waited, ready = pipeline.take(it)
-        state, m = self._learn(state, produced, t0, placed)
+        state, m = self._learn(state, produced.payload, t0, placed)
         m["time/learner_wait_s"] = waited
         m["time/sampler_wait_s"] = produced.sampler_wait_s
         m["time/batches_ready"] = ready  # timing-dependent, like the waits
@@ -201,10 +201,9 @@ class Trainer:
         return state, m
 
     def _learn(
-        self, state: TrainState, produced: Produced, t0: float, placed: dict
+        self, state: TrainState, record: Collected, t0: float, placed: dict
     ) -> tuple[TrainState, dict]:
         """The update on a collected batch, and the iteration's metrics."""
-        record = produced.payload
         self.checkpointer.before_mutation()  # the update donates the state
         # The rollout's freed buffers (and, release_compiled, its programs) go back before the
         # update's peak; the step's gradients, activations and program before the next rollout.
