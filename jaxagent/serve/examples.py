@@ -10,6 +10,8 @@ rollout driver truncates).
 
 - ``quickstart_harness``: the quickstart world (``configs/quickstart.yaml``'s 6 turns), the
   entry point ``jaxagent.serve.examples:quickstart_harness``; each answer's text is the action.
+  ``quickstart_chatml_harness``: the same world for ``configs/quickstart_chatml.yaml``'s
+  policy, the task's tools sent as OpenAI ``tools`` and the answers' ``tool_calls`` as actions.
 - ``bfcl_harness``: BFCL's multi-turn API worlds with ``configs/loop_bfcl.yaml``'s episode
   settings (``pip install --no-deps bfcl-eval``). The entry's functions go to the server as
   OpenAI ``tools`` (``bfcl_tools``: what the template renders in its tools block); an answer's
@@ -32,7 +34,7 @@ from __future__ import annotations
 import functools
 import json
 
-from jaxagent.agents.task_tools import bfcl_tools
+from jaxagent.agents.task_tools import bfcl_tools, quickstart_tools
 from jaxagent.envs.base import Task, truncate_observation
 from jaxagent.envs.registry import get_env_spec
 from jaxagent.serve.harness import Outcome
@@ -127,6 +129,9 @@ def _budget_spent(reward: float) -> Outcome:
 
 
 quickstart_harness = world_harness("quickstart", max_turns=6)
+# configs/quickstart_chatml.yaml's policy: the task's tools sent as OpenAI tools (the template's
+# tools block, as the driver renders them), its <tool_call> answers come back as tool_calls
+quickstart_chatml_harness = world_harness("quickstart", max_turns=6, tools_of=quickstart_tools)
 # configs/loop_bfcl.yaml's episode: compact tool list in the world's text, results cut at 300
 # characters, 4 steps a user turn, 16 answers, observations cut at 300 characters
 bfcl_harness = world_harness(
