@@ -100,5 +100,11 @@ class ScriptedBackend:
 
         threading.Thread(target=run, daemon=True).start()
 
+    def compile(self, regex):
+        raise NotImplementedError("the scripted backend decodes no grammar")
+
+    def release(self, session):
+        pass
+
     def close(self):
         pass

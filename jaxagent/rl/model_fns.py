@@ -47,14 +47,12 @@ class LoraAwareLogprobFn:
     the unmerged parameters instead of merging a full model copy first."""
 
     fn: LogprobFn
+    # whether ``fn`` takes ``block_wrap`` (the fused optimiser's block hook): the model's own
+    # rematerialised function does (``model_logprob_fn(remat=True)``)
+    block_wrap: bool = False
 
     def __call__(self, params, tokens, positions, segment_ids, *args, **kwargs):
         return self.fn(params, tokens, positions, segment_ids, *args, **kwargs)
-
-    @property
-    def block_wrap(self) -> bool:
-        """Whether the function takes ``block_wrap`` (the fused optimiser's block hook)."""
-        return getattr(self.fn, "block_wrap", False)
 
 
 def model_apply_fn(graphdef: Any) -> Callable:
@@ -185,8 +183,7 @@ def model_logprob_fn(
             values,
         )
 
-    logprob_fn.block_wrap = remat
-    return LoraAwareLogprobFn(logprob_fn)
+    return LoraAwareLogprobFn(logprob_fn, block_wrap=bool(remat))
 
 
 def _log_mass(logits, ids, masks):

@@ -320,7 +320,7 @@ def make_update_step(
         has_aux=True,
     )
     if u.fused_optimizer:
-        if not getattr(logprob_fn, "block_wrap", False):
+        if not (isinstance(logprob_fn, LoraAwareLogprobFn) and logprob_fn.block_wrap):
             raise ValueError(
                 "update.fused_optimizer needs the model's own log-prob function "
                 "(jaxagent.rl.model_fns.model_logprob_fn with remat), whose blocks it hooks"

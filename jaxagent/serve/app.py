@@ -47,7 +47,7 @@ from jaxagent.envs.base import FailureMode, Task
 from jaxagent.envs.tool_calls import parse_native
 from jaxagent.errors import ConfigError
 from jaxagent.envs.tool_spec import ParsedAction
-from jaxagent.serve.backend import Job, Result
+from jaxagent.serve.backend import Backend, Job, Result
 from jaxagent.serve.protocol import (
     APIError,
     bad,
@@ -67,11 +67,10 @@ _MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
 
 @dataclasses.dataclass
 class ServerState:
-    """What the app serves: the backend (``SlotBackend`` or any object with its ``submit`` /
-    ``sampling_for`` / ``next_row`` / ``max_new_tokens`` / ``capacity`` / ``stats``), the chat
+    """What the app serves: the backend (``jaxagent.serve.backend.Backend``), the chat
     renderer, the sessions and the model's name and version."""
 
-    backend: Any
+    backend: Backend
     renderer: Renderer
     model_id: str
     policy_version: int = 0
@@ -158,7 +157,7 @@ class _Turn:
         text = visible_text(self.text, stops, (), final=True)
         self.calls: list[dict] = []
         self.content = text
-        syntax = getattr(chat, "syntax", None)
+        syntax = chat.syntax
         if req.tools and req.tool_choice != "none" and syntax in ("hermes", "llama3", "mistral"):
             parsed = parse_native(text, syntax)
             if isinstance(parsed, ParsedAction) and parsed.calls:
@@ -326,9 +325,7 @@ async def _end_session(request: Request, needs_reward: bool):
                 msg = f"harness.reward failed on session {sid!r}: {type(err).__name__}: {err}"
                 return _error(APIError(500, msg, type="server_error", code="reward_failed"))
         ep = state.store.end(sid, float(r), success, task=task, failure_mode=failure)
-    release = getattr(state.backend, "release", None)
-    if release is not None:
-        release(sid)
+    state.backend.release(sid)
     return JSONResponse(
         {
             "session": sid,
@@ -452,7 +449,7 @@ def _submit(state: ServerState, session, sid, req):
     turn = sum(session.sampled[: plan.cut])
     stream = state.streams.get(sid) if req.seed is None else None
     gstart = -1
-    regex = req.grammar(getattr(state.renderer.chat, "syntax", None) or "react")
+    regex = req.grammar(state.renderer.chat.syntax)
     if regex is not None:
         try:
             gstart = state.backend.compile(regex)

@@ -42,6 +42,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import jax
 
@@ -51,6 +52,28 @@ from jaxagent.errors import ConfigError
 from jaxagent.generate import SamplingConfig
 from jaxagent.generate.grammar import GrammarTable
 from jaxagent.generate.slots import SlotSampler
+
+
+class Backend(Protocol):
+    """What the app needs of the model side (``SlotBackend``; tests script one): sampling
+    settings, rows for the sampling key, job submission, and the release of an ended
+    session's slot."""
+
+    max_new_tokens: int
+    capacity: int
+    stats: "BackendStats"
+
+    def sampling_for(self, temperature: float | None, top_p: float | None) -> SamplingConfig: ...
+
+    def compile(self, regex: str) -> int: ...
+
+    def next_row(self) -> int: ...
+
+    def submit(self, job: "Job") -> None: ...
+
+    def release(self, session: str) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclasses.dataclass

@@ -185,11 +185,9 @@ def collect_harness_episodes(
         for sid in sids:
             state.streams.pop(sid, None)
     episodes = []
-    release = getattr(state.backend, "release", None)
     for (i, task), sid, (reward, error) in zip(jobs, sids, outcomes):
         session = state.store.sessions.pop(sid, None)
-        if release is not None:
-            release(sid)
+        state.backend.release(sid)
         if error is None and session is None:
             error = "the harness made no request to its base_url"
         if error is None and reward is None:
