@@ -159,6 +159,8 @@ def test_an_update_without_loss_tokens_is_skipped_whole_and_counted(recipe):
     empty = batch.replace(loss_mask=jnp.zeros_like(batch.loss_mask))
     state2, m2 = step(state, empty)
     assert float(m2["guard/no_tokens"]) == 1.0 and float(m2["guard/nonfinite"]) == 0.0
+    # no loss token: the advantage range reads 0 as the mean does, not +-float32 max
+    assert float(m2["adv/max"]) == 0.0 and float(m2["adv/min"]) == 0.0
     assert _leaves_equal(state2.params, before_p)
     assert _leaves_equal(jax.tree.map(np.asarray, state2.opt_state), before_o)  # count too
     # half empty: minibatch 1 (rows 4-7) has no loss token, minibatch 0 trains

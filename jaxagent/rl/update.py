@@ -252,11 +252,14 @@ def _advantage_metrics(batch: TokenBatch) -> dict:
     mean = jnp.sum(adv * mask) / n
     std = jnp.sqrt(jnp.sum(((adv - mean) * mask) ** 2) / n)
     big = jnp.finfo(jnp.float32).max
+    # a batch without loss tokens (all-equal groups dropped) reports 0, as its mean does,
+    # not the float32 sentinels
+    some = mask.sum() > 0
     return {
         "adv/mean": mean,
         "adv/std": std,
-        "adv/max": jnp.max(jnp.where(mask > 0, adv, -big)),
-        "adv/min": jnp.min(jnp.where(mask > 0, adv, big)),
+        "adv/max": jnp.where(some, jnp.max(jnp.where(mask > 0, adv, -big)), 0.0),
+        "adv/min": jnp.where(some, jnp.min(jnp.where(mask > 0, adv, big)), 0.0),
         "reward/mean": jnp.mean(batch.rewards.astype(jnp.float32)),
         "samples/kept_frac": jnp.mean((mask.sum(axis=1) > 0).astype(jnp.float32)),
         "tokens/policy": mask.sum(),
