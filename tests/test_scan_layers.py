@@ -227,7 +227,7 @@ def test_scan_layers_composes_with_lora_and_the_fused_optimiser():
 
     assert load_config(None, ["model.scan_layers=true", "rl.lora.rank=0"]).model.scan_layers
     # LoRA works over the stacked blocks (tests/test_lora_scan.py), and so does the fused
-    # optimiser (tests/test_fused_scan.py)
+    # optimiser (tests/test_fused_step.py)
     assert load_config(None, ["model.scan_layers=true", "rl.lora.rank=8"]).model.scan_layers
     fused = ["model.scan_layers=true", "rl.lora.rank=0", "rl.update.fused_optimizer=true"]
     assert load_config(None, fused).rl_config.update.fused_optimizer

@@ -29,7 +29,7 @@ the ``layer_<i>`` entries of an unrolled model). A ``scan_layers`` model's stack
 through ``ScanHook`` instead (``Transformer.hidden``'s ``LayerScan``): the whole scan is one
 custom VJP whose backward loop steps each layer's slice of the stacked parameters and moments
 in place (measured on CPU at 6 x 384: 24.7 MB of temporaries against the plain scanned step's
-41.8 MB; ``tests/test_fused_scan.py``).
+41.8 MB; ``tests/test_fused_step.py``).
 """
 
 from __future__ import annotations
