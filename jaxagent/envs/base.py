@@ -191,8 +191,8 @@ class SnapshotEnv(Protocol):
 
 
 def supports_snapshot(env: Any) -> bool:
-    """Whether ``env`` implements ``SnapshotEnv`` (both methods callable)."""
-    return callable(getattr(env, "snapshot", None)) and callable(getattr(env, "restore", None))
+    """Whether ``env`` declares ``SnapshotEnv`` (both methods)."""
+    return isinstance(env, SnapshotEnv)
 
 
 TRUNCATION_MARKER = "\n[... {omitted} characters truncated ...]\n"

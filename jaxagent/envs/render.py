@@ -12,16 +12,24 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from jaxagent.envs.base import StepResult, Task, TextEnv
 
 
+@runtime_checkable
+class DrawnEnv(Protocol):
+    """An optional capability: the environment draws its current state as an RGB(A) uint8
+    frame [H, W, 3|4] (the robot scenes, MiniWoB++'s browser)."""
+
+    def render_frame(self) -> np.ndarray: ...
+
+
 def can_render(env: Any) -> bool:
-    """Whether ``env`` draws itself (has a callable ``render_frame``)."""
-    return callable(getattr(env, "render_frame", None))
+    """Whether ``env`` declares ``DrawnEnv``."""
+    return isinstance(env, DrawnEnv)
 
 
 def _check_frame(frame: Any) -> np.ndarray:
