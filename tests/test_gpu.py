@@ -171,3 +171,45 @@ def test_auto_attention_is_cudnn_on_gpu_and_the_model_agrees():
     for tr, r, g in zip(g_tr, g_ref, g_got):
         scale = np.abs(tr).max()
         assert np.abs(g - tr).max() <= 2 * np.abs(r - tr).max() + eps * scale
+
+
+# ---- (e) the prefill through cuDNN == the plain cached attention ------------------------------
+def test_cudnn_prefill_cache_is_no_worse_than_the_plain_bf16_prefill_on_gpu():
+    """The slot sampler's admit (``model.attention: cudnn``: a prompt chunk attends through
+    cuDNN with the chunk's offset causal mask) of ragged prompts longer than the prefill
+    chunk: the KV cache it writes is no further from the float32 plain prefill's than the
+    bf16 plain prefill's is (doubled, plus one bf16 rounding of the largest entry), and the
+    rows' lengths are equal. tests/test_prefill_cudnn.py checks the call's semantics on CPU
+    through XLA's implementation of the same API."""
+    from jaxagent.generate import SamplingConfig
+    from jaxagent.generate.slots import SlotSampler
+
+    rng = np.random.default_rng(1)
+    rows = 8
+    prompts = [rng.integers(4, 128, size=int(n)).tolist() for n in rng.integers(40, 300, rows)]
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, prefill_chunk=128)
+    caches = {}
+    for name, kernel, dtype in (
+        ("truth", "blockwise", "float32"),
+        ("plain", "blockwise", "bfloat16"),
+        ("cudnn", "cudnn", "bfloat16"),
+    ):
+        cfg = ModelConfig.test(num_heads=4, num_kv_heads=2, attention=kernel, dtype=dtype)
+        graphdef, params = init_model(cfg, jax.random.key(0))
+        slots = SlotSampler(graphdef, sampling, rows, 512, decode_steps=4)
+        st = slots.init(params)
+        ids = list(range(rows))
+        st = slots.admit(
+            params, slots.prepare(params), st, ids, prompts, [True] * rows,
+            jax.random.key(3), ids, [0] * rows,
+        )  # fmt: skip
+        keys = [np.asarray(x, np.float64) for x in jax.tree.leaves(st.cache.keys)]
+        caches[name] = (keys, np.asarray(st.cache.lengths))
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    (k_tr, n_tr), (k_ref, n_ref), (k_got, n_got) = (caches[k] for k in ("truth", "plain", "cudnn"))
+    np.testing.assert_array_equal(n_got, n_ref)
+    np.testing.assert_array_equal(n_got, n_tr)
+    for tr, r, g in zip(k_tr, k_ref, k_got):
+        assert np.isfinite(g).all()
+        scale = np.abs(tr).max()
+        assert np.abs(g - tr).max() <= 2 * np.abs(r - tr).max() + eps * scale
