@@ -135,8 +135,8 @@ def quickstart_reruns() -> list[str]:
     return table(["code", "command", "before RL", "after RL", "best val", "wall"], "llllll", rows)
 
 
-def quickstart_seeds_f13b200() -> list[str]:
-    rs = table_records("quickstart.jsonl", "quickstart_seeds_f13b200")
+def quickstart_seeds_f13b200(name: str = "quickstart_seeds_f13b200") -> list[str]:
+    rs = table_records("quickstart.jsonl", name)
     rows = [[str(r["seed"]), f"`{r['command']}`", f"{r['figures']['before']:.3f}",
              f"{r['figures']['after']:.3f}", f"{gain_points(r):+.1f}", f"{r['figures']['wall_s']} s"]
             for r in rs]  # fmt: skip
@@ -651,6 +651,10 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "quickstart_seeds": ("quickstart.md", quickstart_seeds),
     "quickstart_reruns": ("quickstart.md", quickstart_reruns),
     "quickstart_seeds_f13b200": ("quickstart.md", quickstart_seeds_f13b200),
+    "quickstart_seeds_trainer_parts": (
+        "quickstart.md",
+        lambda: quickstart_seeds_f13b200("quickstart_seeds_trainer_parts"),
+    ),
     "engine_quickstart_seeds": ("rollout_engine.md", engine_quickstart_seeds),
     "engine_web_seed0": ("rollout_engine.md", engine_web_seed0),
     "harness_quickstart_seeds": ("serve.md", harness_quickstart_seeds),
