@@ -49,6 +49,7 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
@@ -169,11 +170,19 @@ class TestSpec:
         return _compile_spec(self)[1]
 
 
+# CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread:
+# two threads parsing or compiling at once can raise "SystemError: AST constructor recursion
+# depth mismatch" (python/cpython#106905). ``Sandbox.map``'s threads build specs, so one at
+# a time (cached, so the lock is taken once a problem).
+_AST_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=4096)
 def _compile_spec(tests: TestSpec) -> tuple[bytes, int]:
     # Cached per problem: RL samples each problem many times, and the spec never changes.
-    spec = _harness.split_check(tests.test_source, entry_point=tests.entry_point)
-    spec = _harness.compile_spec(spec, tests.prelude)
+    with _AST_LOCK:
+        spec = _harness.split_check(tests.test_source, entry_point=tests.entry_point)
+        spec = _harness.compile_spec(spec, tests.prelude)
     spec["entry_point"] = tests.entry_point
     return pickle.dumps(spec, 5), sum(is_test for is_test, _ in spec["units"])
 
