@@ -358,10 +358,16 @@ def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segm
     else:
         interpret = platform != "tpu"
         fn = functools.partial(attend_splash, interpret=interpret)
-    if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
-        return fn(q, keys, values, mask.ids)
     # Per device: a Pallas call is not partitioned by XLA, and JAX's rule for cuDNN's
     # attention wants queries, keys and values split alike, which grouped heads are not.
+    return _per_device(fn, sharding, q, keys, values, mask.ids)
+
+
+def _per_device(fn, sharding, q, keys, values, rows_arg):
+    """``fn(q, keys, values, rows_arg)`` run per device under ``sharding``'s mesh: rows over
+    the rows' axes, (KV) heads over 'tensor' where they divide; as is without a mesh."""
+    if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
+        return fn(q, keys, values, rows_arg)
     mesh = sharding.mesh
     axes = row_axes(sharding)
     rows = axes if axes and q.shape[0] % row_shards(sharding) == 0 else None
@@ -374,7 +380,7 @@ def attend_segments(q: jax.Array, keys: jax.Array, values: jax.Array, mask: Segm
         out_specs=P(rows, None, heads),
         check_vma=False,
     )
-    return fn(q, keys, values, mask.ids)
+    return fn(q, keys, values, rows_arg)
 
 
 @struct.dataclass
@@ -442,19 +448,4 @@ def attend_cached(q, keys, values, mask: CachedQueries):
     as ``attend_segments`` runs the no-cache kernels (JAX's partitioning rule for cuDNN's
     attention wants queries, keys and values split alike, which grouped heads are not)."""
     keys, values = keys[..., : mask.width], values[..., : mask.width, :]
-    sharding = mask.sharding
-    if not isinstance(sharding, NamedSharding) or sharding.mesh.size == 1:
-        return attend_cache_cudnn(q, keys, values, mask.slots)
-    mesh = sharding.mesh
-    axes = row_axes(sharding)
-    rows = axes if axes and q.shape[0] % row_shards(sharding) == 0 else None
-    tensor = mesh.shape.get("tensor", 1)
-    heads = "tensor" if tensor > 1 and q.shape[2] % tensor == 0 else None
-    fn = jax.shard_map(
-        attend_cache_cudnn,
-        mesh=mesh,
-        in_specs=(P(rows, None, heads), P(rows, heads), P(rows, heads), P(rows)),
-        out_specs=P(rows, None, heads),
-        check_vma=False,
-    )
-    return fn(q, keys, values, mask.slots)
+    return _per_device(attend_cache_cudnn, mask.sharding, q, keys, values, mask.slots)
