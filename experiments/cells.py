@@ -89,6 +89,18 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def provenance(load_start: list[float]) -> dict:
+    """Where and when a record was measured: the load average at its start and end, the
+    machine, the commit and the date (every record in docs/results/ carries them)."""
+    return {
+        "load_start": load_start,
+        "load_end": load_average(),
+        "machine": machine(),
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
 def git_commit() -> Optional[str]:
     try:
         out = subprocess.run(

@@ -40,11 +40,7 @@ def run_cell(config: str, seed: int, runs: Path, extra: list[str]) -> dict:
         "summary": summary,
         "curves": C.curves(run_dir),
         "wall_s": round(time.time() - t0, 1),
-        "load_start": load,
-        "load_end": C.load_average(),
-        "machine": C.machine(),
-        "commit": C.git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
+        **C.provenance(load),
     }
 
 

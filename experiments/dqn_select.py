@@ -134,11 +134,7 @@ def run_cell(stage: str, name: str, seed: int) -> dict:
         "rule_success": rule_success,
         "curve": curve,
         "wall_s": round(time.time() - t0, 1),
-        "load_start": load,
-        "load_end": C.load_average(),
-        "machine": C.machine(),
-        "commit": C.git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
+        **C.provenance(load),
     }
 
 

@@ -181,11 +181,7 @@ def run_cell(world_name: str, variant_name: str, seed: int, runs: Path) -> dict:
         "curves": C.curves(run_dir),
         "train_s": round(train_s, 1),
         "resumed_from": int(resumed.group(1)) if resumed else None,
-        "load_start": load_start,
-        "load_end": C.load_average(),
-        "machine": C.machine(),
-        "commit": C.git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
+        **C.provenance(load_start),
     }
     if variant_name == "loop_token":  # the SFT start, per task (shared by the LOOP variants)
         record["eval_sft"] = C.evaluate_checkpoint(run_dir, 0, world.eval_samples)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,11 +57,7 @@ def run_cell(lr: float, seed: int, runs: Path) -> dict:
         "eval_episodes": summary["eval_episodes"],
         "summary": summary,
         "wall_s": summary["wall_s"],  # the training run's own (SFT and the evaluations)
-        "load_start": load,
-        "load_end": C.load_average(),
-        "machine": C.machine(),
-        "commit": C.git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
+        **C.provenance(load),
     }
 
 
