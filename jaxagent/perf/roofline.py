@@ -188,11 +188,19 @@ def device_memory(devices) -> dict[str, float]:
 
 
 def iteration_metrics(
-    roof: Roofline, batch, stats, metrics: dict, *, max_new_tokens: int, update
+    roof: Roofline,
+    batch,
+    stats,
+    metrics: dict,
+    *,
+    max_new_tokens: int,
+    update,
+    optimizer_steps: int,
 ) -> dict:
     """``Roofline.iteration`` from what the trainer has after an iteration: the packed
-    ``batch`` (numpy), the rollout ``stats``, the step's ``metrics`` (times, steps) and the
-    recipe's ``update`` section (epochs, remat)."""
+    ``batch`` (numpy), the rollout ``stats``, the iteration's ``metrics`` (times), the
+    recipe's ``update`` section (epochs, remat) and the optimiser steps the update took (its
+    ``optim/steps``: epochs x minibatches, which the epochs alone undercount)."""
     rows, width = batch.tokens.shape
     real = float(np.sum(np.asarray(batch.segment_ids) != 0))
     return roof.iteration(
@@ -207,7 +215,7 @@ def iteration_metrics(
         batch_tokens=float(rows * width),
         loss_tokens=float(np.sum(np.asarray(batch.loss_mask))),
         epochs=update.num_epochs,
-        optimizer_steps=int(metrics.get("optim/steps", update.num_epochs)),
+        optimizer_steps=optimizer_steps,
         passes=4 if update.remat else 3,
         update_s=float(metrics["time/update_s"]),
         env_s=float(stats.env_s),

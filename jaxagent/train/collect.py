@@ -321,9 +321,11 @@ class Collector:
         batch, data_m = dapo.shape_batch(batch, eps, data, r.max_turns * r.max_new_tokens)
         return jax.tree.map(np.asarray, batch), data_m
 
-    def report(self, record: Collected, update_s: float, total_s: float) -> dict:
+    def report(
+        self, record: Collected, update_s: float, total_s: float, optimizer_steps: int
+    ) -> dict:
         """The iteration's rollout record: the episode-side figures, throughput, each lane's
-        environment health and the roofline."""
+        environment health and the roofline (``optimizer_steps``: the update's own count)."""
         batch, stats = record.batch, record.stats
         m = dict(record.metrics)
         m.update(hosts.rollout_record(stats, batch, batch.row_weight, update_s, total_s))
@@ -340,6 +342,7 @@ class Collector:
                 m,
                 max_new_tokens=r.max_new_tokens,
                 update=self.rl.update,
+                optimizer_steps=optimizer_steps,
             )
         )
         return m

@@ -214,7 +214,8 @@ class Trainer:
         update_s = time.perf_counter() - t_update
         self._release()
         total_s = time.perf_counter() - t0
-        m.update(self.collector.report(record, record.pack_s + update_s, total_s))
+        steps = int(m["optim/steps"])
+        m.update(self.collector.report(record, record.pack_s + update_s, total_s, steps))
         m.update(placed)
         return state, m
 
