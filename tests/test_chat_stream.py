@@ -118,8 +118,9 @@ def _messages(chat, ep):
     msgs = [{"role": "user", "content": ep.first_observation}]
     for t in ep.turns:
         msgs.append({"role": "assistant", "content": chat.decode(chat.action(t.action))})
-        if t.observation:
-            msgs.append({"role": chat.observation_role, "content": t.observation})
+        if t.observation:  # a call's results in the tool role; after plain text, a user turn
+            role = chat.observation_role if chat.makes_call(t.action) else "user"
+            msgs.append({"role": role, "content": t.observation})
     return msgs
 
 

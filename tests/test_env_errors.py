@@ -45,8 +45,11 @@ class TextChat:
     def prompt(self, system: str, observation: str, task=None) -> list[int]:
         return self.encode(observation)
 
-    def observation(self, observation: str) -> list[int]:
+    def observation(self, observation: str, *, after_call: bool = True) -> list[int]:
         return self.encode(observation)
+
+    def makes_call(self, text: str) -> bool:
+        return False
 
     def decode(self, ids) -> str:
         return self.texts[ids[0]]

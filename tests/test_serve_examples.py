@@ -6,16 +6,16 @@ the live BFCL apps, the results sent back as ``tool`` messages.
   Hermes ``<tool_call>`` blocks: the calls come back as ``tool_calls``, run against the world,
   and solve the entry (reward 1: every turn passes BFCL's state and response checkers); the
   first context is the template's rendering with the tools block, later ones add the
-  results through the template's tool role.
+  results through the template's tool role. The built-in driver writing the same answers
+  records the same episode: tool role after the answers with calls, user role after those
+  without.
 - On a tiny random policy of ``configs/loop_bfcl.yaml`` with a ChatML tokenizer (slow): the
   conversations through ``collect_harness_episodes`` are recorded (no env error, sampled
   tokens) and equal the built-in driver's episodes for the same key. The random policy writes
-  no calls, so this covers the prompt, the answers as actions and the observations; the
-  scripted test covers the tool calls.
+  no calls, so this covers the prompt, the answers as actions and the observations as user
+  turns; the scripted test covers the tool calls.
 """
 
-import copy
-import dataclasses
 import json
 from pathlib import Path
 
@@ -25,7 +25,12 @@ from episode_checks import assert_same_episodes
 from serve_fixtures import ScriptedBackend
 
 from jaxagent.agents.chat import TemplateChat
+from jaxagent.agents.rollout import Budget, RolloutSpec, collect_episodes
+from jaxagent.agents.runner import InlineRunner
+from jaxagent.agents.task_tools import bfcl_tools
+from jaxagent.agents.turn_policy import HostPolicy, TurnOutput
 from jaxagent.envs import actions as A
+from jaxagent.envs.registry import get_env_spec
 from jaxagent.envs.tool_calls import render_calls
 from jaxagent.serve.app import ServerState
 from jaxagent.serve.harness import collect_harness_episodes, load_harness
@@ -38,8 +43,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _bfcl_task():
     pytest.importorskip("bfcl_eval")
-    from jaxagent.envs.registry import get_env_spec
-
     return get_env_spec("bfcl", {"limit": 4}).make_source().tasks("train")[0]
 
 
@@ -86,6 +89,43 @@ def test_bfcl_harness_solves_an_entry_through_tool_calls():
     assert sum(ep.loss_mask) == sum(t.num_action_tokens for t in ep.turns)
     call = ep.turns[0].action.split("<tool_call>")[1].split("</tool_call>")[0]
     assert json.loads(call)["name"] == names[0]
+    # The built-in driver writing the same answers (bfcl_harness's episode settings) records
+    # the same episode: the harness's tool messages after calls, user messages after "done".
+    driver_chat = TemplateChat(chat.tokenizer, tools_of=bfcl_tools)
+    options = {"tool_format": "compact", "max_result_chars": 300, "max_steps_per_turn": 4}
+    env = get_env_spec("bfcl", {"limit": 4, **options})
+    budget = Budget(
+        max_turns=16, max_new_tokens=128, max_total_tokens=10**6, max_observation_chars=300
+    )
+    spec = RolloutSpec(driver_chat, env.system_prompt, budget, InlineRunner(env.make_env))
+    key = jax.random.key(0)
+    (ref,), _ = collect_episodes(
+        _Answers(driver_chat, texts), None, [task], samples_per_task=1, spec=spec, key=key
+    )
+    assert ref.reward == 1.0
+    assert_same_episodes([ep], [ref], endings=False)
+    stream = decode(ref.tokens)
+    assert stream.count("<tool_response>") == sum(map(bool, task.data["ground_truth"]))
+
+
+class _Answers(HostPolicy):
+    """Writes ``texts`` in turn, as ``ScriptedBackend`` serves them (log-probs -0.5)."""
+
+    recompiles = 0
+
+    def __init__(self, chat, texts):
+        self.chat, self.texts = chat, list(texts)
+
+    def _next(self, n):
+        tok = self.chat.tokenizer
+        ids = [*tok.encode(self.texts.pop(0), add_special_tokens=False), self.chat.eot_id]
+        return TurnOutput([ids] * n, [[-0.5] * len(ids)] * n, [True] * n)
+
+    def start(self, params, prompts, key, **kw):
+        return self._next(len(prompts))
+
+    def resume(self, params, chunks, key, **kw):
+        return self._next(len(chunks))
 
 
 @pytest.mark.slow  # 33-36 s here: 3.2k-token BFCL prompts, the server's and the driver's compiles
@@ -97,7 +137,6 @@ def test_bfcl_harness_equals_the_driver_on_a_tiny_run():
     cut at 300 characters as the driver cuts them, the first one included)."""
 
     from jaxagent.agents.engine import SlotEngine
-    from jaxagent.agents.rollout import collect_episodes
     from jaxagent.serve.server import state_for_run
     from jaxagent.train.config import load_config
     from jaxagent.train.run import build_run
@@ -128,14 +167,12 @@ def test_bfcl_harness_equals_the_driver_on_a_tiny_run():
     finally:
         srv.close()
     engine = SlotEngine(run.graphdef, run.sampler.sampling, run.max_len, run.chat.pad_id, slots=2)
-    # The harness sends an observation after an answer without calls as a user message
-    # (OpenAI's rule); the driver renders every observation in the template's tool role. The
-    # random policy writes no calls, so the driver with user-role observations renders the
-    # same conversation.
-    chat = copy.copy(run.chat)
-    chat.observation_role = "user"
-    spec = dataclasses.replace(run.rollout, chat=chat)
-    ref, _ = collect_episodes(engine, run.params, [task], samples_per_task=2, spec=spec, key=key)
+    # The random policy writes no calls: the harness sends each observation as a user message
+    # (OpenAI's rule), and the driver renders an observation after an answer without calls as
+    # a user turn too (after one with calls both use the tool role: the scripted test above).
+    ref, _ = collect_episodes(
+        engine, run.params, [task], samples_per_task=2, spec=run.rollout, key=key
+    )
     run.close()
     for ep in eps:
         assert not ep.env_failed, ep.error

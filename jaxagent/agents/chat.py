@@ -13,10 +13,12 @@ Two implementations:
   tokens below; tools are plain text in the observation, observations are user turns).
 * ``TemplateChat``: a real model's Hugging Face chat template (``model.init_from``; or the
   project's ChatML one, ``jaxagent.train.tokenizer.CHATML_TEMPLATE``). The task's tool
-  schemas go through the template's own ``tools=`` argument (``tools_of(task)``), tool
-  results go back in the template's tool role (user role where the template has none), and
-  demonstrations are written in the template's native tool-call syntax
-  (``jaxagent.envs.tool_calls``; detected from the template).
+  schemas go through the template's own ``tools=`` argument (``tools_of(task)``), the
+  results of a turn's tool calls go back in the template's tool role (user role where the
+  template has none), an observation after a turn without calls goes back as a user turn
+  (OpenAI's rule: a tool message answers a call; so an OpenAI client's conversation and the
+  driver's are the same tokens), and demonstrations are written in the template's native
+  tool-call syntax (``jaxagent.envs.tool_calls``; detected from the template).
 
 The token stream per template family (``|`` separates what the driver appends; ``<eot>`` is
 the token that ends a policy turn, which the sampler stops on and keeps):
@@ -26,7 +28,8 @@ the token that ends a policy turn, which the sampler stops on and keeps):
 * ChatML (Qwen2.5, Hermes, the project's ChatML): ``<|im_start|>system\nS+tools<|im_end|>\n
   <|im_start|>user\nO<|im_end|>\n<|im_start|>assistant\n`` | policy ``...<|im_end|>`` |
   ``\n<|im_start|>user\n<tool_response>\nO\n</tool_response><|im_end|>\n<|im_start|>
-  assistant\n`` | ... The template's newline after ``<|im_end|>`` opens the next chunk (the
+  assistant\n`` (after a turn with calls; after one without, ``\n<|im_start|>user\nO
+  <|im_end|>\n<|im_start|>assistant\n``) | ... The template's newline after ``<|im_end|>`` opens the next chunk (the
   sampler stops at ``<|im_end|>``), so the decoded stream equals the template's rendering of
   the whole conversation.
 * Llama 3.x: ``<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS...<|eot_id|>
@@ -50,7 +53,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 
 from jaxagent.envs.base import Task
 from jaxagent.envs.actions import to_native
-from jaxagent.envs.tool_calls import syntax_of_template
+from jaxagent.envs.tool_calls import NATIVE, parse_native, syntax_of_template
+from jaxagent.envs.tool_spec import ParsedAction
 
 PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
@@ -104,15 +108,21 @@ class Chat(Protocol):
     # How actions write tool calls: "react" (an ``Action :`` line) or a template's native
     # syntax ("hermes", "llama3", "mistral": ``jaxagent.envs.tool_calls``).
     syntax: str
-    observation_role: str  # the role observations are rendered in: "user" or "tool"
+    observation_role: str  # the role a turn's tool results are rendered in: "user" or "tool"
     eot_text: str  # the text that ends an assistant turn ("" where the chat writes none)
 
     def prompt(self, system: str, observation: str, task: Optional[Task] = None) -> list[int]:
         """Token ids of the first prompt: system (+ the task's tools, for chats that render
         them) + first observation + assistant header."""
 
-    def observation(self, observation: str) -> list[int]:
-        """Token ids appended after a policy turn: the user turn and the assistant header."""
+    def observation(self, observation: str, *, after_call: bool = True) -> list[int]:
+        """Token ids appended after a policy turn: the observation turn and the assistant
+        header. ``after_call``: the turn made tool calls (``makes_call``) and the observation
+        is their result, rendered in ``observation_role``; else it is a user turn."""
+
+    def makes_call(self, text: str) -> bool:
+        """Whether a policy turn's text (``decode``) makes tool calls: what the serve endpoint
+        returns as the answer's ``tool_calls``, which a tool message then answers."""
 
     def action(self, text: str) -> list[int]:
         """Token ids of an assistant turn written by a demonstrator, stop token included."""
@@ -165,7 +175,8 @@ class ChatFormat:
         ]
         return self._ids(self._render(msgs, add_generation_prompt=True))
 
-    def observation(self, observation: str) -> list[int]:
+    def observation(self, observation: str, *, after_call: bool = True) -> list[int]:
+        del after_call  # every observation is a user turn
         msg = [{"role": "user", "content": observation}]
         if self._ours:
             return self._ids(self._render(msg, add_generation_prompt=True, add_bos=False))
@@ -176,12 +187,24 @@ class ChatFormat:
             raise ValueError("the chat template is not prefix-stable; cannot append turns")
         return self._ids(full[len(head) :])
 
+    def makes_call(self, text: str) -> bool:
+        del text
+        return False  # actions are plain text: no structured calls, no tool role
+
     def action(self, text: str) -> list[int]:
         return self._ids(text) + [self.eot_id]
 
     def decode(self, ids: Sequence[int]) -> str:
         keep = [int(t) for t in ids if int(t) not in self.stop_ids and int(t) != self.pad_id]
         return self.tokenizer.decode(keep, skip_special_tokens=False)
+
+
+def observation_after(chat: Chat, turn: str, observation: str) -> list[int]:
+    """The ids appended after the policy turn whose text is ``turn`` (``Chat.decode``): the
+    results of its tool calls in the chat's tool role, or, after a turn without calls, the
+    observation as a user turn (as an OpenAI client sends it: a tool message answers a call;
+    the serve endpoint refuses one that does not)."""
+    return chat.observation(observation, after_call=chat.makes_call(turn))
 
 
 ToolsOf = Callable[[Task], Optional[list[dict]]]
@@ -282,12 +305,13 @@ class TemplateChat:
     def prompt(self, system: str, observation: str, task: Optional[Task] = None) -> list[int]:
         return self._ids(self.render_prompt(system, observation, task))
 
-    def observation_text(self, observation: str) -> str:
+    def observation_text(self, observation: str, *, after_call: bool = True) -> str:
         """The chunk after a policy turn's ``<eot>``: the template's text between turns, the
-        observation turn in ``observation_role`` and the assistant header."""
+        observation turn (in ``observation_role`` after a turn with tool calls, else in the
+        user role) and the assistant header."""
+        role = self.observation_role if after_call else "user"
         full = self._render(
-            self._stand_in(self.observation_role)[:2]
-            + [{"role": self.observation_role, "content": observation}],
+            self._stand_in(role)[:2] + [{"role": role, "content": observation}],
             add_generation_prompt=True,
         )
         start = full.index(_SENTINEL) + len(_SENTINEL)
@@ -295,8 +319,17 @@ class TemplateChat:
             start += len(self.eot_text)
         return full[start:]
 
-    def observation(self, observation: str) -> list[int]:
-        return self._ids(self.observation_text(observation))
+    def observation(self, observation: str, *, after_call: bool = True) -> list[int]:
+        return self._ids(self.observation_text(observation, after_call=after_call))
+
+    def makes_call(self, text: str) -> bool:
+        # The serve endpoint's rule (``jaxagent.serve.app``): calls in the template's native
+        # syntax; a ReAct action is text to an OpenAI client (no tool_calls), so a template
+        # without a native syntax answers every turn with a user turn.
+        if self.syntax not in NATIVE:
+            return False
+        parsed = parse_native(text, self.syntax)
+        return isinstance(parsed, ParsedAction) and bool(parsed.calls)
 
     def action(self, text: str) -> list[int]:
         return self._ids(to_native(text, self.syntax)) + [self.eot_id]

@@ -30,7 +30,7 @@ import jax
 from jaxagent.agents.episode import Episode, Turn
 from jaxagent.agents.runner import EnvRunner
 from jaxagent.pool.steps import EnvReply
-from jaxagent.agents.chat import Chat
+from jaxagent.agents.chat import Chat, observation_after
 from jaxagent.agents.turn_policy import TurnPolicy
 from jaxagent.envs.base import (
     FailureMode,
@@ -255,7 +255,7 @@ def close_turn(
         ep.info = reply.info
         ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)
         return None
-    chunk = spec.chat.observation(turn.observation)
+    chunk = observation_after(spec.chat, action, turn.observation)
     if len(ep.tokens) + len(chunk) + budget.max_new_tokens > budget.max_total_tokens:
         ep.info = reply.info
         ep.finish(Termination.TRUNCATED, FailureMode.STEP_BUDGET)

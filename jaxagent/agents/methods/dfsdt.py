@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import jax
 
-from jaxagent.agents.chat import Chat
+from jaxagent.agents.chat import Chat, observation_after
 from jaxagent.agents.episode import Episode
 from jaxagent.agents.expert import ExpertTurnPolicy
 from jaxagent.agents.methods.base import add_method_tokens
@@ -73,7 +73,8 @@ class PolicyProposer:
     def propose(self, task, first_obs, history, n, key) -> list[str]:
         ids = self.chat.prompt(self.system, first_obs)
         for action, obs in history:
-            ids = ids + self.chat.action(action) + self.chat.observation(obs)
+            turn = self.chat.action(action)
+            ids = ids + turn + observation_after(self.chat, self.chat.decode(turn), obs)
         out = self.policy.start(
             self.params, [ids] * n, key, tasks=[task] * n, observations=[first_obs] * n
         )
@@ -262,7 +263,12 @@ class DFSDT:
         # read; the path's own tokens are in the episode.
         gen = sum(len(spec.chat.action(a)) for a, _, _ in s.explored)
         gen -= sum(t.num_action_tokens for t in ep.turns)
-        obs = sum(len(spec.chat.observation(o)) for _, o, d in s.explored if not d)
+        chat = spec.chat
+        obs = sum(
+            len(observation_after(chat, chat.decode(chat.action(a)), o))
+            for a, o, d in s.explored
+            if not d
+        )
         obs -= sum(t.num_observation_tokens for t in ep.turns)
         add_method_tokens(ep, input=obs + proposer.input_tokens - before, generated=gen)
         ep.info["method"] = {
