@@ -218,9 +218,23 @@ def _check_type(name: str, key: str, value: Any, hint: Any) -> Any:
     return value
 
 
+def _default(f: dataclasses.Field) -> Any:
+    """A field's default value (its ``default_factory``'s, called), or None where it has none."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
 def _build_options(
-    cls: type, given: dict[tuple[str, ...], Any], prefix: tuple[str, ...], name: str
+    cls: type,
+    given: dict[tuple[str, ...], Any],
+    prefix: tuple[str, ...],
+    name: str,
+    base: Any = None,
 ) -> Any:
+    """``cls`` with the ``given`` keys (paths under ``prefix``) set: built from ``base`` (the
+    section's default: its field's ``default_factory`` value, which may differ from the class's
+    defaults) when there is one, so the keys not given keep the default's values."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -228,11 +242,12 @@ def _build_options(
         if f.metadata.get("flatten"):
             sub = {p: v for p, v in given.items() if p[: len(path)] == path}
             if sub:
-                kwargs[f.name] = _build_options(hints[f.name], sub, path, name)
+                inner = _default(f) if base is None else getattr(base, f.name)
+                kwargs[f.name] = _build_options(hints[f.name], sub, path, name, inner)
         elif path in given:
             kwargs[f.name] = given[path]
     try:
-        return cls(**kwargs)
+        return cls(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
     except (TypeError, ValueError) as exc:
         keys = ", ".join(f"env.options.{p[-1]}={v!r}" for p, v in given.items())
         raise EnvOptionsError(f"env {name!r}: {keys}: {exc}") from exc

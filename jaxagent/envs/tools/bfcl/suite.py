@@ -42,25 +42,20 @@ register_env("bfcl", build, options=BFCLOptions)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BFCLGenEnvConfig(BFCLEnvConfig):
-    """The generated suite's episode defaults: compact signatures; 300 characters hold the
-    longest result a task must read; results in call syntax (a value is read and written
-    after the same tokens). Defaults of the class, not of a ``default_factory``: the
-    registry builds a flattened section from its class as soon as one of its keys is
-    given (``max_steps_per_turn: 4`` alone used to bring back JSON results)."""
-
-    tool_format: str = "compact"
-    max_result_chars: int = 300
-    result_format: str = "keywords"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class BFCLGenOptions:
     """``env.options`` of the generated suite (``bfcl_gen``): the generator's keys
     (``num_train``, ``seed``, ``test_fraction``, ...) and the episode's, flat."""
 
     source: BFCLGenConfig = dataclasses.field(default_factory=BFCLGenConfig, metadata=FLATTEN)
-    env: BFCLGenEnvConfig = dataclasses.field(default_factory=BFCLGenEnvConfig, metadata=FLATTEN)
+    env: BFCLEnvConfig = dataclasses.field(
+        # compact signatures; 300 characters hold the longest result a task must read;
+        # results in call syntax (a value is read and written after the same tokens). The
+        # keys not given keep these values (the registry builds the section from this default).
+        default_factory=lambda: BFCLEnvConfig(
+            tool_format="compact", max_result_chars=300, result_format="keywords"
+        ),
+        metadata=FLATTEN,
+    )
 
 
 def gen_check(config: BFCLGenConfig, tasks, runs) -> dict:
