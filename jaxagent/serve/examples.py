@@ -20,9 +20,8 @@ rollout driver truncates).
   step, and the step's results go back as one ``tool`` message (answering the first call's
   id): the world reports an answer's calls together, and this is the message the built-in
   driver renders for the same step. An answer without calls ends the user's request, and the
-  next request comes back as a ``user`` message (the built-in driver renders every
-  observation in the template's tool role, so over a ChatML template the two streams differ
-  there; over a word tokenizer both are user turns).
+  next request comes back as a ``user`` message, as the built-in driver renders an
+  observation after an answer without calls (``jaxagent.agents.chat.observation_after``).
 
 Through ``collect_harness_episodes`` the quickstart loop gives exactly the built-in driver's
 episodes for the same key (``tests/test_serve.py``): the harness path trains on what the
