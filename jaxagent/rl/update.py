@@ -10,6 +10,10 @@ jitted with ``state`` donated. Inside, everything is ``lax.scan``:
         scan over microbatches (gradient accumulation; without LoRA the first microbatch's
         gradient is the accumulator, so no zero-filled copy of the model exists)
 
+Each level is a module-level function (``_prepare``, ``_epoch_step``, ``_minibatch_step``
+with ``_minibatch_grads`` or ``_fused_minibatch_step``) that takes the step's static parts
+(``_Plan``: recipe, optimiser, gradient function, microbatch placement) as its first argument.
+
 Loss denominators are computed per minibatch and passed to every microbatch, so the summed
 microbatch losses (and gradients) equal the loss of the whole minibatch: microbatching changes
 memory, not maths. With a mesh, the state and batch carry NamedShardings and XLA partitions
@@ -35,6 +39,7 @@ is the convention ``TokenBatch.values`` must follow too.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable, Optional
@@ -266,6 +271,267 @@ def _advantage_metrics(batch: TokenBatch) -> dict:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The update's static parts, fixed by ``make_update_step`` (nothing here is traced)."""
+
+    config: RLConfig
+    tx: optax.GradientTransformation
+    logprob_fn: LogprobFn
+    # (trainable, frozen, (alpha, rank), micro, num_tokens, num_seqs, prox) ->
+    # ((loss, metric_sums), gradient of the trainable parameters)
+    grad_fn: Callable
+    constrain: Callable  # places [n, micro, ...] chunks over the mesh's batch axes
+    lazy_lora: bool  # the log-prob function merges LoRA itself (LoraAwareLogprobFn)
+    compute_advantages: bool
+    fused_tx: Any = None  # update.fused_optimizer: the optimiser taking pass 1's norm
+
+
+def _with_adapters(lazy_lora: bool, trainable, frozen, alpha_rank):
+    """The parameters the loss sees: the trainable ones, or with LoRA (rank > 0) the
+    adapters on the frozen base."""
+    if not alpha_rank[1]:
+        return trainable
+    if lazy_lora:  # merged inside each rematerialised block (no merged model copy kept)
+        return LoraParams(frozen, trainable, *alpha_rank)
+    return merge_lora(frozen, trainable, *alpha_rank)
+
+
+def _adapted_loss(loss_fn, lazy_lora, trainable, frozen, alpha_rank, *args):
+    return loss_fn(_with_adapters(lazy_lora, trainable, frozen, alpha_rank), *args)
+
+
+def _constrain_micro(mesh: Mesh, batch_axes: tuple, micro):
+    sh = lambda x: NamedSharding(mesh, P(None, batch_axes, *([None] * (x.ndim - 2))))
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sh(x)), micro)
+
+
+def _microbatch_constraint(config: RLConfig, mesh: Optional[Mesh], rules) -> Callable:
+    """How [n, micro, ...] chunks are placed: split over the mesh axes that ``rules`` maps the
+    logical 'batch' axis to, when a microbatch divides over them; else left to XLA."""
+    if mesh is None:
+        return lambda x: x
+    batch_axes = batch_mesh_axes(mesh, rules)
+    if not batch_axes or config.update.microbatch % math.prod(mesh.shape[a] for a in batch_axes):
+        return lambda x: x
+    return functools.partial(_constrain_micro, mesh, batch_axes)
+
+
+def _fused_optimizer(tx, logprob_fn) -> optax.GradientTransformationExtraArgs:
+    """``update.fused_optimizer``'s optimiser, after checking that the step can fuse it."""
+    if not (isinstance(logprob_fn, LoraAwareLogprobFn) and logprob_fn.block_wrap):
+        raise ValueError(
+            "update.fused_optimizer needs the model's own log-prob function "
+            "(jaxagent.rl.model_fns.model_logprob_fn with remat), whose blocks it hooks"
+        )
+    check_elementwise(tx)
+    return optax.with_extra_args_support(tx)
+
+
+def _micro_grad(plan: _Plan, params, frozen, lora, num_tokens, num_seqs, x):
+    """One microbatch's (gradient, metric sums); ``x`` = (microbatch, its pi_prox or None)."""
+    (_, s), g = plan.grad_fn(params, frozen, lora, x[0], num_tokens, num_seqs, x[1])
+    return g, s
+
+
+def _accumulate_step(grad_of, acc, x):
+    g, s = grad_of(x)
+    return (jax.tree.map(jnp.add, acc[0], g), _add_sums(acc[1], s)), None
+
+
+def _minibatch_grads(grad_of, micro, first, n_micro: int, zero_init: bool):
+    """A minibatch's (gradient, metric sums), summed over its ``n_micro`` microbatches
+    ``micro`` [n_micro, ...] (``first``: the first of them)."""
+    if n_micro == 1:
+        return grad_of(first)
+    if zero_init:
+        # Adapter-sized gradients: a zero-filled accumulator costs nothing, and the
+        # model is traced once (peeling the first microbatch measured +138 MiB here).
+        shapes = jax.eval_shape(grad_of, first)
+        init, xs = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), micro
+    else:
+        # The first microbatch's gradient is the accumulator (no zero-filled model
+        # copy); the others are added into it as the backward pass produces them.
+        init = grad_of(first)
+        xs = jax.tree.map(lambda x: x[1:], micro)
+    return jax.lax.scan(functools.partial(_accumulate_step, grad_of), init, xs)[0]
+
+
+def _minibatch_step(plan: _Plan, frozen, lora, carry, mb_prox):
+    """One optimiser step (the scan over minibatches): ``carry`` = (params, opt_state,
+    stopped), ``mb_prox`` = (minibatch, its pi_prox or None)."""
+    params, opt_state, stopped = carry
+    mb, _ = mb_prox
+    u = plan.config.update
+    num_tokens, num_seqs = L.aggregation_denominators(mb.loss_mask)
+    n_micro = u.minibatch_size // u.microbatch
+    micro = plan.constrain(_split(mb_prox, n_micro))
+    first = jax.tree.map(lambda x: x[0], micro)
+    if plan.fused_tx is not None:  # two passes, no gradient tree (jaxagent.rl.fused_step)
+        return _fused_minibatch_step(plan, params, opt_state, stopped, first, num_tokens, num_seqs)
+    grad_of = functools.partial(_micro_grad, plan, params, frozen, lora, num_tokens, num_seqs)
+    grads, sums = _minibatch_grads(grad_of, micro, first, n_micro, zero_init=bool(lora[1]))
+    sums = dict(
+        sums,
+        **{"optim/grad_norm": optax.global_norm(grads), "optim/loss_tokens": num_tokens},
+    )
+    # a non-finite loss or gradient, a minibatch without loss tokens (or a KL stop)
+    # skips the step whole, counted in guard/*
+    params, opt_state, stopped, guard = guarded_step(
+        plan.tx, grads, opt_state, params, sums, u.kl_stop, stopped
+    )
+    return (params, opt_state, stopped), dict(sums, **guard)
+
+
+def _fused_loss(config, logprob_fn, micro, num_tokens, num_seqs, prox, params, hook):
+    """The minibatch loss with every block run through the fused step's ``hook``."""
+    lp = functools.partial(logprob_fn, block_wrap=hook)
+    return make_loss_fn(config, lp)(params, micro, num_tokens, num_seqs, prox)
+
+
+def _fused_one_pass(plan: _Plan, loss_of, param_plan, num_tokens, params, opt_state, norm, ok):
+    sums, grad_norm, params, opt_state = fused_pass(
+        loss_of, plan.fused_tx, param_plan, params, opt_state, norm, ok
+    )
+    extra = {"optim/grad_norm": grad_norm, "optim/loss_tokens": num_tokens}
+    return dict(sums, **extra), params, opt_state
+
+
+def _fused_two_pass(one_pass, kl_stop: float, carry, i):
+    """Pass ``i`` of the fused step: 0 measures the loss and the norm, 1 steps if the guard
+    lets it."""
+    params, opt_state, sums, apply, was_stopped, guard = carry
+    norm = sums["optim/grad_norm"]
+    new_sums, params, opt_state = one_pass(params, opt_state, norm, apply & (i == 1))
+    decided = step_decision(new_sums, kl_stop, was_stopped)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), new, old)
+    (sums, apply, stopped_now, guard) = keep(
+        (new_sums, *decided), (sums, apply, was_stopped, guard)
+    )
+    return (params, opt_state, sums, apply, stopped_now, guard), None
+
+
+def _fused_minibatch_step(plan: _Plan, params, opt_state, stopped, mb_prox, num_tokens, num_seqs):
+    """``_minibatch_step`` with ``update.fused_optimizer``: the optimiser applied block by
+    block inside a second backward pass (``jaxagent.rl.fused_step``)."""
+    mb, prox = mb_prox
+    loss_of = functools.partial(
+        _fused_loss, plan.config, plan.logprob_fn, mb, num_tokens, num_seqs, prox
+    )
+    one_pass = functools.partial(
+        _fused_one_pass, plan, loss_of, ParamPlan(params, opt_state), num_tokens
+    )
+    shapes = jax.eval_shape(
+        lambda: one_pass(params, opt_state, jnp.float32(1.0), jnp.bool_(False))[0]
+    )
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    # One program run twice (not two unrolled copies: twice the code to compile).
+    kl_stop = plan.config.update.kl_stop
+    guard0 = step_decision(zeros, kl_stop, stopped)[2]
+    init = (params, opt_state, zeros, jnp.bool_(False), stopped, guard0)
+    (params, opt_state, sums, _, stopped, guard), _ = jax.lax.scan(
+        functools.partial(_fused_two_pass, one_pass, kl_stop), init, jnp.arange(2)
+    )
+    return (params, opt_state, stopped), dict(sums, **guard)
+
+
+def _epoch_step(minibatch_step, data, n_mini: int, shuffle: bool, carry, key):
+    """One epoch (the scan over epochs): a fresh shuffle of ``data``, then its minibatches."""
+    b = data[0].tokens.shape[0]
+    perm = jax.random.permutation(key, b) if shuffle else jnp.arange(b)
+    shuffled = jax.tree.map(lambda x: x[perm], data)
+    return jax.lax.scan(minibatch_step, carry, _split(shuffled, n_mini))
+
+
+def _prepare(plan: _Plan, state: TrainState, batch: TokenBatch, lora):
+    """``(batch, prox, metrics)``: the batch the epochs train on (the host's row weights
+    applied, reference log-probs for KL, advantages), pi_prox when the update measures it
+    (module docstring; else None) and the batch's own metrics."""
+    config = plan.config
+    batch = apply_row_weight(batch)  # the host decided which rows train
+    if config.needs_reference and batch.ref_logprobs is None:
+        if state.ref_params is None:
+            raise ValueError(
+                f"recipe {config.name!r} uses KL (kl.mode={config.kl.mode!r}) but "
+                "the batch has no ref_logprobs and TrainState.ref_params is None"
+            )
+        batch = batch.replace(
+            ref_logprobs=_reference_logprobs(config, plan.logprob_fn, state.ref_params, batch)
+        )
+    prox = None
+    if _mismatch_mode(config) == "full":
+        # pi_prox: the learner's log-probs before any optimiser step (no gradient)
+        prox = _reference_logprobs(
+            config,
+            plan.logprob_fn,
+            _with_adapters(plan.lazy_lora, state.params, state.frozen_params, lora),
+            batch,
+            plan.constrain,
+        )
+        # over every sampled token of the rows the host kept (before advantage filters)
+        prox_metrics = L.mismatch_metrics(prox, batch.old_logprobs, batch.loss_mask)
+    if plan.compute_advantages:
+        batch = _compute_advantages(config, batch)
+    metrics = _advantage_metrics(batch)
+    if prox is not None:
+        correction = OFF_POLICY_CORRECTIONS[config.loss.off_policy]
+        weight, dropped = correction.fn(config.loss, prox, batch.old_logprobs, batch.loss_mask)
+        n_loss = jnp.maximum(jnp.sum(batch.loss_mask > 0), 1).astype(jnp.float32)
+        prox_metrics["offpolicy/weight_mean"] = jnp.sum(weight) / n_loss
+        prox_metrics["offpolicy/masked_frac"] = jnp.sum(dropped) / n_loss
+        metrics.update(prox_metrics)
+    return batch, prox, metrics
+
+
+def _update(plan: _Plan, state: TrainState, batch: TokenBatch):
+    """``update_step``'s body: prepare, then the epochs' scan, then the metrics."""
+    check_batch(batch)
+    u = plan.config.update
+    b = batch.tokens.shape[0]
+    if b % u.minibatch_size:
+        raise ValueError(
+            f"TokenBatch has B={b} rows but update.minibatch_size={u.minibatch_size} "
+            "does not divide it; sample a multiple of minibatch_size trajectories or change it"
+        )
+    n_mini = b // u.minibatch_size
+    lora = (state.lora_alpha, state.lora_rank)
+    batch, prox, adv_metrics = _prepare(plan, state, batch, lora)
+    # the scans carry pi_prox only when the loss reads it
+    uses_prox = OFF_POLICY_CORRECTIONS[plan.config.loss.off_policy].uses_prox
+    data = (batch, prox if uses_prox else None)
+    minibatch_step = functools.partial(_minibatch_step, plan, state.frozen_params, lora)
+    rng, ep_key = jax.random.split(state.rng)
+    keys = jax.random.split(ep_key, u.num_epochs)
+    (params, opt_state, _), per_step = jax.lax.scan(
+        functools.partial(_epoch_step, minibatch_step, data, n_mini, u.shuffle),
+        (state.params, state.opt_state, jnp.zeros((), bool)),
+        keys,
+    )
+    metrics = {k: jnp.mean(v) for k, v in per_step.items()}
+    # "free" mismatch: the first minibatch's, measured before any optimiser step
+    metrics.update({k: v[0, 0] for k, v in per_step.items() if k.startswith("mismatch/")})
+    metrics.update(adv_metrics)
+    steps = u.num_epochs * n_mini
+    metrics["optim/steps"] = jnp.asarray(steps, jnp.float32)
+    new_state = state.replace(params=params, opt_state=opt_state, step=state.step + steps, rng=rng)
+    return new_state, metrics
+
+
+def _make_plan(config, tx, logprob_fn, compute_advantages, mesh, rules) -> _Plan:
+    lazy_lora = isinstance(logprob_fn, LoraAwareLogprobFn)
+    loss = functools.partial(_adapted_loss, make_loss_fn(config, logprob_fn), lazy_lora)
+    return _Plan(
+        config=config,
+        tx=tx,
+        logprob_fn=logprob_fn,
+        grad_fn=jax.value_and_grad(loss, has_aux=True),
+        fused_tx=_fused_optimizer(tx, logprob_fn) if config.update.fused_optimizer else None,
+        constrain=_microbatch_constraint(config, mesh, rules),
+        lazy_lora=lazy_lora,
+        compute_advantages=compute_advantages,
+    )
+
+
 def make_update_step(
     config: RLConfig,
     apply_fn: Optional[ApplyFn] = None,
@@ -299,202 +565,14 @@ def make_update_step(
       have ``B`` divisible by ``config.update.minibatch_size`` (B is static).
     """
     tx = optimizer or make_optimizer(config)
-    u = config.update
     if (apply_fn is None) == (logprob_fn is None):
         raise TypeError("make_update_step: pass exactly one of apply_fn and logprob_fn")
     if logprob_fn is None:
         logprob_fn = logits_logprob_fn(apply_fn)
-    loss_fn = make_loss_fn(config, logprob_fn)
-    correction = OFF_POLICY_CORRECTIONS[config.loss.off_policy]
-    measure = _mismatch_mode(config) == "full"  # the pi_prox forward
-    lazy_lora = isinstance(logprob_fn, LoraAwareLogprobFn)
-
-    def with_adapters(trainable, frozen, alpha_rank):
-        if not alpha_rank[1]:
-            return trainable
-        if lazy_lora:  # merged inside each rematerialised block (no merged model copy kept)
-            return LoraParams(frozen, trainable, *alpha_rank)
-        return merge_lora(frozen, trainable, *alpha_rank)
-
-    grad_fn = jax.value_and_grad(
-        lambda trainable, frozen, alpha_rank, *a: loss_fn(
-            with_adapters(trainable, frozen, alpha_rank), *a
-        ),
-        has_aux=True,
-    )
-    if u.fused_optimizer:
-        if not (isinstance(logprob_fn, LoraAwareLogprobFn) and logprob_fn.block_wrap):
-            raise ValueError(
-                "update.fused_optimizer needs the model's own log-prob function "
-                "(jaxagent.rl.model_fns.model_logprob_fn with remat), whose blocks it hooks"
-            )
-        check_elementwise(tx)
-        fused_tx = optax.with_extra_args_support(tx)
-
-        def fused_loss(params, micro, num_tokens, num_seqs, prox, hook):
-            lp = functools.partial(logprob_fn, block_wrap=hook)
-            return make_loss_fn(config, lp)(params, micro, num_tokens, num_seqs, prox)
-
-    batch_axes = None
-    if mesh is not None:
-        # The mesh axes the logical 'batch' axis maps to (``rules``, jaxagent.parallel.mesh).
-        batch_axes = batch_mesh_axes(mesh, rules)
-        batch_size_dev = math.prod(mesh.shape[a] for a in batch_axes)
-
-    def constrain(micro):
-        if mesh is None or not batch_axes or config.update.microbatch % batch_size_dev:
-            return micro
-        sh = lambda x: NamedSharding(mesh, P(None, batch_axes, *([None] * (x.ndim - 2))))
-        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sh(x)), micro)
+    plan = _make_plan(config, tx, logprob_fn, compute_advantages, mesh, rules)
 
     def update_step(state: TrainState, batch: TokenBatch):
-        check_batch(batch)
-        b = batch.tokens.shape[0]
-        if b % u.minibatch_size:
-            raise ValueError(
-                f"TokenBatch has B={b} rows but update.minibatch_size={u.minibatch_size} "
-                "does not divide it; sample a multiple of minibatch_size trajectories or change it"
-            )
-        n_mini = b // u.minibatch_size
-        n_micro = u.minibatch_size // u.microbatch
-        lora = (state.lora_alpha, state.lora_rank)
-        batch = apply_row_weight(batch)  # the host decided which rows train
-        if config.needs_reference and batch.ref_logprobs is None:
-            if state.ref_params is None:
-                raise ValueError(
-                    f"recipe {config.name!r} uses KL (kl.mode={config.kl.mode!r}) but "
-                    "the batch has no ref_logprobs and TrainState.ref_params is None"
-                )
-            batch = batch.replace(
-                ref_logprobs=_reference_logprobs(config, logprob_fn, state.ref_params, batch)
-            )
-        prox = None
-        if measure:
-            # pi_prox: the learner's log-probs before any optimiser step (no gradient)
-            prox = _reference_logprobs(
-                config,
-                logprob_fn,
-                with_adapters(state.params, state.frozen_params, lora),
-                batch,
-                constrain,
-            )
-            # over every sampled token of the rows the host kept (before advantage filters)
-            prox_metrics = L.mismatch_metrics(prox, batch.old_logprobs, batch.loss_mask)
-        if compute_advantages:
-            batch = _compute_advantages(config, batch)
-        adv_metrics = _advantage_metrics(batch)
-        if prox is not None:
-            weight, dropped = correction.fn(config.loss, prox, batch.old_logprobs, batch.loss_mask)
-            n_loss = jnp.maximum(jnp.sum(batch.loss_mask > 0), 1).astype(jnp.float32)
-            prox_metrics["offpolicy/weight_mean"] = jnp.sum(weight) / n_loss
-            prox_metrics["offpolicy/masked_frac"] = jnp.sum(dropped) / n_loss
-            adv_metrics.update(prox_metrics)
-        # the scans carry pi_prox only when the loss reads it
-        data = (batch, prox if correction.uses_prox else None)
-
-        def minibatch_step(carry, mb_prox):
-            params, opt_state, stopped = carry
-            mb, _ = mb_prox
-            num_tokens, num_seqs = L.aggregation_denominators(mb.loss_mask)
-            micro = constrain(_split(mb_prox, n_micro))
-
-            def micro_grad(x):
-                (_, s), g = grad_fn(
-                    params, state.frozen_params, lora, x[0], num_tokens, num_seqs, x[1]
-                )
-                return g, s
-
-            def accumulate(init, xs):
-                def micro_step(acc, x):
-                    g, s = micro_grad(x)
-                    return (jax.tree.map(jnp.add, acc[0], g), _add_sums(acc[1], s)), None
-
-                return jax.lax.scan(micro_step, init, xs)[0]
-
-            first = jax.tree.map(lambda x: x[0], micro)
-            if u.fused_optimizer:  # two passes, no gradient tree (jaxagent.rl.fused_step)
-                return fused_minibatch_step(params, opt_state, stopped, first, num_tokens, num_seqs)
-            if n_micro == 1:
-                grads, sums = micro_grad(first)
-            elif state.lora_rank:
-                # Adapter-sized gradients: a zero-filled accumulator costs nothing, and the
-                # model is traced once (peeling the first microbatch measured +138 MiB here).
-                shapes = jax.eval_shape(micro_grad, first)
-                grads, sums = accumulate(
-                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), micro
-                )
-            else:
-                # The first microbatch's gradient is the accumulator (no zero-filled model
-                # copy); the others are added into it as the backward pass produces them.
-                grads, sums = accumulate(micro_grad(first), jax.tree.map(lambda x: x[1:], micro))
-            sums = dict(
-                sums,
-                **{"optim/grad_norm": optax.global_norm(grads), "optim/loss_tokens": num_tokens},
-            )
-            # a non-finite loss or gradient, a minibatch without loss tokens (or a KL stop)
-            # skips the step whole, counted in guard/*
-            params, opt_state, stopped, guard = guarded_step(
-                tx, grads, opt_state, params, sums, u.kl_stop, stopped
-            )
-            return (params, opt_state, stopped), dict(sums, **guard)
-
-        def fused_minibatch_step(params, opt_state, stopped, mb_prox, num_tokens, num_seqs):
-            mb, prox = mb_prox
-            loss_of = lambda p, hook: fused_loss(p, mb, num_tokens, num_seqs, prox, hook)
-            plan = ParamPlan(params, opt_state)
-
-            def one_pass(params, opt_state, norm, ok):
-                sums, grad_norm, params, opt_state = fused_pass(
-                    loss_of, fused_tx, plan, params, opt_state, norm, ok
-                )
-                extra = {"optim/grad_norm": grad_norm, "optim/loss_tokens": num_tokens}
-                return dict(sums, **extra), params, opt_state
-
-            shapes = jax.eval_shape(
-                lambda: one_pass(params, opt_state, jnp.float32(1.0), jnp.bool_(False))[0]
-            )
-            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-
-            # One program run twice (not two unrolled copies: twice the code to compile):
-            # pass 0 measures the loss and the norm, pass 1 steps if the guard lets it.
-            def two_pass(carry, i):
-                params, opt_state, sums, apply, was_stopped, guard = carry
-                norm = sums["optim/grad_norm"]
-                new_sums, params, opt_state = one_pass(params, opt_state, norm, apply & (i == 1))
-                decided = step_decision(new_sums, u.kl_stop, was_stopped)
-                keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), new, old)
-                (sums, apply, stopped_now, guard) = keep(
-                    (new_sums, *decided), (sums, apply, was_stopped, guard)
-                )
-                return (params, opt_state, sums, apply, stopped_now, guard), None
-
-            guard0 = step_decision(zeros, u.kl_stop, stopped)[2]
-            init = (params, opt_state, zeros, jnp.bool_(False), stopped, guard0)
-            (params, opt_state, sums, _, stopped, guard), _ = jax.lax.scan(
-                two_pass, init, jnp.arange(2)
-            )
-            return (params, opt_state, stopped), dict(sums, **guard)
-
-        def epoch_step(carry, key):
-            perm = jax.random.permutation(key, b) if u.shuffle else jnp.arange(b)
-            shuffled = jax.tree.map(lambda x: x[perm], data)
-            return jax.lax.scan(minibatch_step, carry, _split(shuffled, n_mini))
-
-        rng, ep_key = jax.random.split(state.rng)
-        keys = jax.random.split(ep_key, u.num_epochs)
-        (params, opt_state, _), per_step = jax.lax.scan(
-            epoch_step, (state.params, state.opt_state, jnp.zeros((), bool)), keys
-        )
-        metrics = {k: jnp.mean(v) for k, v in per_step.items()}
-        # "free" mismatch: the first minibatch's, measured before any optimiser step
-        metrics.update({k: v[0, 0] for k, v in per_step.items() if k.startswith("mismatch/")})
-        metrics.update(adv_metrics)
-        steps = u.num_epochs * n_mini
-        metrics["optim/steps"] = jnp.asarray(steps, jnp.float32)
-        new_state = state.replace(
-            params=params, opt_state=opt_state, step=state.step + steps, rng=rng
-        )
-        return new_state, metrics
+        return _update(plan, state, batch)
 
     if not jit:
         return update_step
