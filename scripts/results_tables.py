@@ -184,6 +184,30 @@ def robot_loop_seeds() -> list[str]:
     return plain_seed_table("robot.jsonl", "robot_loop_seeds", [val])
 
 
+def bfcl_gen_seeds() -> list[str]:
+    extra = [
+        ("95% interval of the gain (Newcombe)",
+         lambda f: f"[{f['newcombe95_gain'][0] * 100:+.1f}, {f['newcombe95_gain'][1] * 100:+.1f}]"),
+        ("validation before -> after", lambda f: f"{f['val_before']:.2f} -> {f['val_after']:.2f}"),
+        ("SFT s", lambda f: f"{f['sft_s']:,}"),
+    ]  # fmt: skip
+    return plain_seed_table("bfcl_gen.jsonl", "bfcl_gen_seeds", extra)
+
+
+def bfcl_gen_ablation_seed1() -> list[str]:
+    rs = sorted(table_records("bfcl_gen.jsonl", "bfcl_gen_ablation_seed1"),
+                key=lambda r: -r["figures"]["after"])  # fmt: skip
+    rows = []
+    for r in rs:
+        f = r["figures"]
+        lo, hi = f["newcombe95_gain"]
+        rows.append([r["variant"], f"{f['before']:.2f}", f"{f['after']:.2f}", f"{gain_points(r):+.0f}",
+                     f"[{lo * 100:+.1f}, {hi * 100:+.1f}]", f"{f['val_after']:.2f}"])  # fmt: skip
+    header = ["variant (seed 1)", "before RL", "after RL", "gain", "95% interval (Newcombe)",
+              "validation after"]  # fmt: skip
+    return table(header, "lrrrrr", rows)
+
+
 def halfcheetah_ppo_seeds() -> list[str]:
     rs = table_records("robot.jsonl", "halfcheetah_ppo_seeds")
     rows = []
@@ -681,6 +705,8 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "web_rl_5seeds": ("web.md", web_rl_5seeds),
     "web_sft_starts": ("web.md", web_sft_starts),
     "web_sft_select": ("web.md", web_sft_select),
+    "bfcl_gen_seeds": ("bfcl_gen.md", bfcl_gen_seeds),
+    "bfcl_gen_ablation_seed1": ("bfcl_gen.md", bfcl_gen_ablation_seed1),
 }
 
 
