@@ -53,8 +53,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 
 from jaxagent.envs.base import Task
 from jaxagent.envs.actions import to_native
-from jaxagent.envs.tool_calls import NATIVE, parse_native, syntax_of_template
-from jaxagent.envs.tool_spec import ParsedAction
+from jaxagent.envs.tool_calls import native_calls, syntax_of_template
 
 PAD, BOS, END, UNK = "<|pad|>", "<|bos|>", "<|end|>", "<|unk|>"
 SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
@@ -323,13 +322,9 @@ class TemplateChat:
         return self._ids(self.observation_text(observation, after_call=after_call))
 
     def makes_call(self, text: str) -> bool:
-        # The serve endpoint's rule (``jaxagent.serve.app``): calls in the template's native
-        # syntax; a ReAct action is text to an OpenAI client (no tool_calls), so a template
-        # without a native syntax answers every turn with a user turn.
-        if self.syntax not in NATIVE:
-            return False
-        parsed = parse_native(text, self.syntax)
-        return isinstance(parsed, ParsedAction) and bool(parsed.calls)
+        # The serve endpoint's rule (``tool_calls.native_calls``): a template without a native
+        # syntax answers every turn with a user turn.
+        return bool(native_calls(text, self.syntax))
 
     def action(self, text: str) -> list[int]:
         return self._ids(to_native(text, self.syntax)) + [self.eot_id]

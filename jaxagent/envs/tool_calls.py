@@ -105,6 +105,17 @@ def parse_native(text: str, syntax: str = "auto") -> ParseResult | None:
     return _parse_llama3(text)
 
 
+def native_calls(text: str, syntax: str) -> tuple[ToolCall, ...]:
+    """The tool calls ``text`` makes in the chat's native ``syntax``; none for a syntax that is
+    not native (a ReAct action is text to an OpenAI client) or for text that is no call. The
+    one rule for "this turn made calls": what the serve endpoint returns as ``tool_calls``,
+    and so where the driver renders the next observation in the tool role."""
+    if syntax not in NATIVE:
+        return ()
+    parsed = parse_native(text, syntax)
+    return tuple(parsed.calls) if isinstance(parsed, ParsedAction) else ()
+
+
 def _final(text: str, syntax: str) -> ParseResult | None:
     """Plain text in an explicit native syntax: the final answer (``Final:`` stripped)."""
     body = text.strip()

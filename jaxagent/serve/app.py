@@ -44,9 +44,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from jaxagent.envs.base import FailureMode, Task
-from jaxagent.envs.tool_calls import parse_native
+from jaxagent.envs.tool_calls import native_calls
 from jaxagent.errors import ConfigError
-from jaxagent.envs.tool_spec import ParsedAction
 from jaxagent.serve.backend import Backend, Job, Result
 from jaxagent.serve.protocol import (
     APIError,
@@ -157,12 +156,10 @@ class _Turn:
         text = visible_text(self.text, stops, (), final=True)
         self.calls: list[dict] = []
         self.content = text
-        syntax = chat.syntax
-        if req.tools and req.tool_choice != "none" and syntax in ("hermes", "llama3", "mistral"):
-            parsed = parse_native(text, syntax)
-            if isinstance(parsed, ParsedAction) and parsed.calls:
-                self.calls = [{"name": c.name, "arguments": dict(c.kwargs)} for c in parsed.calls]
-                self.content = visible_text(text, (), _MARKERS, final=True)
+        calls = native_calls(text, chat.syntax) if req.tools and req.tool_choice != "none" else ()
+        if calls:
+            self.calls = [{"name": c.name, "arguments": dict(c.kwargs)} for c in calls]
+            self.content = visible_text(text, (), _MARKERS, final=True)
         self.markers = _MARKERS if req.tools and req.tool_choice != "none" else ()
 
     def message(self) -> dict:
