@@ -127,8 +127,11 @@ ENV_SHRINK = {
 
 # Recipe variants on a world another config already runs: their one-iteration runs (~30 s
 # each) go to the nightly set to keep CI under its time budget; the recipes themselves are
-# unit-tested (tests/test_rl_update.py, tests/test_rl_losses.py).
-NIGHTLY_CONFIGS = {"dr_grpo_math", "rloo_tools", "rft_tools"}
+# unit-tested (tests/test_rl_update.py, tests/test_rl_losses.py). ppo_tools (~40 s) is the
+# quickstart world with PPO and a value head (tests/test_experiment_runners.py::
+# test_recipe_configs_are_their_ablation_cells), the run tests/test_train.py::
+# test_reference_run_trains_on_samples_and_pads_to_the_length_multiple trains in CI.
+NIGHTLY_CONFIGS = {"dr_grpo_math", "rloo_tools", "rft_tools", "ppo_tools"}
 
 
 @pytest.mark.parametrize(
