@@ -13,7 +13,9 @@ its process group on the n-th call; the trainer itself carries no test hook.
 
 The default run covers each point once (three signals x modes); ``-m slow`` runs all twenty.
 The overlapped rollout (``overlap.staleness=1``: batches sampled with older weights are saved
-with the checkpoint) is killed mid-rollout, mid-update and mid-save (one in the default run).
+with the checkpoint) is killed mid-rollout, mid-update and mid-save (nightly: in the default run
+tests/test_overlap.py resumes an overlapped run from its saved batches exactly, and
+tests/test_checkpoint_crash.py SIGKILLs a save at 24 points).
 """
 
 import json
@@ -166,7 +168,12 @@ def _cases():
             marks = () if default else (pytest.mark.slow,)
             cases.append(pytest.param(point, sig, mode, 0, marks=marks, id=f"{point}-{sig}-{mode}"))
     for point in ("rollout", "update", "save"):
-        marks = () if point == "save" else (pytest.mark.slow,)
+        # nightly, covered in CI by tests/test_overlap.py::
+        # test_two_asynchronous_runs_are_identical_and_record_versions (an overlapped run
+        # resumed from a checkpoint's saved batches ends exactly as the uninterrupted one) and
+        # tests/test_checkpoint_crash.py (a SIGKILL anywhere in a save leaves the run resumable);
+        # tests/test_sigint.py[overlap-one-lane] interrupts an overlapped CLI run and resumes it
+        marks = (pytest.mark.slow,)
         cases.append(
             pytest.param(point, "SIGKILL", "same", 1, marks=marks, id=f"{point}-SIGKILL-overlap")
         )
