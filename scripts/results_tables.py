@@ -208,6 +208,24 @@ def bfcl_gen_ablation_seed1() -> list[str]:
     return table(header, "lrrrrr", rows)
 
 
+def bfcl_gen_seeds_f8045ed() -> list[str]:
+    """The second recipe's seeds; a seed whose SFT start is 0 has no RL row (after: null)."""
+    rows = []
+    for r in table_records("bfcl_gen.jsonl", "bfcl_gen_seeds_f8045ed"):
+        f = r["figures"]
+        if f["after"] is None:
+            rows.append([str(r["seed"]), f"{f['before']:.3f}", "not run", "", "",
+                         f"{f['val_before']:.2f} -> (not run)", f"{f['sft_s']:,}", ""])  # fmt: skip
+            continue
+        lo, hi = f["newcombe95_gain"]
+        rows.append([str(r["seed"]), f"{f['before']:.3f}", f"{f['after']:.3f}", f"{gain_points(r):+.1f}",
+                     f"[{lo * 100:+.1f}, {hi * 100:+.1f}]", f"{f['val_before']:.2f} -> {f['val_after']:.2f}",
+                     f"{f['sft_s']:,}", f"{f['cpu_s_process']:,}"])  # fmt: skip
+    header = ["seed", "before RL", "after RL", "gain", "95% interval of the gain (Newcombe)",
+              "validation before -> after", "SFT s", "CPU s (process)"]  # fmt: skip
+    return table(header, "r" * len(header), rows)
+
+
 def halfcheetah_ppo_seeds() -> list[str]:
     rs = table_records("robot.jsonl", "halfcheetah_ppo_seeds")
     rows = []
@@ -707,6 +725,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "web_sft_select": ("web.md", web_sft_select),
     "bfcl_gen_seeds": ("bfcl_gen.md", bfcl_gen_seeds),
     "bfcl_gen_ablation_seed1": ("bfcl_gen.md", bfcl_gen_ablation_seed1),
+    "bfcl_gen_seeds_f8045ed": ("bfcl_gen.md", bfcl_gen_seeds_f8045ed),
 }
 
 
