@@ -151,7 +151,10 @@ def make_env(suite: str, env_id: int = 0):
         from jaxagent.envs.code.env import CodeEnv, CodeEnvConfig
         from jaxagent.envs.code.sandbox import SandboxConfig
 
-        return CodeEnv(CodeEnvConfig(sandbox=SandboxConfig(timeout_s=5.0, memory_mb=512)))
+        # Wall-clock limits far above the ~0.3 s these programs take: on a loaded 2-core CI
+        # machine a 5 s sandbox limit (and the pool's 30 s step limit) turned the healthy task
+        # into a timeout and the broken one's harness error into a timeout too.
+        return CodeEnv(CodeEnvConfig(sandbox=SandboxConfig(timeout_s=60.0, memory_mb=512)))
     from jaxagent.envs.tools.bfcl import BFCLEnv
 
     return BFCLEnv()
@@ -169,8 +172,8 @@ def make_runner(env_fn, backend: str):
         PoolConfig(
             num_envs=2,
             backend=backend,
-            step_timeout_s=30.0,
-            reset_timeout_s=30.0,
+            step_timeout_s=120.0,
+            reset_timeout_s=120.0,
         ),
     )
 
