@@ -25,9 +25,12 @@ RIGHT = "def add(a, b):\n    return a + b\n"
 PARTIAL = "def add(a, b):\n    return a + b if a > 0 else 99\n"  # passes tests 1 and 3
 
 
+# Wall-clock limits far above what these programs take (well under a second): on a loaded
+# 2-core machine (load average 9) 2-5 s limits turned passing programs into timeouts. The
+# tests of a limit set a short one of their own on a program that never ends.
 @pytest.fixture(scope="module")
 def sandbox():
-    with Sandbox(SandboxConfig(timeout_s=2.0, memory_mb=256)) as sb:
+    with Sandbox(SandboxConfig(timeout_s=30.0, memory_mb=256)) as sb:
         yield sb
 
 
@@ -149,10 +152,11 @@ def test_multi_turn_budget_ends_with_the_last_attempt(sandbox):
     assert last.done and last.reward == 0.5 and not last.info["success"]
 
 
-def test_timeout_is_labelled(sandbox):
-    env = CodeEnv(CodeEnvConfig(), sandbox=sandbox)
-    env.reset(TASK)
-    step = env.step("def add(a, b):\n    while True:\n        pass\n")
+def test_timeout_is_labelled():
+    with Sandbox(SandboxConfig(timeout_s=1.0, memory_mb=256)) as short:
+        env = CodeEnv(CodeEnvConfig(), sandbox=short)
+        env.reset(TASK)
+        step = env.step("def add(a, b):\n    while True:\n        pass\n")
     assert step.done and step.reward == 0.0
     assert step.info["failure_mode"] == FailureMode.TIMEOUT.value
 
@@ -160,12 +164,12 @@ def test_timeout_is_labelled(sandbox):
 def test_runs_through_the_env_pool_process_backend():
     from jaxagent.pool import EnvPool, PoolConfig
 
-    cfg = CodeEnvConfig(reward="shaped", sandbox=SandboxConfig(timeout_s=2.0, memory_mb=256))
+    cfg = CodeEnvConfig(reward="shaped", sandbox=SandboxConfig(timeout_s=30.0, memory_mb=256))
     from jaxagent.envs.code.env import make_code_env
 
     pool = EnvPool(
         functools.partial(make_code_env, config=cfg),
-        PoolConfig(num_envs=2, backend="process", step_timeout_s=20),
+        PoolConfig(num_envs=2, backend="process", step_timeout_s=120),
     )
     try:
         pool.async_reset([0, 1], [TASK, TASK])
@@ -200,11 +204,11 @@ def test_call_timeout_fails_one_test_and_the_rest_still_run():
         f"    assert candidate({i}) == {i}\n" for i in range(5)
     )
     slow = "def f(x):\n    while x == 2:\n        pass\n    return x\n"
-    with Sandbox(SandboxConfig(timeout_s=3.0, call_timeout_s=0.4, memory_mb=256)) as sb:
+    with Sandbox(SandboxConfig(timeout_s=30.0, call_timeout_s=0.4, memory_mb=256)) as sb:
         r = sb.run(slow, TestSpec("f", tests))
         assert r.status == "timeout" and (r.tests_passed, r.tests_total) == (4, 5), r
         assert [u["ok"] for u in r.test_results] == [True, True, False, True, True]
-        assert r.duration_s < 2.0  # not the whole timeout_s
+        assert r.duration_s < 15.0  # the hung call was cut, not the whole job's timeout_s
         assert sb.run("def f(x):\n    return x\n", TestSpec("f", tests)).passed
     with pytest.raises(ValueError, match="call_timeout_s=5"):
         SandboxConfig(timeout_s=2.0, call_timeout_s=5)
