@@ -471,6 +471,7 @@ class _CtrlCDelivery:
         self._caught = threading.Event()
         self._retrying = False
         self._previous = None
+        self._hook = sys.unraisablehook
 
     def __enter__(self):
         self._caught.clear()
@@ -480,9 +481,18 @@ class _CtrlCDelivery:
                 self._previous = signal.signal(signal.SIGINT, self._on_sigint)
             except (ValueError, OSError):  # an embedding that owns its signals
                 self._previous = None
+        # The dropped interrupt is raised again (below): Python's report of it, a traceback
+        # above the command's one line, says nothing the user needs.
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
+    def _unraisable(self, unraisable):
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            return
+        self._hook(unraisable)
+
     def __exit__(self, *exc):
+        sys.unraisablehook = self._hook
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
