@@ -216,9 +216,19 @@ class SFTSection:
     # weights, demonstrations, these settings, seed): a run whose SFT inputs equal an earlier
     # run's reuses its result (jaxagent/train/sft_cache.py). "" = off.
     cache_dir: str = ""
+    # Restarts of a fit that did not learn: while the SFT model's validation success
+    # (eval.val_tasks) is below min_val_success, SFT runs again from a new initialisation
+    # and data order, at most max_restarts times (counted in the metrics and summary). A
+    # small model from scratch learns to copy values from results abruptly, and whether it
+    # does within the steps depends on its initialisation and data order (Olsson et al.
+    # 2022, induction heads; the phase change varies across seeds).
+    min_val_success: float = 0.0
+    max_restarts: int = 0
 
     def __post_init__(self):
         check_positive("sft.num_demos", self.num_demos)
+        check_prob("sft.min_val_success", self.min_val_success)
+        check_positive("sft.max_restarts", self.max_restarts, allow_zero=True)
         check_prob("sft.expert_error_rate", self.expert_error_rate)
         check_positive("sft.steps", self.steps, allow_zero=True)
         check_positive("sft.batch_size", self.batch_size)
@@ -320,6 +330,7 @@ class Config:
         # consumer (trainer, optimiser, resume, batch layout) reads this object.
         object.__setattr__(self, "_rl", self.rl.build())
         self._check_rl_sampling()
+        self._check_sft_restarts()
         self._check_param_dtype()
         self._check_overlap()
 
@@ -350,6 +361,30 @@ class Config:
                 "those of the unfiltered distribution); set rollout.temperature=1.0, "
                 "rollout.top_k=0 and rollout.top_p=1.0, or use an SFT-loss recipe (rft) for "
                 "filtered sampling"
+            )
+
+    def _check_sft_restarts(self) -> None:
+        """An SFT restart is judged on the validation split and draws a new initialisation,
+        so it needs both, and a threshold to judge by."""
+        s = self.sft
+        if not (s.enabled and s.max_restarts):
+            return
+        if not s.min_val_success:
+            raise ConfigError(
+                f"sft.max_restarts={s.max_restarts} with sft.min_val_success=0: no fit would "
+                "ever be restarted; set the validation success a fit must reach, e.g. "
+                "sft.min_val_success=0.1, or sft.max_restarts=0"
+            )
+        if not self.eval.val_tasks:
+            raise ConfigError(
+                f"sft.max_restarts={s.max_restarts} with eval.val_tasks=0: a fit is judged on "
+                "the validation split; set eval.val_tasks (e.g. eval.val_tasks=50)"
+            )
+        if self.model.init_from:
+            raise ConfigError(
+                f"sft.max_restarts={s.max_restarts} with model.init_from="
+                f"{self.model.init_from!r}: a restart draws a new initialisation of a model "
+                "built from scratch; set sft.max_restarts=0"
             )
 
     def _check_param_dtype(self) -> None:

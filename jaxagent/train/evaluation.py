@@ -111,13 +111,19 @@ class RunEvaluation:
         )
         return val_m
 
-    def at_start(self, params, extra: dict) -> tuple[dict, float, list]:
+    def at_start(self, params, extra: dict, val_m: dict | None = None) -> tuple[dict, float, list]:
         """Before RL (after SFT): the test (and validation) figures, the score a checkpoint is
-        ranked by, and the history's first entry."""
+        ranked by, and the history's first entry. ``val_m``: these params' validation
+        metrics when measured already (an SFT restart's judgement: the same tasks and key)."""
         m0 = self.evaluate(params, "before RL", eval_key(self.config.train.seed, 0))
         best = m0["eval/success"]
         if self.val_tasks:
-            val_m = self.validate(params, 0, extra)
+            if val_m:
+                extra.setdefault("val", []).append(
+                    {"iteration": 0, "success": val_m["val/success"]}
+                )
+            else:
+                val_m = self.validate(params, 0, extra)
             m0.update(val_m)
             best = val_m["val/success"]
         return m0, best, [{"iteration": 0, **history_entry(m0)}]

@@ -11,8 +11,9 @@ the policy through the one LM update step (``jaxagent.rl.update.make_update_step
 (``make_sft_step``) runs the RL update's memory-lean learner pass (``model_fns.model_logprob_fn``:
 rematerialised blocks, a chunked vocabulary head, no ``[B, T, V]`` logits), the run's LoRA
 setting and its device layout, so a warm start fits wherever the update does.
-``warm_start`` is the trainer's SFT phase: the demonstrations, the fit with a progress bar,
-and its metrics.
+``sft_demonstrations`` and ``warm_start`` are the trainer's SFT phase: the demonstrations
+(collected once), then the fit with a progress bar and its metrics (once per attempt when
+``sft.max_restarts`` restarts a fit that did not learn).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -157,6 +158,7 @@ def run_sft(
     lora: Optional[LoraConfig] = None,
     remat: bool = True,
     layout: Optional[DeviceLayout] = None,
+    attempt: int = 0,
 ) -> tuple[Any, list[float]]:
     """Fit ``params`` to the demonstrations; returns (params, per-step losses).
 
@@ -171,6 +173,9 @@ def run_sft(
     set (on CPU the attention's [rows, heads, T, T] scores of 8 rows of 640 tokens overflow
     the caches; 2 rows at a time make the same step ~1.3x faster,
     ``benchmarks/learner_step.py``).
+
+    ``attempt`` > 0 (an SFT restart) draws another data order and state key from the same
+    ``seed``; attempt 0 is the seed's own.
     """
     packed = pack_episodes(
         episodes, pad_id=pad_id, max_len=max_len, dense=True, observation_weight=observation_weight
@@ -184,8 +189,11 @@ def run_sft(
     step_fn = _sharded_step(
         layout, functools.partial(make_sft_step, graphdef, config, tx), batch_size
     )
-    state = _new_state(params, config, tx, jax.random.key(seed), layout)
-    rng = np.random.default_rng([seed, 11])
+    key = jax.random.key(seed)
+    state = _new_state(
+        params, config, tx, jax.random.fold_in(key, attempt) if attempt else key, layout
+    )
+    rng = np.random.default_rng([seed, 11, attempt] if attempt else [seed, 11])
     losses = []
     order = rng.permutation(n)
     cursor = 0
@@ -241,27 +249,27 @@ def _new_state(params, config: RLConfig, tx, key, layout: DeviceLayout) -> Train
     return jax.jit(create, out_shardings=shardings, donate_argnums=0)(params)
 
 
-def warm_start(
+class Demonstrations(NamedTuple):
+    """The SFT phase's demonstrations (each fits a packed row) and the expert's success."""
+
+    episodes: list
+    expert_success: float
+
+
+def sft_demonstrations(
     config,
     env,
     rollout: RolloutSpec,
     tasks: Sequence[Task],
-    graphdef,
-    params: Any,
     *,
-    pad_id: int,
     max_len: int,
     echo: Callable[[str], None] = print,
-    layout: Optional[DeviceLayout] = None,
-) -> tuple[Any, dict]:
-    """The trainer's SFT phase (``config.sft``) on ``env``'s scripted expert over ``tasks``;
-    returns (params, ``sft/`` metrics). It trains as the run's update does: the run's LoRA
-    setting (``rl.lora``) and rematerialisation (``rl.update.remat``), the chunked
-    vocabulary head, and on the run's ``layout`` (its mesh) when given."""
+) -> Demonstrations:
+    """``env``'s scripted expert on the first ``config.sft.num_demos`` of ``tasks``, with
+    the run's chat layout (``expert_episodes``); demonstrations longer than a packed row are
+    left out (counted in the log)."""
     c = config.sft
-    lora = config.rl_config.lora
     tasks = tasks[: c.num_demos]
-    t0 = time.perf_counter()
     # The demonstrations run in-process: a scripted expert needs no timeouts, and the
     # pool would grow one environment per demonstration.
     spec = dataclasses.replace(rollout, runner=InlineRunner(env.make_env))
@@ -287,13 +295,38 @@ def warm_start(
         f"[sft] {len(demos)} expert demonstrations (error rate "
         f"{c.expert_error_rate}, expert success {demo_success:.2f}); {c.steps} steps"
     )
+    return Demonstrations(demos, demo_success)
+
+
+def warm_start(
+    config,
+    demos: Demonstrations,
+    graphdef,
+    params: Any,
+    *,
+    pad_id: int,
+    max_len: int,
+    echo: Callable[[str], None] = print,
+    layout: Optional[DeviceLayout] = None,
+    attempt: int = 0,
+) -> tuple[Any, dict]:
+    """The trainer's SFT phase (``config.sft``) on the demonstrations (``sft_demonstrations``);
+    returns (params, ``sft/`` metrics). It trains as the run's update does: the run's LoRA
+    setting (``rl.lora``) and rematerialisation (``rl.update.remat``), the chunked
+    vocabulary head, and on the run's ``layout`` (its mesh) when given. ``attempt`` > 0 (a
+    restart, ``sft.max_restarts``) draws another data order (``run_sft``)."""
+    c = config.sft
+    lora = config.rl_config.lora
+    t0 = time.perf_counter()
     key = None
     if c.cache_dir and sft_cache.usable():  # the same fit done before: its result
         settings = dataclasses.asdict(c) | {"seed": config.train.seed, "max_len": max_len}
         settings.update(pad_id=pad_id, cache_dir=None)
         if lora.rank:  # adapters fit another model (full fine-tuning keeps its old keys)
             settings["lora"] = dataclasses.asdict(lora)
-        key = sft_cache.sft_key(params, demos, settings)
+        if attempt:  # a restart's data order (its initialisation is in the params' hash)
+            settings["attempt"] = attempt
+        key = sft_cache.sft_key(params, demos.episodes, settings)
         hit = sft_cache.load(c.cache_dir, key, params)
         if hit is not None:
             echo(f"[sft] the fit of these inputs is in sft.cache_dir ({key[:12]}); reused")
@@ -304,7 +337,7 @@ def warm_start(
         params, losses = run_sft(
             graphdef,
             params,
-            demos,
+            demos.episodes,
             steps=c.steps,
             batch_size=c.batch_size,
             learning_rate=c.learning_rate,
@@ -317,11 +350,12 @@ def warm_start(
             lora=lora,
             remat=config.rl_config.update.remat,
             layout=layout,
+            attempt=attempt,
         )
     metrics = {
         "sft/loss": losses[-1] if losses else float("nan"),
-        "sft/demos": len(demos),
-        "sft/expert_success": demo_success,
+        "sft/demos": len(demos.episodes),
+        "sft/expert_success": demos.expert_success,
         "sft/time_s": time.perf_counter() - t0,
     }
     if key is not None:

@@ -108,6 +108,9 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
         trainer.echo(f"[health] {sentence}")
     if "sft" in extra:
         summary["expert_success"] = round(float(extra["sft"]["sft/expert_success"]), 4)
+        if "sft/restarts" in extra["sft"]:  # sft.max_restarts: the fits tried, in the open
+            summary["sft_restarts"] = int(extra["sft"]["sft/restarts"])
+            summary["sft_val_success"] = list(extra["sft"]["sft/val_success"])
     best = extra.get("best_val")
     if best:  # model selection on the validation tasks (carved from train), tested once
         summary.update(
@@ -176,6 +179,7 @@ def finish_run(trainer, history: Sequence[dict], extra: dict, wall_s: float) -> 
                     "wall_s",
                     "seed",
                     "env_errors_after_rl",
+                    "sft_restarts",
                 )
                 if k in summary
             }

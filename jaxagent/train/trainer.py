@@ -26,10 +26,12 @@ import contextlib
 import dataclasses
 import shutil
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 
+from jaxagent.models import abstract_params as abstract_model_params
+from jaxagent.models import init_model
 from jaxagent.parallel.distributed import is_writer, start_distributed
 from jaxagent.perf import host_memory
 from jaxagent.perf.roofline import progress_fields
@@ -47,7 +49,7 @@ from jaxagent.train.overlap import Pipeline
 from jaxagent.train.policy import run_optimizer
 from jaxagent.train.run import build_run
 from jaxagent.train.run_dir import RunLock, check_resume, saved_config, write_atomic
-from jaxagent.train.sft import low_start_note, warm_start
+from jaxagent.train.sft import low_start_note, sft_demonstrations, warm_start
 from jaxagent.train.state import RunState, update_step
 
 __all__ = ["Trainer"]
@@ -113,6 +115,7 @@ class Trainer:
         self.states = RunState(self.layout, config.rl_config, optimizer, run.state_key, params_like)
         self.update_step = update_step(config.rl_config, self.layout, run.graphdef, optimizer)
         self.collector = Collector(config, run, self.layout, self.echo)
+        self._demos = None  # the SFT demonstrations, collected by the first SFT attempt
         # The loaded / initial parameters go to the first TrainState (donated): nothing else
         # keeps them.
         self._init_params = None if self._resuming else run.params
@@ -155,21 +158,65 @@ class Trainer:
 
     # ------------------------------------------------------------------ one iteration
 
-    def sft(self, params):
-        """SFT warm-start on the env's scripted expert (``jaxagent.train.sft.warm_start``)."""
+    def sft(self, params, attempt: int = 0):
+        """SFT warm-start on the env's scripted expert (``jaxagent.train.sft.warm_start``);
+        the demonstrations are collected once, whatever the number of attempts."""
         b = self.built
+        if self._demos is None:
+            self._demos = sft_demonstrations(
+                self.config, b.env, b.rollout, b.tasks.sft, max_len=b.max_len, echo=self.echo
+            )
         return warm_start(
             self.config,
-            b.env,
-            b.rollout,
-            b.tasks.sft,
+            self._demos,
             b.graphdef,
             params,
             pad_id=b.chat.pad_id,
             max_len=b.max_len,
             echo=self.echo,
             layout=self.layout,
+            attempt=attempt,
         )
+
+    def sft_until_learned(self, params) -> tuple[Any, dict, dict]:
+        """SFT, restarted from a new initialisation while the fit's validation success is
+        below ``sft.min_val_success`` (at most ``sft.max_restarts`` times). Returns (params,
+        ``sft/`` metrics with ``sft/restarts`` and every attempt's ``sft/val_success``, the
+        kept fit's validation metrics or {} when no restart was asked for)."""
+        c = self.config.sft
+        params, m = self.sft(params)
+        if not c.max_restarts:
+            return params, m, {}
+        tried, attempt = [], 0
+        while True:
+            val_m = self.evaluation.validate(params, 0, {})
+            tried.append(round(float(val_m["val/success"]), 4))
+            if tried[-1] >= c.min_val_success or attempt == c.max_restarts:
+                break
+            attempt += 1
+            self.echo(
+                f"[sft] validation success {tried[-1]:.3f} < sft.min_val_success "
+                f"{c.min_val_success}: restart {attempt} of {c.max_restarts} from a new "
+                "initialisation and data order"
+            )
+            params = None  # the fit that did not learn is dropped before the next is made
+            params, m = self.sft(self._fresh_params(attempt), attempt)
+        if tried[-1] < c.min_val_success:
+            self.echo(
+                f"[sft] no fit reached sft.min_val_success {c.min_val_success} in "
+                f"{attempt + 1} attempts (validation {tried}); RL starts from the last"
+            )
+        return params, {**m, "sft/restarts": attempt, "sft/val_success": tried}, val_m
+
+    def _fresh_params(self, attempt: int):
+        """A new initialisation of the from-scratch model (the run's model key folded with
+        ``attempt``), born in the layout's shards."""
+        b = self.built
+        placement = None
+        if self.layout.mesh is not None:
+            placement = self.layout.param_shardings(abstract_model_params(b.model_config))
+        key = jax.random.fold_in(b.model_key, attempt)
+        return init_model(b.model_config, key, shardings=placement)[1]
 
     def iteration(self, state: TrainState, it: int) -> tuple[TrainState, dict]:
         """One synchronous RL iteration: collect with the state's own weights (policy version
@@ -336,10 +383,10 @@ class Trainer:
                     f"sft.enabled=true but env {env.name!r} has no scripted expert; set "
                     "sft.enabled=false"
                 )
-            params, sft_m = self.sft(params)
-            self.logger.log(0, sft_m)
+            params, sft_m, val_m = self.sft_until_learned(params)
+            self.logger.log(0, {k: v for k, v in sft_m.items() if not isinstance(v, list)})
             extra["sft"] = sft_m
-        m0, best, history = self.evaluation.at_start(params, extra)
+        m0, best, history = self.evaluation.at_start(params, extra, val_m)
         note = low_start_note(cfg, m0["eval/success"], env.make_expert is not None)
         if note is not None:
             self.echo(note)
