@@ -198,6 +198,13 @@ class ChatFormat:
         return self.tokenizer.decode(keep, skip_special_tokens=False)
 
 
+def role_after(chat: Chat, after_call: bool) -> str:
+    """The role of the observation after a policy turn: the chat's tool role
+    (``observation_role``) when the turn made tool calls (``makes_call``), else "user" (a
+    tool message answers a call; the serve endpoint refuses one that does not)."""
+    return chat.observation_role if after_call else "user"
+
+
 def observation_after(chat: Chat, turn: str, observation: str) -> list[int]:
     """The ids appended after the policy turn whose text is ``turn`` (``Chat.decode``): the
     results of its tool calls in the chat's tool role, or, after a turn without calls, the
@@ -308,7 +315,7 @@ class TemplateChat:
         """The chunk after a policy turn's ``<eot>``: the template's text between turns, the
         observation turn (in ``observation_role`` after a turn with tool calls, else in the
         user role) and the assistant header."""
-        role = self.observation_role if after_call else "user"
+        role = role_after(self, after_call)
         full = self._render(
             self._stand_in(role)[:2] + [{"role": role, "content": observation}],
             add_generation_prompt=True,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxagent.agents.chat import TemplateChat
+from jaxagent.agents.chat import TemplateChat, role_after
 from jaxagent.agents.task_tools import tools_of_env
 from jaxagent.envs.registry import EnvSpec
 from jaxagent.envs.actions import to_native
@@ -47,7 +47,7 @@ def _conversation(config, env, task, tools_of, chat, rng) -> str:
                 step = e.step(action)
                 if step.done:
                     break
-                role = chat.observation_role if chat.makes_call(action) else "user"
+                role = role_after(chat, chat.makes_call(action))
                 messages.append({"role": role, "content": step.observation})
     finally:
         e.close()
