@@ -246,24 +246,49 @@ def _pending_is_data(ckpt_dir, step: int, made: dict) -> None:
     assert got.metrics == want.metrics and got.stats == want.stats
 
 
-def test_two_asynchronous_runs_are_identical_and_record_versions(tmp_path, monkeypatch):
+def _recording(made: dict):
+    """``Collector.collect`` that also keeps each iteration's batch in ``made``."""
     from jaxagent.train.collect import Collector
 
-    made, collect = {}, Collector.collect
+    collect = Collector.collect
 
     def recording(self, it, *a, **k):
         made[it] = collect(self, it, *a, **k)
         return made[it]
 
-    monkeypatch.setattr(Collector, "collect", recording)
-    m1, p1, s1, step = _run(tmp_path, "a", 1)
+    return recording
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    """One asynchronous run (staleness 1, 3 iterations) and the batches its collector made:
+    (run dir, (metrics, params, summary, last step), {iteration: Collected}). Both tests
+    below compare against it (another run of the same seed; the same run with two lanes)."""
+    from jaxagent.train.collect import Collector
+
+    made = {}
+    tmp = tmp_path_factory.mktemp("overlap")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Collector, "collect", _recording(made))
+    try:
+        out = _run(tmp, "a", 1)
+    finally:
+        mp.undo()
+    return tmp / "a", out, made
+
+
+def test_two_asynchronous_runs_are_identical_and_record_versions(async_run, tmp_path, monkeypatch):
+    from jaxagent.train.collect import Collector
+
+    run_a, (m1, p1, s1, step), made_a = async_run
     for ckpt in (1, 2):  # each holds the next batch, sampled one version behind
-        _pending_is_data(tmp_path / "a" / "checkpoints", ckpt, made)
+        _pending_is_data(run_a / "checkpoints", ckpt, made_a)
+    made = {}
+    monkeypatch.setattr(Collector, "collect", _recording(made))
     # Resumed from checkpoint 2, the run trains on batch 2 read back from its arrays (no
     # batch is collected again) and ends exactly as the uninterrupted run.
-    shutil.copytree(tmp_path / "a", tmp_path / "r")
+    shutil.copytree(run_a, tmp_path / "r")
     shutil.rmtree(tmp_path / "r" / "checkpoints" / "3")
-    made.clear()
     m3, p3, _, _ = _run(tmp_path, "r", 1)
     assert made == {} and m3 == m1
     same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), p1, p3)
@@ -282,11 +307,12 @@ def test_two_asynchronous_runs_are_identical_and_record_versions(tmp_path, monke
         assert rec["async/stale_dropped"] == 0
 
 
-def test_two_lanes_train_exactly_as_one(tmp_path):
+def test_two_lanes_train_exactly_as_one(async_run, tmp_path):
     """Two collection lanes (a second sampler and environment runner) change when batches
-    are collected, not what they hold: the same metrics and parameters bit for bit."""
-    m1, p1, _, _ = _run(tmp_path, "one", 1, iterations=4)
-    m2, p2, _, _ = _run(tmp_path, "two", 1, iterations=4, extra=["overlap.lanes=2"])
+    are collected, not what they hold: the same metrics and parameters bit for bit as the
+    one-lane run (batches 0 and 2 on lane 0, batch 1 on lane 1)."""
+    _, (m1, p1, _, _), _ = async_run
+    m2, p2, _, _ = _run(tmp_path, "two", 1, extra=["overlap.lanes=2"])
     assert m1 == m2
     raw = [r for r in read_jsonl(tmp_path / "two/metrics.jsonl") if "train/success" in r]
     assert raw[-1]["env_health/lane1/calls"] > 0  # the second lane's own environments
