@@ -159,6 +159,27 @@ def _isolated_cwd(request, tmp_path_factory):
         )
 
 
+@pytest.fixture(scope="session")
+def tiny_quickstart_run(tmp_path_factory):
+    """One finished tiny quickstart run (``test_train.TINY``), trained as ``jaxagent train``
+    trains it (the trainer closed at the end): (run dir, summary). Shared by the modules that
+    only read or evaluate such a run (``tests/test_train.py``, ``tests/test_run_integrity.py``)
+    so the same 4 iterations are not trained twice per session."""
+    from test_train import TINY
+
+    from jaxagent.train.config import load_config
+    from jaxagent.train.trainer import Trainer
+
+    run = tmp_path_factory.mktemp("tiny_quickstart") / "run"
+    cfg = load_config(ROOT / "configs/quickstart.yaml", [*TINY, f"train.out_dir={run}"])
+    trainer = Trainer(cfg, echo=lambda s: None)
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    return run, summary
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The session as a whole (collection and module fixtures included) left the checkout and
     the start directory as it found them, or it fails."""

@@ -25,10 +25,10 @@ QS = str(ROOT / "configs/quickstart.yaml")
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    run = tmp_path_factory.mktemp("integrity") / "run"
-    assert main(["train", QS, *TINY, f"train.out_dir={run}"]) == 0
-    return run
+def finished(tiny_quickstart_run):
+    # the session's tiny run (tests/conftest.py), trained once for this module and
+    # tests/test_train.py: the TINY settings trained as `jaxagent train` trains them
+    return tiny_quickstart_run[0]
 
 
 def _hashes(root):

@@ -71,16 +71,10 @@ def _by_step(path):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One uninterrupted quickstart run: (run dir, summary)."""
-    from jaxagent.train.trainer import Trainer
-
-    ref_dir = tmp_path_factory.mktemp("runs") / "reference"
-    summary = Trainer(
-        load_config(ROOT / "configs/quickstart.yaml", TINY + [f"train.out_dir={ref_dir}"]),
-        echo=lambda s: None,
-    ).run()
-    return ref_dir, summary
+def runs(tiny_quickstart_run):
+    """One uninterrupted quickstart run: (run dir, summary), shared with
+    tests/test_run_integrity.py (tests/conftest.py trains it once a session)."""
+    return tiny_quickstart_run
 
 
 def test_reference_run_trains_on_samples_and_pads_to_the_length_multiple(runs):
