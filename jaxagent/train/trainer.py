@@ -187,7 +187,7 @@ class Trainer:
         params, m = self.sft(params)
         if not c.max_restarts:
             return params, m, {}
-        tried, attempt = [], 0
+        tried, attempt, spent = [], 0, m["sft/time_s"]
         while True:
             val_m = self.evaluation.validate(params, 0, {})
             tried.append(round(float(val_m["val/success"]), 4))
@@ -201,12 +201,15 @@ class Trainer:
             )
             params = None  # the fit that did not learn is dropped before the next is made
             params, m = self.sft(self._fresh_params(attempt), attempt)
+            spent += m["sft/time_s"]
         if tried[-1] < c.min_val_success:
             self.echo(
                 f"[sft] no fit reached sft.min_val_success {c.min_val_success} in "
                 f"{attempt + 1} attempts (validation {tried}); RL starts from the last"
             )
-        return params, {**m, "sft/restarts": attempt, "sft/val_success": tried}, val_m
+        # sft/time_s: every attempt's fit, the time the run spent in SFT
+        m = {**m, "sft/time_s": spent, "sft/restarts": attempt, "sft/val_success": tried}
+        return params, m, val_m
 
     def _fresh_params(self, attempt: int):
         """A new initialisation of the from-scratch model (the run's model key folded with
