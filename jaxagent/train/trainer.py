@@ -378,7 +378,7 @@ class Trainer:
         # A new run (or one killed before its first checkpoint) starts its record afresh.
         self.logger.truncate_after(-1)
         # The loaded / initial parameters become the state's own (no second copy).
-        params, extra = self.take_initial_params(), {}
+        params, extra, val_m = self.take_initial_params(), {}, {}
         env = self.built.env
         if cfg.sft.enabled:
             if env.make_expert is None:
