@@ -106,9 +106,7 @@ class RunEvaluation:
         """Validation evaluation; appends ``(iteration, success)`` to ``extra["val"]``."""
         seed = self.config.train.seed
         val_m = self.evaluate(params, f"iter {iteration}", val_key(seed, iteration), split="val")
-        extra.setdefault("val", []).append(
-            {"iteration": iteration, "success": val_m["val/success"]}
-        )
+        _record_val(extra, iteration, val_m)
         return val_m
 
     def at_start(self, params, extra: dict, val_m: dict | None = None) -> tuple[dict, float, list]:
@@ -119,9 +117,7 @@ class RunEvaluation:
         best = m0["eval/success"]
         if self.val_tasks:
             if val_m:
-                extra.setdefault("val", []).append(
-                    {"iteration": 0, "success": val_m["val/success"]}
-                )
+                _record_val(extra, 0, val_m)
             else:
                 val_m = self.validate(params, 0, extra)
             m0.update(val_m)
@@ -158,3 +154,8 @@ class RunEvaluation:
             return on_model(restore(it), lambda p: self.evaluate(p, f"best val iter {it}", key))[1]
 
         extra["best_val"] = best_val_record(history, extra["val"], test_at)
+
+
+def _record_val(extra: dict, iteration: int, val_m: dict) -> None:
+    """Append ``(iteration, success)`` of a validation to ``extra["val"]``."""
+    extra.setdefault("val", []).append({"iteration": iteration, "success": val_m["val/success"]})

@@ -41,8 +41,7 @@ def run_sft_then_rl(config: Config, echo: Callable[[str], None] = print) -> dict
     if not (hf_dir / "config.json").exists() or not config.train.resume:
         stage = Trainer(replace(config, [f"train.out_dir={run_dir / 'sft_stage'}"]), echo=echo)
         try:
-            params, metrics, _ = stage.sft_until_learned(stage.take_initial_params())
-            stage.logger.log(0, {k: v for k, v in metrics.items() if not isinstance(v, list)})
+            params, _, _ = stage.sft_until_learned(stage.take_initial_params())
             save_hf(str(hf_dir), stage.model_config, stage.graphdef, params)
             stage.tokenizer.save_pretrained(str(hf_dir))
         finally:

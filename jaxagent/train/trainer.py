@@ -182,10 +182,12 @@ class Trainer:
         """SFT, restarted from a new initialisation while the fit's validation success is
         below ``sft.min_val_success`` (at most ``sft.max_restarts`` times). Returns (params,
         ``sft/`` metrics with ``sft/restarts`` and every attempt's ``sft/val_success``, the
-        kept fit's validation metrics or {} when no restart was asked for)."""
+        kept fit's validation metrics or {} when no restart was asked for); the scalar
+        metrics are logged at step 0."""
         c = self.config.sft
         params, m = self.sft(params)
         if not c.max_restarts:
+            self.logger.log(0, m)
             return params, m, {}
         tried, attempt, spent = [], 0, m["sft/time_s"]
         while True:
@@ -208,8 +210,9 @@ class Trainer:
                 f"{attempt + 1} attempts (validation {tried}); RL starts from the last"
             )
         # sft/time_s: every attempt's fit, the time the run spent in SFT
-        m = {**m, "sft/time_s": spent, "sft/restarts": attempt, "sft/val_success": tried}
-        return params, m, val_m
+        m = {**m, "sft/time_s": spent, "sft/restarts": attempt}
+        self.logger.log(0, m)  # scalars; every fit's validation goes to the summary
+        return params, {**m, "sft/val_success": tried}, val_m
 
     def _fresh_params(self, attempt: int):
         """A new initialisation of the from-scratch model (the run's model key folded with
@@ -387,7 +390,6 @@ class Trainer:
                     "sft.enabled=false"
                 )
             params, sft_m, val_m = self.sft_until_learned(params)
-            self.logger.log(0, {k: v for k, v in sft_m.items() if not isinstance(v, list)})
             extra["sft"] = sft_m
         m0, best, history = self.evaluation.at_start(params, extra, val_m)
         note = low_start_note(cfg, m0["eval/success"], env.make_expert is not None)
