@@ -29,8 +29,11 @@ python -m pip install -q -e '.[test]'
 python -m ruff format --check --quiet jaxagent tests benchmarks experiments \
   || { echo "ruff format: files above are not formatted; run: ruff format jaxagent tests benchmarks experiments" >&2; exit 1; }
 python -m ruff check --quiet --select F,E9 jaxagent tests benchmarks experiments
+# One pytest-xdist worker a core, at most 4 (each holds its own compiled programs and
+# module fixtures); a test file stays in one worker, so its module fixtures (a trained run
+# several tests read) are built once. `-n 0` after the script's name runs in one process.
 set +e
-python -m pytest -q "$@"
+python -m pytest -q -n auto --maxprocesses 4 --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

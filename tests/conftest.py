@@ -34,11 +34,15 @@ def _selects_gpu(argv: list[str]) -> bool:
     return re.search(r"(?<!not )\bgpu\b", expr) is not None
 
 
+# pytest-xdist's workers (scripts/test.sh runs one per core) inherit the environment the
+# controller set here, so the choices below are made once, from the command line the user
+# typed (a worker's own argv is not it).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # Every test runs on 8 simulated CPU devices, whatever accelerator the machine has, except
 # in a run that selects the gpu-marked tests: those need the real backend (a JAX_PLATFORMS
 # the caller set is kept either way).
-if not _selects_gpu(sys.argv):
+if _WORKER is None and not _selects_gpu(sys.argv):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent XLA compilation cache for the test session and the CLI subprocesses its tests
 # start (they inherit the environment): dozens of tests train the same tiny configs, and on a
@@ -48,6 +52,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _XLA_CACHE = tempfile.mkdtemp(prefix="jaxagent-tests-xla-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+if _WORKER is not None:
+    # One cache directory a worker: JAX writes an entry in place (no lock unless the cache
+    # has a size limit), so a second process could read it half-written.
+    _own = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], _WORKER)
+    os.makedirs(_own, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _own
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
