@@ -10,4 +10,6 @@ if [ "${1:-}" = "--all" ]; then
   marker="slow or not slow"
   shift
 fi
-exec bash scripts/test.sh -m "$marker" "$@"
+# One process (-n 0): the slow tests (multi-process runs, memory bounds, learning curves)
+# have only been run one at a time; `-n 2` after the script's name spreads them anyway.
+exec bash scripts/test.sh -m "$marker" -n 0 "$@"
