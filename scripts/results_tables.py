@@ -226,39 +226,32 @@ def bfcl_gen_seeds_f8045ed() -> list[str]:
     return table(header, "r" * len(header), rows)
 
 
-def bfcl_gen_restarts_fbec46a() -> list[str]:
-    """The recipe with SFT restarts (a fit below validation 0.1 redone, at most twice)."""
+def bfcl_gen_fits(table_name: str, sft_key: str, sft_header: str) -> list[str]:
+    """A bfcl_gen recipe's seeds with the validation of each SFT fit it tried."""
     rows = []
-    for r in table_records("bfcl_gen.jsonl", "bfcl_gen_restarts_fbec46a"):
+    for r in table_records("bfcl_gen.jsonl", table_name):
         f = r["figures"]
         lo, hi = f["newcombe95_gain"]
         tried = " / ".join(f"{v:.2f}" for v in f["sft_val_success"])
         rows.append([str(r["seed"]), tried, f"{f['before']:.3f}", f"{f['after']:.3f}",
                      f"{gain_points(r):+.1f}", f"[{lo * 100:+.1f}, {hi * 100:+.1f}]",
                      f"{f['val_before']:.2f} -> {f['val_after']:.2f}",
-                     f"{f['sft_s_all_attempts']:,}", f"{f['wall_s']:,}"])  # fmt: skip
+                     f"{f[sft_key]:,}", f"{f['wall_s']:,}"])  # fmt: skip
     header = ["seed", "validation of each SFT fit", "before RL", "after RL", "gain",
               "95% interval of the gain (Newcombe)", "validation before -> after",
-              "SFT s (all fits)", "wall s"]  # fmt: skip
+              sft_header, "wall s"]  # fmt: skip
     return table(header, "r" * len(header), rows)
+
+
+def bfcl_gen_restarts_fbec46a() -> list[str]:
+    """The recipe with SFT restarts (a fit below validation 0.1 redone, at most twice)."""
+    return bfcl_gen_fits("bfcl_gen_restarts_fbec46a", "sft_s_all_attempts", "SFT s (all fits)")
 
 
 def bfcl_gen_heads8_121e283() -> list[str]:
     """The recipe with 8 attention heads of 16 dims (none shared) instead of 4 heads of 32
     sharing 2 key/value heads; chosen on seed 0's validation start."""
-    rows = []
-    for r in table_records("bfcl_gen.jsonl", "bfcl_gen_heads8_121e283"):
-        f = r["figures"]
-        lo, hi = f["newcombe95_gain"]
-        tried = " / ".join(f"{v:.2f}" for v in f["sft_val_success"])
-        rows.append([str(r["seed"]), tried, f"{f['before']:.3f}", f"{f['after']:.3f}",
-                     f"{gain_points(r):+.1f}", f"[{lo * 100:+.1f}, {hi * 100:+.1f}]",
-                     f"{f['val_before']:.2f} -> {f['val_after']:.2f}",
-                     f"{f['sft_s']:,}", f"{f['wall_s']:,}"])  # fmt: skip
-    header = ["seed", "validation of each SFT fit", "before RL", "after RL", "gain",
-              "95% interval of the gain (Newcombe)", "validation before -> after",
-              "SFT s", "wall s"]  # fmt: skip
-    return table(header, "r" * len(header), rows)
+    return bfcl_gen_fits("bfcl_gen_heads8_121e283", "sft_s", "SFT s")
 
 
 def halfcheetah_ppo_seeds() -> list[str]:
