@@ -116,9 +116,9 @@ WORLDS = {
         batch=16 * 4,
         eval_samples=2,
     ),
-    # configs/loop_bfcl_gen.yaml as shipped (SFT 2,000 steps, 20 LOOP iterations of 16 tasks
+    # configs/loop_bfcl_gen.yaml as shipped (SFT 2,000 steps, 30 LOOP iterations of 16 tasks
     # x 4 samples), validation every 10 iterations instead of 5 and one sample a held-out task
-    # in the final evaluation: a cell costs about 10 minutes of RL on a 2-core CPU after the
+    # in the final evaluation: a cell costs about 9 minutes of RL on a 2-core CPU after the
     # seed's SFT (cached), so the evaluations are kept few.
     "bfcl_gen": World(
         "configs/loop_bfcl_gen.yaml",
