@@ -254,6 +254,42 @@ def bfcl_gen_heads8_121e283() -> list[str]:
     return bfcl_gen_fits("bfcl_gen_heads8_121e283", "sft_s", "SFT s")
 
 
+def bfcl_gen_heads8_trend() -> list[str]:
+    """Whether the 8-head recipe's curves fall late: training success (64 episodes an
+    iteration) in iterations 21-30 against 11-20 per seed, with the 95% interval of the
+    difference from the iterations' spread (Welch, t at 18 degrees of freedom), the mean over
+    seeds with its t-interval; the validation peak against the last point, and held-out
+    success of the last checkpoint against the best-validation one."""
+    t18 = 2.101  # t_{0.975, 18}: two halves of 10 iterations each
+    rows, diffs = [], []
+    for r in table_records("bfcl_gen.jsonl", "bfcl_gen_heads8_121e283"):
+        f = r["figures"]
+        by_it = {int(k): v for k, v in f["train_success_by_iteration"].items()}
+        halves = [[by_it[i] for i in range(a, a + 10)] for a in (1, 11, 21)]
+        means = [sum(h) / len(h) for h in halves]
+
+        def var(h):
+            m = sum(h) / len(h)
+            return sum((x - m) ** 2 for x in h) / (len(h) - 1)
+
+        half = t18 * math.sqrt(var(halves[1]) / 10 + var(halves[2]) / 10)
+        diff = means[2] - means[1]
+        diffs.append(diff)
+        val = {int(k): v for k, v in f["val_curve"].items()}
+        peak = max(sorted(val), key=lambda k: (val[k], -k))
+        last = max(val)
+        rows.append([str(r["seed"]), f"{means[0]:.3f}", f"{means[1]:.3f}", f"{means[2]:.3f}",
+                     f"{diff * 100:+.1f} [{(diff - half) * 100:+.1f}, {(diff + half) * 100:+.1f}]",
+                     f"{val[peak]:.2f} (iteration {peak}) / {val[last]:.2f}",
+                     f"{f['after']:.2f} / {f['success_best_val']:.2f}"])  # fmt: skip
+    m, h = interval(diffs)
+    rows.append(["mean", "", "", "", f"{m * 100:+.1f} ± {h * 100:.1f}", "", ""])
+    header = ["seed", "train success, iterations 1-10", "11-20", "21-30",
+              "21-30 minus 11-20 (points, 95%)", "validation: peak / last",
+              "held-out: last / best-validation checkpoint"]  # fmt: skip
+    return table(header, "r" * len(header), rows)
+
+
 def halfcheetah_ppo_seeds() -> list[str]:
     rs = table_records("robot.jsonl", "halfcheetah_ppo_seeds")
     rows = []
@@ -756,6 +792,7 @@ TABLES: dict[str, tuple[str, Callable[[], list[str]]]] = {
     "bfcl_gen_seeds_f8045ed": ("bfcl_gen.md", bfcl_gen_seeds_f8045ed),
     "bfcl_gen_restarts_fbec46a": ("bfcl_gen.md", bfcl_gen_restarts_fbec46a),
     "bfcl_gen_heads8_121e283": ("bfcl_gen.md", bfcl_gen_heads8_121e283),
+    "bfcl_gen_heads8_trend": ("bfcl_gen.md", bfcl_gen_heads8_trend),
 }
 
 
