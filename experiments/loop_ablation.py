@@ -287,6 +287,18 @@ def summarise_world(records: list[dict], world: str) -> dict:
     return out
 
 
+def side_by_side(cells: list[dict]) -> str:
+    """How many cells ran at once, from each record's end (``date``, to the minute) and
+    training time: the runner runs one at a time, but one runner a seed may run in parallel.
+    Overlaps of 2 minutes or less are the dates' rounding, not cells side by side."""
+    spans = []
+    for c in cells:
+        end = time.mktime(time.strptime(c["date"], "%Y-%m-%d %H:%M"))
+        spans.append((end - c["train_s"], end))
+    most = max(sum(min(e, b) - max(s, a) > 120 for a, b in spans) for s, e in spans)
+    return "one cell at a time" if most <= 1 else f"up to {most} cells side by side"
+
+
 def markdown(summary: dict, records: list[dict]) -> str:
     lines = [
         "# The LOOP ablation family in miniature",
@@ -321,8 +333,9 @@ def markdown(summary: dict, records: list[dict]) -> str:
             lines[-2:-2] = [
                 f"Cells in the file: {len(mine)} of {len(VARIANTS) * 3} (ten variants x 3 "
                 f"seeds); training time a cell (SFT shared): median {secs[len(secs) // 2]:.0f} s, "
-                f"{secs[0]:.0f}-{secs[-1]:.0f} s, one cell at a time at a 1-minute load average "
-                f"of {min(loads):.1f}-{max(loads):.1f} at its start (other jobs on the machine); "
+                f"{secs[0]:.0f}-{secs[-1]:.0f} s, {side_by_side(whole)} at a 1-minute load "
+                f"average of {min(loads):.1f}-{max(loads):.1f} at its start (other jobs on the "
+                "machine); "
                 f"{len(mine) - len(whole)} cell(s) resumed from a checkpoint left out of the times.",
                 "",
             ]
