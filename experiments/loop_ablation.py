@@ -265,12 +265,19 @@ def summarise_world(records: list[dict], world: str) -> dict:
         poi = stats.probability_of_improvement(
             (ca / np.maximum(na, 1))[:, :common], (cb / np.maximum(nb, 1))[:, :common]
         )
+        # Both intervals must agree: over few seeds the per-seed differences can agree by
+        # chance (three 1-point differences give a zero-width t-interval), while P(better >
+        # worse) is computed over the tasks of every run.
+        above, below = d["mean"] - d["ci95"] > 0, d["mean"] + d["ci95"] < 0
         if d["n"] < 2 or not math.isfinite(d["ci95"]):
             verdict = "too few seeds"
-        elif d["mean"] - d["ci95"] > 0:
+        elif above and poi["ci_low"] > 0.5:
             verdict = "reproduced (interval above 0)"
-        elif d["mean"] + d["ci95"] < 0:
+        elif below and poi["ci_high"] < 0.5:
             verdict = "reversed (interval below 0)"
+        elif above or below:
+            verdict = "same sign" if above else "opposite sign"
+            verdict += ", seeds agree but P(better > worse) contains 0.5"
         else:
             verdict = "same sign" if d["mean"] > 0 else "opposite sign"
             verdict += ", interval contains 0"
@@ -295,7 +302,7 @@ def side_by_side(cells: list[dict]) -> str:
     for c in cells:
         end = time.mktime(time.strptime(c["date"], "%Y-%m-%d %H:%M"))
         spans.append((end - c["train_s"], end))
-    most = max(sum(min(e, b) - max(s, a) > 120 for a, b in spans) for s, e in spans)
+    most = max(sum(a <= s + 120 < b for a, b in spans) for s, _ in spans)
     return "one cell at a time" if most <= 1 else f"up to {most} cells side by side"
 
 
