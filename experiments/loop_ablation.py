@@ -413,12 +413,15 @@ def plot_world(records: list[dict], world: str, path: Path) -> None:
             line = ax.plot(its, mean, label=f"{VARIANTS[name].label} ({len(cells)} seeds)")[0]
             if len(cells) > 1:
                 half = np.array([C.t_interval(col)["ci95"] for col in ys.T])
-                ax.fill_between(its, mean - half, mean + half, color=line.get_color(), alpha=0.15)
+                # A success rate lies in [0, 1]; two seeds' t-interval (t = 12.7) does not.
+                lo, hi = np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1)
+                ax.fill_between(its, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_ylim(0, 1)
         ax.set_title(f"{world}: {title}")
         ax.set_xlabel("RL iteration")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    axes[0].set_ylabel("train success (sampled), mean ± 95% t over seeds")
+    axes[0].set_ylabel("train success, mean ± 95% t over seeds")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
