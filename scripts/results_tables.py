@@ -266,13 +266,9 @@ def bfcl_gen_heads8_trend() -> list[str]:
         f = r["figures"]
         by_it = {int(k): v for k, v in f["train_success_by_iteration"].items()}
         halves = [[by_it[i] for i in range(a, a + 10)] for a in (1, 11, 21)]
-        means = [sum(h) / len(h) for h in halves]
-
-        def var(h):
-            m = sum(h) / len(h)
-            return sum((x - m) ** 2 for x in h) / (len(h) - 1)
-
-        half = t18 * math.sqrt(var(halves[1]) / 10 + var(halves[2]) / 10)
+        s = [seed_summary(h) for h in halves]  # mean and sample std of each half
+        means = [x["mean"] for x in s]
+        half = t18 * math.sqrt(s[1]["std"] ** 2 / 10 + s[2]["std"] ** 2 / 10)
         diff = means[2] - means[1]
         diffs.append(diff)
         val = {int(k): v for k, v in f["val_curve"].items()}
