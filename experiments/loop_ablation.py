@@ -23,13 +23,14 @@ K per iteration), learning rate, schedule, epochs and minibatches:
 Every cell's record (the command that reproduces it, held-out success before and after RL,
 a per-task evaluation of the final checkpoint with k samples a task, the learning curves,
 wall time, machine and load) is appended to ``docs/results/loop_ablation.jsonl`` as the cell
-finishes; a killed or later run (on this machine or another) skips the cells in the file and
-resumes a half-trained cell from its checkpoints. SFT is shared by the variants of a seed
+finishes; a killed or later run on a machine with the same CPU model skips the cells in the
+file and resumes a half-trained cell from its checkpoints (figures move with the CPU model, so
+a world's cells from another one form a table of their own and are never paired with these). SFT is shared by the variants of a seed
 (``sft.cache_dir``: the same fit, computed once). ``--report`` writes
 ``docs/results/loop_ablation.md`` (the Table-1 layout per world: mean ± 95% t-interval over
 seeds, IQM with its stratified bootstrap interval, pass@k, gain over the SFT start; then the
 paper's orderings with paired intervals), ``loop_ablation.json`` and
-``loop_ablation_<world>.png`` (train success per iteration, mean ± 95% t-interval over seeds).
+``loop_ablation_<table>.png`` (train success per iteration, mean ± 95% t-interval over seeds).
 """
 
 from __future__ import annotations
@@ -144,6 +145,41 @@ ORDERINGS = [
     ("gigpo", "grpo", "GiGPO 2505.10978 Tables 1-2"),
 ]
 KEY = ("world", "variant", "seed")
+
+
+def machine_kind(record: dict) -> str:
+    """The CPU model a cell ran on. Learning figures move with it (its vector units change
+    the order of float reductions, and RL amplifies the difference), so cells are paired,
+    tabulated and counted as done only within one CPU model."""
+    return record["machine"]["cpu"]
+
+
+def tables(records: list[dict]) -> dict[str, tuple[str, str]]:
+    """Table name -> (world, CPU model): one table a world, or one a world and CPU model
+    when the world's cells come from more than one (in the order they first appear)."""
+    out = {}
+    for world in WORLDS:
+        cpus = list(dict.fromkeys(machine_kind(r) for r in records if r["world"] == world))
+        for cpu in cpus:
+            out[world if len(cpus) == 1 else f"{world} on {cpu}"] = (world, cpu)
+    return out
+
+
+def slug(name: str) -> str:
+    """A table name as a file-name part: ``bfcl_gen on Intel(R) Xeon(R) Processor`` ->
+    ``bfcl_gen_intel_xeon``."""
+    name = re.sub(r"\(r\)|\(tm\)|processor|\bon\b", " ", name.lower())
+    return re.sub(r"[^a-z0-9]+", "_", name).strip("_")
+
+
+def todo_cells(
+    records: list[dict], worlds: list[str], seeds: list[int], variants: list[str], cpu: str
+) -> list[tuple[str, str, int]]:
+    """The cells still to run on a machine with this CPU model, seed-major (a partial file
+    holds every variant of the first seeds). A cell recorded on another CPU model is not
+    done here: its figures are not this machine's."""
+    done = {C.cell_key(r, KEY) for r in records if machine_kind(r) == cpu}
+    return [(w, v, s) for w in worlds for s in seeds for v in variants if (w, v, s) not in done]
 
 
 def cell_overrides(world: World, variant: Variant, seed: int, runs: Path, name: str) -> list[str]:
@@ -294,6 +330,16 @@ def summarise_world(records: list[dict], world: str) -> dict:
     return out
 
 
+def summarise(records: list[dict]) -> dict:
+    """Every table's summary (``summarise_world`` over the cells of one world and CPU model),
+    with the world and CPU model it covers."""
+    out = {}
+    for name, (world, cpu) in tables(records).items():
+        mine = [r for r in records if machine_kind(r) == cpu]
+        out[name] = {"world": world, "cpu": cpu, **summarise_world(mine, world)}
+    return out
+
+
 def side_by_side(cells: list[dict]) -> str:
     """How many cells ran at once, from each record's end (``date``, to the minute) and
     training time: the runner runs one at a time, but one runner a seed may run in parallel.
@@ -323,16 +369,20 @@ def markdown(summary: dict, records: list[dict]) -> str:
     machines = sorted({f"{r['machine']['cpu']} ({r['machine']['cores']} cores)" for r in records})
     lines.append(f"Machine(s): {'; '.join(machines)}.")
     lines.append("")
-    for world, s in summary.items():
+    for table, s in summary.items():
+        world, cpu = s["world"], s["cpu"]
         wc = WORLDS[world]
         lines += [
-            f"## {world} (`{wc.config}` + `{' '.join(wc.overrides)}`)",
+            f"## {table} (`{wc.config}` + `{' '.join(wc.overrides)}`)",
+            "",
+            f"Machine: {cpu}; every cell of this table ran on it, and orderings pair only "
+            "its cells.",
             "",
             "| method | seeds | success (± 95%) | IQM [95% CI] | pass@1 | pass@k | gain over SFT "
             "(± 95%) | train s / cell (mean) | command (all seeds) |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
-        mine = [r for r in records if r["world"] == world]
+        mine = [r for r in records if r["world"] == world and machine_kind(r) == cpu]
         whole = [r for r in mine if "train_s" in r and not r.get("resumed_from")]
         secs = sorted(r["train_s"] for r in whole)
         loads = [r["load_start"][0] for r in whole if r.get("load_start")]
@@ -386,12 +436,12 @@ def markdown(summary: dict, records: list[dict]) -> str:
                 f"[{p['ci_low']:.2f}, {p['ci_high']:.2f}] | {o['verdict']} |"
             )
         lines.append("")
-        lines.append(f"Learning curves: `docs/results/loop_ablation_{world}.png`.")
+        lines.append(f"Learning curves: `docs/results/loop_ablation_{slug(table)}.png`.")
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def plot_world(records: list[dict], world: str, path: Path) -> None:
+def plot_world(records: list[dict], world: str, path: Path, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -402,7 +452,7 @@ def plot_world(records: list[dict], world: str, path: Path) -> None:
         ("other algorithms", ["loop_token", "rloo", "grpo", "ppo", "rft", "gigpo"]),
     ]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-    for ax, (title, names) in zip(axes, groups):
+    for ax, (group, names) in zip(axes, groups):
         for name in names:
             cells = [r for r in records if r["world"] == world and r["variant"] == name]
             if not cells:
@@ -417,7 +467,7 @@ def plot_world(records: list[dict], world: str, path: Path) -> None:
                 lo, hi = np.clip(mean - half, 0, 1), np.clip(mean + half, 0, 1)
                 ax.fill_between(its, lo, hi, color=line.get_color(), alpha=0.15)
         ax.set_ylim(0, 1)
-        ax.set_title(f"{world}: {title}")
+        ax.set_title(f"{title or world}: {group}", fontsize=9)
         ax.set_xlabel("RL iteration")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
@@ -430,13 +480,13 @@ def plot_world(records: list[dict], world: str, path: Path) -> None:
 
 def report(results: Path) -> None:
     records = C.read_cells(results)
-    worlds = [w for w in WORLDS if any(r["world"] == w for r in records)]
-    summary = {w: summarise_world(records, w) for w in worlds}
+    summary = summarise(records)
     stem = results.with_suffix("")
     Path(f"{stem}.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     Path(f"{stem}.md").write_text(markdown(summary, records))
-    for w in worlds:
-        plot_world(records, w, Path(f"{stem}_{w}.png"))
+    for name, (world, cpu) in tables(records).items():
+        mine = [r for r in records if machine_kind(r) == cpu]
+        plot_world(mine, world, Path(f"{stem}_{slug(name)}.png"), title=name)
     print(Path(f"{stem}.md").read_text())
 
 
@@ -452,16 +502,9 @@ def main() -> int:
     parser.add_argument("--report", action="store_true", help="only write the tables and plots")
     args = parser.parse_args()
     if not args.report:
-        done = {C.cell_key(r, KEY) for r in C.read_cells(args.results)}
-        # Seed-major: a partial file holds every variant of the first seeds.
-        todo = [
-            (w, v, s)
-            for w in args.worlds
-            for s in args.seeds
-            for v in args.variants
-            if (w, v, s) not in done
-        ]
-        print(f"{len(todo)} cells to run ({len(done)} in {args.results}); machine {C.machine()}")
+        records, here = C.read_cells(args.results), C.machine()
+        todo = todo_cells(records, args.worlds, args.seeds, args.variants, here["cpu"])
+        print(f"{len(todo)} cells to run ({len(records)} in {args.results}); machine {here}")
         for i, (w, v, s) in enumerate(todo):
             t0 = time.time()
             print(f"[{i + 1}/{len(todo)}] {w} {v} seed {s}; load {C.load_average()}", flush=True)

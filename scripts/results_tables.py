@@ -737,8 +737,7 @@ def loop_ablation_page() -> str:
     import loop_ablation as la
 
     records = cells.read_cells(RESULTS / "loop_ablation.jsonl")
-    worlds = [w for w in la.WORLDS if any(r["world"] == w for r in records)]
-    return la.markdown({w: la.summarise_world(records, w) for w in worlds}, records)
+    return la.markdown(la.summarise(records), records)
 
 
 # Pages an experiment runner writes whole from its records.

@@ -52,7 +52,7 @@ def test_every_cell_config_loads_and_differs_from_loop_in_its_named_respect(worl
         assert cfg.train.iterations == loaded["loop_token"].train.iterations, name
 
 
-def _record(world, variant, seed, success, tasks):
+def _record(world, variant, seed, success, tasks, cpu="test cpu"):
     return {
         "world": world,
         "variant": variant,
@@ -61,7 +61,7 @@ def _record(world, variant, seed, success, tasks):
         "eval": {"success": success, "tasks": tasks, "seconds": 1.0},
         "curves": {"train": [[1, 0.5], [2, success]], "val": [], "test": []},
         "train_s": 10.0,
-        "machine": {"cpu": "test cpu", "cores": 2},
+        "machine": {"cpu": cpu, "cores": 2},
     }
 
 
@@ -85,11 +85,39 @@ def test_results_file_resumes_and_report_verdicts(tmp_path):
     assert "contains 0" in verdicts[("loop_token", "loop_std")]
     row = s["variants"]["loop_token"]
     assert row["pass_at_k"]["pass@2"] >= row["pass_at_k"]["pass@1"]
-    md = LA.markdown({"quickstart": s}, records)
+    assert LA.summarise(records)["quickstart"]["orderings"] == s["orderings"]
+    md = LA.markdown(LA.summarise(records), records)
     assert "| LOOP (token) | 3 |" in md and "test cpu (2 cores)" in md
     LA.plot_world(records, "quickstart", tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 0
     json.dumps(s)  # the JSON file's content
+
+
+def test_cells_from_two_cpu_models_are_never_paired_or_counted_done(tmp_path):
+    # Seed 0's LOOP cell on one CPU and its GRPO cell on another: no paired ordering may mix
+    # them, each CPU model gets its own table and plot, and a run on the second CPU still
+    # has LOOP (token) seed 0 to do.
+    tasks = {f"t{i}": [1, i % 2] for i in range(10)}
+    records = [
+        _record("quickstart", "loop_token", 0, 0.5, tasks, cpu="Intel(R) Xeon(R) Processor"),
+        _record("quickstart", "loop_token", 1, 0.5, tasks, cpu="Intel(R) Xeon(R) Processor"),
+        _record("quickstart", "grpo", 0, 0.5, tasks, cpu="AMD EPYC"),
+        _record("quickstart", "grpo", 1, 0.5, tasks, cpu="AMD EPYC"),
+    ]
+    assert LA.tables(records) == {
+        "quickstart on Intel(R) Xeon(R) Processor": ("quickstart", "Intel(R) Xeon(R) Processor"),
+        "quickstart on AMD EPYC": ("quickstart", "AMD EPYC"),
+    }
+    summary = LA.summarise(records)
+    assert all(not s["orderings"] for s in summary.values())
+    assert set(summary["quickstart on AMD EPYC"]["variants"]) == {"grpo"}
+    todo = LA.todo_cells(records, ["quickstart"], [0], ["loop_token", "grpo"], "AMD EPYC")
+    assert todo == [("quickstart", "loop_token", 0)]
+    assert [LA.slug(n) for n in summary] == ["quickstart_intel_xeon", "quickstart_amd_epyc"]
+    md = LA.markdown(summary, records)
+    assert "## quickstart on AMD EPYC (" in md and "loop_ablation_quickstart_amd_epyc.png" in md
+    # One CPU model: the table keeps the world's name.
+    assert list(LA.tables(records[:2])) == ["quickstart"]
 
 
 def test_methods_vs_rl_arms_parse_and_report(tmp_path):
