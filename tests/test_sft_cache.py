@@ -101,3 +101,51 @@ def test_key_reads_weights_and_demonstrations_and_entries_round_trip(tmp_path):
     # An entry without its metrics file (a killed write) is incomplete.
     (tmp_path / f"{key}.json").unlink()
     assert load(str(tmp_path), key, params) is None
+
+
+def test_a_value_head_is_left_as_initialised_so_a_critic_shares_the_fit(tmp_path):
+    # SFT has no value target: AdamW's weight decay alone moved the head (a shrink of
+    # lr * decay a step), so a PPO run's fit differed from LOOP's and refitted. Now the head
+    # comes back as it went in, the language model's fit is the same with or without it,
+    # and a run with a head reuses the entry a run without one wrote.
+    import jax
+
+    from jaxagent.agents.episode import Episode
+    from jaxagent.models import ModelConfig, init_model
+    from jaxagent.train.sft import Demonstrations, warm_start
+
+    rng = np.random.default_rng(0)
+    episodes = []
+    for i in range(8):
+        tokens = rng.integers(3, 128, int(rng.integers(8, 20))).tolist()
+        episodes.append(Episode(task=None, group=i, tokens=tokens, loss_mask=[0] * 4 + [1] * (len(tokens) - 4)))  # fmt: skip
+    demos = Demonstrations(episodes, 1.0)
+
+    def fit(value_head: bool, cache: str):
+        extra = [f"sft.cache_dir={cache}"] if cache else []
+        config = load_config(ROOT / "configs/quickstart.yaml", TINY + extra)
+        graphdef, params = init_model(
+            ModelConfig.test(num_layers=1, value_head=value_head), jax.random.key(0)
+        )
+        start = jax.tree.map(np.asarray, params)
+        out, metrics = warm_start(
+            config, demos, graphdef, params, pad_id=0, max_len=48, echo=lambda s: None
+        )
+        return start, jax.tree.map(np.asarray, out), metrics
+
+    head_start, head_fit, m = fit(True, "")
+    assert "sft/cached" not in m
+    for leaf in ("value_kernel", "value_bias"):
+        np.testing.assert_array_equal(head_fit[leaf], head_start[leaf])
+    plain_start, plain_fit, m = fit(False, str(tmp_path))
+    assert "sft/cached" not in m and len(list(tmp_path.glob("*.json"))) == 1
+    # The head changes nothing else: the same start, and the same fit, leaf for leaf.
+    lm = lambda tree: {k: v for k, v in tree.items() if not k.startswith("value_")}  # noqa: E731
+    jax.tree.map(np.testing.assert_array_equal, lm(head_start), plain_start)
+    assert not np.array_equal(plain_fit["embed"], plain_start["embed"])  # it did train
+    jax.tree.map(np.testing.assert_array_equal, lm(head_fit), plain_fit)
+    # A run with a head now reuses that entry and keeps its own head.
+    _, reused, m = fit(True, str(tmp_path))
+    assert m["sft/cached"] == 1.0 and len(list(tmp_path.glob("*.json"))) == 1
+    jax.tree.map(np.testing.assert_array_equal, lm(reused), plain_fit)
+    np.testing.assert_array_equal(reused["value_kernel"], head_start["value_kernel"])

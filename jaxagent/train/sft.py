@@ -34,6 +34,7 @@ from jaxagent.agents.runner import InlineRunner
 from jaxagent.envs.base import Task
 from jaxagent.parallel.layout import DeviceLayout, ShardedUpdate
 from jaxagent.rl.config import LoraConfig, RLConfig
+from jaxagent.rl.lora import VALUE_HEAD_LEAVES
 from jaxagent.rl.model_fns import model_logprob_fn
 from jaxagent.rl.recipes import sft_config
 from jaxagent.rl.train_state import TrainState, begin_sampling, make_optimizer
@@ -176,7 +177,11 @@ def run_sft(
 
     ``attempt`` > 0 (an SFT restart) draws another data order and state key from the same
     ``seed``; attempt 0 is the seed's own.
+
+    A value head (a critic's, ``model.value_head``) comes back as it went in: see
+    ``_value_head``.
     """
+    head = _value_head(params)
     packed = pack_episodes(
         episodes, pad_id=pad_id, max_len=max_len, dense=True, observation_weight=observation_weight
     )
@@ -211,8 +216,17 @@ def run_sft(
                 on_step(i, losses[-1])
     if state.uses_lora:  # the SFT model: the base with the fitted adapters merged
         params, _ = begin_sampling(state)
-        return params, losses
-    return state.params, losses
+        return {**params, **head}, losses
+    return {**state.params, **head}, losses
+
+
+def _value_head(params: Any) -> dict:
+    """Copies of the value head's leaves (none without a head), taken before the fit donates
+    ``params``. SFT has no value target: the head's gradient is zero and only AdamW's
+    decoupled weight decay would move it, shrinking an untrained head by a few percent. Left
+    as initialised, the language model's fit is the same with or without a head, so one
+    cached fit (``warm_start``) serves a critic's recipe (PPO) and the others."""
+    return {k: params[k].copy() for k in VALUE_HEAD_LEAVES if k in params}
 
 
 def _sharded_step(layout: DeviceLayout, make: Callable, rows: int) -> Callable:
@@ -319,6 +333,10 @@ def warm_start(
     lora = config.rl_config.lora
     t0 = time.perf_counter()
     key = None
+    # The cache holds the language model's fit: a value head is not fitted (``run_sft``), so
+    # it is neither in the key nor in the entry, and a run with a head keeps its own.
+    head = _value_head(params)
+    body = {k: v for k, v in params.items() if k not in head}
     if c.cache_dir and sft_cache.usable():  # the same fit done before: its result
         settings = dataclasses.asdict(c) | {"seed": config.train.seed, "max_len": max_len}
         settings.update(pad_id=pad_id, cache_dir=None)
@@ -326,11 +344,11 @@ def warm_start(
             settings["lora"] = dataclasses.asdict(lora)
         if attempt:  # a restart's data order (its initialisation is in the params' hash)
             settings["attempt"] = attempt
-        key = sft_cache.sft_key(params, demos.episodes, settings)
-        hit = sft_cache.load(c.cache_dir, key, params)
+        key = sft_cache.sft_key(body, demos.episodes, settings)
+        hit = sft_cache.load(c.cache_dir, key, body)
         if hit is not None:
             echo(f"[sft] the fit of these inputs is in sft.cache_dir ({key[:12]}); reused")
-            return hit[0], {**hit[1], "sft/cached": 1.0}
+            return {**hit[0], **head}, {**hit[1], "sft/cached": 1.0}
     with progress.Progress(
         config.train.progress, "sft", c.steps, every_s=config.train.progress_every_s
     ) as bar:
@@ -359,7 +377,9 @@ def warm_start(
         "sft/time_s": time.perf_counter() - t0,
     }
     if key is not None:
-        sft_cache.save(c.cache_dir, key, params, metrics)
+        sft_cache.save(
+            c.cache_dir, key, {k: v for k, v in params.items() if k not in head}, metrics
+        )
     return params, metrics
 
 

@@ -3,7 +3,8 @@
 Runs that differ only after the warm-start (an RL ablation: ten recipes from one SFT start per
 seed) would each repeat the same supervised fit, which on a small CPU costs as much as the RL
 phase. The fit is a deterministic function of its inputs, so its result is stored under a key
-hashed from exactly those inputs: the initial parameters' bytes, the demonstrations' token
+hashed from exactly those inputs: the initial parameters' bytes (the language model's: SFT
+leaves a value head as it is, so a critic's recipe shares the fit), the demonstrations' token
 ids, loss masks and weights, the SFT hyper-parameters, the seed, the row length and the pad
 id, and the JAX version. Any change to the model, tokenizer, expert, tasks or SFT settings
 changes the key; nothing is matched by config names. A code change that alters the fit
