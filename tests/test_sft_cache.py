@@ -53,7 +53,7 @@ def _run(out: Path, cache: Path, *extra: str) -> dict:
     return first
 
 
-# Two short trainings (~65 s on 2 cores): nightly; the key and the entries' round trip are
+# Four short trainings (~2 minutes on 2 cores): nightly; the key and the entries' round trip are
 # checked in every run below.
 @pytest.mark.slow
 def test_second_recipe_reuses_the_fit_and_changed_inputs_miss(tmp_path):
@@ -66,6 +66,12 @@ def test_second_recipe_reuses_the_fit_and_changed_inputs_miss(tmp_path):
     # The reused weights are the fitted ones: the same evaluation before RL, token for token.
     for k in ("eval/success", "eval/avg_steps", "sft/loss"):
         assert reused[k] == fitted[k], k
+    assert len(list(cache.glob("*.json"))) == 1
+    # A critic's recipe too: its value head is not part of the fit.
+    ppo = _run(tmp_path / "ppo", cache, "rl.recipe=ppo", "model.value_head=true")
+    assert ppo["sft/cached"] == 1.0
+    for k in ("eval/success", "eval/avg_steps", "sft/loss"):
+        assert ppo[k] == fitted[k], k
     assert len(list(cache.glob("*.json"))) == 1
     changed = _run(tmp_path / "lr", cache, "sft.learning_rate=0.001")
     assert "sft/cached" not in changed
