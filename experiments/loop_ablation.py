@@ -484,9 +484,16 @@ def report(results: Path) -> None:
     stem = results.with_suffix("")
     Path(f"{stem}.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     Path(f"{stem}.md").write_text(markdown(summary, records))
+    plots = set()
     for name, (world, cpu) in tables(records).items():
         mine = [r for r in records if machine_kind(r) == cpu]
-        plot_world(mine, world, Path(f"{stem}_{slug(name)}.png"), title=name)
+        path = Path(f"{stem}_{slug(name)}.png")
+        plots.add(path)
+        plot_world(mine, world, path, title=name)
+    # A world whose cells gain a second CPU model is split into one table a CPU: its old
+    # one-table plot would otherwise stay beside the new ones, drawn from fewer cells.
+    for stale in set(stem.parent.glob(f"{stem.name}_*.png")) - plots:
+        stale.unlink()
     print(Path(f"{stem}.md").read_text())
 
 

@@ -118,6 +118,17 @@ def test_cells_from_two_cpu_models_are_never_paired_or_counted_done(tmp_path):
     assert "## quickstart on AMD EPYC (" in md and "loop_ablation_quickstart_amd_epyc.png" in md
     # One CPU model: the table keeps the world's name.
     assert list(LA.tables(records[:2])) == ["quickstart"]
+    # The report draws one plot a table; when the world splits by CPU its one-table plot goes.
+    path = tmp_path / "r.jsonl"
+    for r in records[:2]:
+        C.append_cell(path, r)
+    LA.report(path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["r_quickstart.png"]
+    for r in records[2:]:
+        C.append_cell(path, r)
+    LA.report(path)
+    names = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert names == ["r_quickstart_amd_epyc.png", "r_quickstart_intel_xeon.png"]
 
 
 def test_methods_vs_rl_arms_parse_and_report(tmp_path):
