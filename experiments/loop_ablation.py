@@ -491,7 +491,7 @@ def report(results: Path) -> None:
         plots.add(path)
         plot_world(mine, world, path, title=name)
     # A world whose cells gain a second CPU model is split into one table a CPU: its old
-    # one-table plot would otherwise stay beside the new ones, drawn from fewer cells.
+    # one-table plot would otherwise stay beside the new ones, out of date.
     for stale in set(stem.parent.glob(f"{stem.name}_*.png")) - plots:
         stale.unlink()
     print(Path(f"{stem}.md").read_text())
